@@ -1,0 +1,381 @@
+"""The eight GLUE tasks: a registry, a TSV source and a tensorflow-datasets source.
+
+Both sources return the same `Example`s in file order (`idx` = 0-based data row, as in TFDS):
+
+    task = glue.get_task("rte")
+    train = glue.load_tsv("glue_data", task, "train")         # glue_data/RTE/train.tsv
+    dev = glue.load_tfds(task, "dev", data_dir="~/tensorflow_datasets")   # glue/rte validation
+
+The TSVs are the files of the usual `download_glue_data.py` (`glue_data/<TASK>/{train,dev}.tsv`).
+They are split on tabs with no quote handling, as the TFDS GLUE builder reads them
+(`csv.QUOTE_NONE`): some fields hold unbalanced `"`. A UTF-8 BOM (MRPC) is dropped; CoLA has no
+header. Label names and their order are those of TFDS (`tfds.builder("glue/<task>")`), so a
+label id means the same thing from either source (RTE: entailment = 0, not_entailment = 1).
+
+References:
+  Wang et al., `GLUE: A Multi-Task Benchmark and Analysis Platform for Natural Language
+  Understanding <https://arxiv.org/abs/1804.07461>`_, ICLR 2019. SPEC.md §7.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pathlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+
+class Example(NamedTuple):
+    """One GLUE example.
+
+    text_a: first (or only) sentence.
+    text_b: second sentence of a pair task; None for single-sentence tasks.
+    label: class id (int, into `GlueTask.label_names`) or the similarity score (float, STS-B).
+    idx: 0-based data row in its file (header not counted), the TFDS `idx` feature.
+    """
+
+    text_a: str
+    text_b: str | None
+    label: int | float
+    idx: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueTask:
+    """How one GLUE task is stored, labelled and scored.
+
+    Attributes:
+      name: registry key and TFDS config, e.g. "rte" (`glue/rte`).
+      folder: directory under `glue_data/`, e.g. "RTE".
+      text_columns: TSV column(s) holding the sentence(s): one or two names.
+      label_column: TSV column holding the label.
+      label_names: class names, in TFDS order (id = position); empty for regression.
+      label_values: how each class is written in the TSV (same order as `label_names`).
+      metrics: names of `isojax.metrics` functions reported for this task; the GLUE score is
+        their mean where there are two.
+      dev_splits: the evaluation split(s) as file stems: ("dev",), or MNLI's matched and
+        mismatched pair.
+      tfds_text_features: TFDS feature names of the sentence(s), same order as `text_columns`.
+      fieldnames: column names of a header-less file (CoLA); None when the file has a header.
+    """
+
+    name: str
+    folder: str
+    text_columns: tuple[str, ...]
+    label_column: str
+    label_names: tuple[str, ...]
+    label_values: tuple[str, ...]
+    metrics: tuple[str, ...]
+    dev_splits: tuple[str, ...]
+    tfds_text_features: tuple[str, ...]
+    fieldnames: tuple[str, ...] | None = None
+
+    @property
+    def is_regression(self) -> bool:
+        return not self.label_names
+
+    @property
+    def num_labels(self) -> int:
+        """Output width of the classifier head: the number of classes, 1 for regression."""
+        return len(self.label_names) or 1
+
+    @property
+    def is_pair(self) -> bool:
+        return len(self.text_columns) == 2
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """Every split with labels: "train" then the dev split(s)."""
+        return ("train", *self.dev_splits)
+
+    def tfds_split(self, split: str) -> str:
+        """TFDS name of a split: "dev" -> "validation", "dev_matched" -> "validation_matched"."""
+        self._check_split(split)
+        return split.replace("dev", "validation", 1) if split.startswith("dev") else split
+
+    def _check_split(self, split: str) -> None:
+        if split not in self.splits:
+            raise ValueError(
+                f"GLUE task {self.name!r} has no split {split!r}; known: {list(self.splits)}"
+            )
+
+
+_BINARY = ("0", "1")
+
+# Columns as in the standard GLUE TSVs; label names and order as in the TFDS GLUE builder.
+TASKS: dict[str, GlueTask] = {
+    task.name: task
+    for task in (
+        GlueTask(
+            name="cola",
+            folder="CoLA",
+            text_columns=("sentence",),
+            label_column="label",
+            label_names=("unacceptable", "acceptable"),
+            label_values=_BINARY,
+            metrics=("matthews_correlation",),
+            dev_splits=("dev",),
+            tfds_text_features=("sentence",),
+            fieldnames=("source", "label", "original_label", "sentence"),
+        ),
+        GlueTask(
+            name="sst2",
+            folder="SST-2",
+            text_columns=("sentence",),
+            label_column="label",
+            label_names=("negative", "positive"),
+            label_values=_BINARY,
+            metrics=("accuracy",),
+            dev_splits=("dev",),
+            tfds_text_features=("sentence",),
+        ),
+        GlueTask(
+            name="mrpc",
+            folder="MRPC",
+            text_columns=("#1 String", "#2 String"),
+            label_column="Quality",
+            label_names=("not_equivalent", "equivalent"),
+            label_values=_BINARY,
+            metrics=("f1", "accuracy"),
+            dev_splits=("dev",),
+            tfds_text_features=("sentence1", "sentence2"),
+        ),
+        GlueTask(
+            name="stsb",
+            folder="STS-B",
+            text_columns=("sentence1", "sentence2"),
+            label_column="score",
+            label_names=(),
+            label_values=(),
+            metrics=("pearson", "spearman"),
+            dev_splits=("dev",),
+            tfds_text_features=("sentence1", "sentence2"),
+        ),
+        GlueTask(
+            name="qqp",
+            folder="QQP",
+            text_columns=("question1", "question2"),
+            label_column="is_duplicate",
+            label_names=("not_duplicate", "duplicate"),
+            label_values=_BINARY,
+            metrics=("f1", "accuracy"),
+            dev_splits=("dev",),
+            tfds_text_features=("question1", "question2"),
+        ),
+        GlueTask(
+            name="mnli",
+            folder="MNLI",
+            text_columns=("sentence1", "sentence2"),
+            label_column="gold_label",
+            label_names=("entailment", "neutral", "contradiction"),
+            label_values=("entailment", "neutral", "contradiction"),
+            metrics=("accuracy",),
+            dev_splits=("dev_matched", "dev_mismatched"),
+            tfds_text_features=("premise", "hypothesis"),
+        ),
+        GlueTask(
+            name="qnli",
+            folder="QNLI",
+            text_columns=("question", "sentence"),
+            label_column="label",
+            label_names=("entailment", "not_entailment"),
+            label_values=("entailment", "not_entailment"),
+            metrics=("accuracy",),
+            dev_splits=("dev",),
+            tfds_text_features=("question", "sentence"),
+        ),
+        GlueTask(
+            name="rte",
+            folder="RTE",
+            text_columns=("sentence1", "sentence2"),
+            label_column="label",
+            label_names=("entailment", "not_entailment"),
+            label_values=("entailment", "not_entailment"),
+            metrics=("accuracy",),
+            dev_splits=("dev",),
+            tfds_text_features=("sentence1", "sentence2"),
+        ),
+    )
+}
+
+
+def get_task(task: str | GlueTask) -> GlueTask:
+    """The registry entry of a task, by name ("rte", "RTE", "sts-b" and "stsb" all work).
+
+    Raises:
+      ValueError: unknown task, naming the known ones.
+    """
+    if isinstance(task, GlueTask):
+        return task
+    key = str(task).lower().replace("-", "")
+    if key not in TASKS:
+        raise ValueError(f"unknown GLUE task {task!r}; known tasks: {sorted(TASKS)}")
+    return TASKS[key]
+
+
+def _tsv_rows(path: pathlib.Path) -> Iterator[tuple[int, list[str]]]:
+    """(1-based line number, fields) of each non-final-empty line; tabs only, no quoting.
+
+    Lines end at "\\n" only (never at a lone "\\r", which a text-mode reader would split on);
+    a trailing "\\r" is dropped, and so is a UTF-8 BOM at the start of the file.
+    """
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            line = raw.decode("utf-8")
+            if number == 1:
+                line = line.removeprefix("\ufeff")
+            line = line.removesuffix("\n").removesuffix("\r")
+            yield number, line.split("\t")
+
+
+def _parse_label(task: GlueTask, value: str, where: str) -> int | float:
+    if task.is_regression:
+        try:
+            score = float(value)
+        except ValueError:
+            score = math.nan
+        if not math.isfinite(score):
+            raise ValueError(f"{where}: {task.label_column!r} is {value!r}, not a finite number")
+        return score
+    try:
+        return task.label_values.index(value)
+    except ValueError:
+        raise ValueError(
+            f"{where}: unknown label {value!r} in column {task.label_column!r}; "
+            f"expected one of {list(task.label_values)}"
+        ) from None
+
+
+def tsv_path(data_dir: str | os.PathLike, task: str | GlueTask, split: str) -> pathlib.Path:
+    """`data_dir/<TASK>/<split>.tsv`, e.g. `glue_data/MNLI/dev_matched.tsv`."""
+    task = get_task(task)
+    task._check_split(split)
+    return pathlib.Path(data_dir).expanduser() / task.folder / f"{split}.tsv"
+
+
+def load_tsv(data_dir: str | os.PathLike, task: str | GlueTask, split: str) -> list[Example]:
+    """Examples of one split from the `glue_data/<TASK>/<split>.tsv` layout, in file order.
+
+    Args:
+      data_dir: the `glue_data` folder holding one folder per task (`RTE/`, `STS-B/`, ...).
+      task: a task name or `GlueTask`.
+      split: "train" or one of `task.dev_splits` ("dev"; MNLI: "dev_matched", "dev_mismatched").
+
+    Returns:
+      One `Example` per data row; `idx` counts data rows from 0.
+
+    Raises:
+      FileNotFoundError: the file is missing (the message names it).
+      ValueError: unknown task or split; a header without a needed column; a row with another
+        number of fields than the header; an unknown or unparsable label. The message names
+        the file and the 1-based line.
+    """
+    task = get_task(task)
+    path = tsv_path(data_dir, task, split)
+    if not path.is_file():
+        raise FileNotFoundError(f"GLUE {task.name} {split} file not found: {path}")
+    rows = _tsv_rows(path)
+    if task.fieldnames is None:
+        _, header = next(rows, (1, [""]))
+    else:
+        header = list(task.fieldnames)
+    columns = {name: i for i, name in enumerate(header)}
+    for name in (*task.text_columns, task.label_column):
+        if name not in columns:
+            raise ValueError(f"{path}:1: header lacks column {name!r}; header is {header}")
+    text_cols = [columns[name] for name in task.text_columns]
+    label_col = columns[task.label_column]
+
+    examples = []
+    for number, fields in rows:
+        where = f"{path}:{number}"
+        if len(fields) != len(header):
+            raise ValueError(
+                f"{where}: {len(fields)} tab-separated fields, expected {len(header)} "
+                f"(columns {header})"
+            )
+        texts = [fields[i] for i in text_cols]
+        examples.append(
+            Example(
+                text_a=texts[0],
+                text_b=texts[1] if task.is_pair else None,
+                label=_parse_label(task, fields[label_col], where),
+                idx=len(examples),
+            )
+        )
+    return examples
+
+
+def load_tfds(
+    task: str | GlueTask,
+    split: str,
+    data_dir: str | os.PathLike | None = None,
+    *,
+    download: bool = True,
+) -> list[Example]:
+    """Examples of one split of tensorflow-datasets `glue/<task>`, sorted by `idx` (file order).
+
+    Calls `tfds.load(f"glue/{task}", split=..., data_dir=data_dir, download=download)`: with a
+    network it downloads and prepares the dataset as usual; offline, `download=False` reads a
+    copy already prepared under `data_dir`. tensorflow and tensorflow-datasets are imported
+    here only (the optional `tfds` extra).
+
+    Args:
+      task: a task name or `GlueTask`.
+      split: "train" or one of `task.dev_splits` (mapped to TFDS "validation",
+        "validation_matched", "validation_mismatched").
+      data_dir: TFDS data folder; None for TFDS's default (`~/tensorflow_datasets`).
+      download: let TFDS download and prepare a missing dataset.
+
+    Returns:
+      The same `Example`s as `load_tsv` gives for the same files. TFDS stores examples in a
+      hashed order; they are returned sorted by `idx`.
+    """
+    task = get_task(task)
+    tfds_split = task.tfds_split(split)
+    import tensorflow_datasets as tfds  # Slow (imports TensorFlow): only for this source.
+
+    dataset = tfds.load(
+        f"glue/{task.name}",
+        split=tfds_split,
+        data_dir=None if data_dir is None else os.fspath(pathlib.Path(data_dir).expanduser()),
+        download=download,
+        shuffle_files=False,
+    )
+    first, *second = task.tfds_text_features
+    examples = []
+    for batch in tfds.as_numpy(dataset.batch(4096)):
+        texts_b = batch[second[0]] if second else [None] * len(batch["idx"])
+        for a, b, label, idx in zip(
+            batch[first], texts_b, batch["label"], batch["idx"], strict=True
+        ):
+            examples.append(
+                Example(
+                    text_a=a.decode("utf-8"),
+                    text_b=None if b is None else b.decode("utf-8"),
+                    label=float(label) if task.is_regression else int(label),
+                    idx=int(idx),
+                )
+            )
+    examples.sort(key=lambda example: example.idx)
+    return examples
+
+
+def load(
+    task: str | GlueTask,
+    split: str,
+    *,
+    source: str = "tsv",
+    data_dir: str | os.PathLike | None = None,
+    download: bool = True,
+) -> list[Example]:
+    """One entry point for both sources: `source="tsv"` (`data_dir` = glue_data) or "tfds"."""
+    if source == "tsv":
+        if data_dir is None:
+            raise ValueError("source='tsv' needs data_dir, the glue_data folder")
+        return load_tsv(data_dir, task, split)
+    if source == "tfds":
+        return load_tfds(task, split, data_dir, download=download)
+    raise ValueError(f"unknown GLUE source {source!r}; known: ['tsv', 'tfds']")
