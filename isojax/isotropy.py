@@ -146,7 +146,7 @@ def _centred_points(points, mask):
     if x.shape[1] < 2:
         raise ValueError(f"isotropy needs d >= 2 dimensions, got points of shape {x.shape}")
     count = jnp.sum(w)
-    mean = jnp.einsum("m,md->d", w, x, precision=HIGHEST) / jnp.maximum(count, 1)
+    mean = stats.contract("m,md->d", w, x) / jnp.maximum(count, 1)
     return (x - mean) * w[:, None] ** 0.5, count
 
 
@@ -197,11 +197,11 @@ def isoscore_star(
     scale = 1 / jnp.maximum(count - 1, 1)  # unbiased covariance, as torch.cov
     tr_c = jnp.sum(y**2) * scale
     if m < d:
-        gram = jnp.einsum("md,nd->mn", y, y, precision=HIGHEST)  # [m, m]
+        gram = stats.contract("md,nd->mn", y, y)  # [m, m]
         fro2_c = jnp.sum(gram**2) * scale**2
         inner = jnp.sum(jnp.einsum("md,de->me", y, c0, precision=HIGHEST) * y) * scale
     else:
-        cov = jnp.einsum("md,me->de", y, y, precision=HIGHEST) * scale  # [d, d]
+        cov = stats.contract("md,me->de", y, y) * scale  # [d, d]
         fro2_c = jnp.sum(cov**2)
         inner = jnp.sum(cov * c0)
     tr = (1 - zeta) * tr_c + zeta * jnp.trace(c0)

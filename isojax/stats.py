@@ -84,6 +84,21 @@ def _flatten(points: jax.typing.ArrayLike, mask: jax.typing.ArrayLike | None):
     return x, w
 
 
+def contract(subscripts: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """``jnp.einsum`` at HIGHEST precision whose output is replicated over the mesh.
+
+    Under explicit sharding (``jax.make_mesh`` makes explicit axes by default) a
+    contraction over a sharded axis (the points axis of a sharded batch) must name its
+    output sharding; the moments of the global batch are replicated. Elsewhere (no mesh,
+    automatic axes, inside ``shard_map``) this is a plain einsum.
+    """
+    mesh = jax.typeof(a).sharding.mesh
+    if mesh.empty or jax.sharding.AxisType.Explicit not in mesh.axis_types:
+        return jnp.einsum(subscripts, a, b, precision=HIGHEST)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jnp.einsum(subscripts, a, b, precision=HIGHEST, out_sharding=jax.P())
+
+
 def _psum(x, axis_name):
     return x if axis_name is None else lax.psum(x, axis_name)
 
@@ -91,10 +106,10 @@ def _psum(x, axis_name):
 def _local_moment_state(x: jax.Array, w: jax.Array, axis_name) -> MomentState:
     """Count, mean and centred second moment of weighted points, global over ``axis_name``."""
     count = _psum(jnp.sum(w), axis_name)
-    total = _psum(jnp.einsum("m,md->d", w, x, precision=HIGHEST), axis_name)
+    total = _psum(contract("m,md->d", w, x), axis_name)
     mean = total / jnp.maximum(count, 1)
     centred = (x - mean) * w[:, None]  # [m, d]; masked rows are exactly zero
-    m2 = _psum(jnp.einsum("md,me->de", centred, x - mean, precision=HIGHEST), axis_name)
+    m2 = _psum(contract("md,me->de", centred, x - mean), axis_name)
     return MomentState(count=count, mean=mean, m2=m2)
 
 
