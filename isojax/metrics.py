@@ -170,6 +170,8 @@ class Accumulator:
     def update(self, predictions, labels, example_mask=None) -> None:
         """Adds a batch: predictions `[b]`|`[b, k]`, labels `[b]`, example_mask `[b]` (1: real)."""
         predictions, labels = np.asarray(predictions), np.asarray(labels)
+        if predictions.ndim == 2:  # logits -> class ids; a [b, 1] regression output -> [b]
+            predictions = predictions.argmax(1) if predictions.shape[1] > 1 else predictions[:, 0]
         if example_mask is not None:
             keep = np.asarray(example_mask).astype(bool)
             predictions, labels = predictions[keep], labels[keep]
