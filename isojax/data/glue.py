@@ -112,13 +112,13 @@ TASKS: dict[str, GlueTask] = {
             name="cola",
             folder="CoLA",
             text_columns=("sentence",),
-            label_column="label",
+            label_column="is_acceptable",
             label_names=("unacceptable", "acceptable"),
             label_values=_BINARY,
             metrics=("matthews_correlation",),
             dev_splits=("dev",),
             tfds_text_features=("sentence",),
-            fieldnames=("source", "label", "original_label", "sentence"),
+            fieldnames=("source", "is_acceptable", "original_judgement", "sentence"),
         ),
         GlueTask(
             name="sst2",
@@ -330,8 +330,9 @@ def load_tfds(
       download: let TFDS download and prepare a missing dataset.
 
     Returns:
-      The same `Example`s as `load_tsv` gives for the same files. TFDS stores examples in a
-      hashed order; they are returned sorted by `idx`.
+      The same `Example`s as `load_tsv` gives for the same files, in file order, `idx`
+      counting the split's rows from 0 (TFDS's own MRPC `idx` counts rows of the SentEval
+      file, which interleaves train and dev).
     """
     task = get_task(task)
     tfds_split = task.tfds_split(split)
@@ -359,8 +360,11 @@ def load_tfds(
                     idx=int(idx),
                 )
             )
+    # TFDS writes examples in a hashed order; its idx sorts them back into file order. Its MRPC
+    # idx counts rows of the SentEval source file (train and dev interleaved), so number the
+    # rows of the split afresh, as the split's own TSV does.
     examples.sort(key=lambda example: example.idx)
-    return examples
+    return [example._replace(idx=i) for i, example in enumerate(examples)]
 
 
 def load(

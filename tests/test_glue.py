@@ -1,0 +1,248 @@
+"""GLUE registry and sources: the real TSVs, a TFDS round trip, and broken files."""
+
+import collections
+import statistics
+
+import numpy as np
+import pytest
+
+from isojax.data import glue
+
+# SOURCE.md of ../shared/data/glue: data rows and label counts (train, dev).
+COUNTS = {
+    "cola": ((8551, {1: 6023, 0: 2528}), (1043, {1: 721, 0: 322})),
+    "mrpc": ((3668, {1: 2474, 0: 1194}), (408, {1: 279, 0: 129})),
+    "rte": ((2490, {0: 1249, 1: 1241}), (277, {0: 146, 1: 131})),
+}
+
+
+@pytest.mark.parametrize("task", sorted(COUNTS))
+@pytest.mark.parametrize("split", ["train", "dev"])
+def test_row_counts_and_label_distribution(glue_dir, task, split):
+    rows, labels = COUNTS[task][split == "dev"]
+    examples = glue.load_tsv(glue_dir, task, split)
+    assert len(examples) == rows
+    assert dict(collections.Counter(e.label for e in examples)) == labels
+    assert [e.idx for e in examples] == list(range(rows))
+    assert all(isinstance(e.label, int) for e in examples)
+    pair = glue.get_task(task).is_pair
+    assert all((e.text_b is not None) == pair and e.text_a for e in examples)
+
+
+@pytest.mark.parametrize("split, rows, mean", [("train", 5749, 2.70), ("dev", 1500, 2.36)])
+def test_stsb_scores(glue_dir, split, rows, mean):
+    examples = glue.load_tsv(glue_dir, "stsb", split)
+    scores = [e.label for e in examples]
+    assert len(examples) == rows
+    assert statistics.fmean(scores) == pytest.approx(mean, abs=0.005)
+    assert min(scores) == 0.0 and max(scores) == 5.0
+    first = {"train": "A plane is taking off.", "dev": "A man with a hard hat is dancing."}
+    assert (examples[0].text_a, examples[0].label) == (first[split], 5.0)
+
+
+def test_file_quirks(glue_dir):
+    # MRPC: the BOM must not end up in the first column name or the first text.
+    mrpc = glue.load_tsv(glue_dir, "mrpc", "dev")
+    assert mrpc[0].text_a.startswith("He said the foodservice pie business")
+    assert mrpc[0].text_b.startswith('" The foodservice pie')  # unbalanced quote kept
+    assert mrpc[0].label == 1
+    # CoLA: no header (row 0 is data), and the last dev line has no newline.
+    cola = glue.load_tsv(glue_dir, "cola", "dev")
+    assert cola[0] == glue.Example("The sailors rode the breeze clear of the rocks.", None, 1, 0)
+    assert cola[-1] == glue.Example("John talked to Bill about himself.", None, 1, 1042)
+    # RTE: entailment = 0 as in TFDS; fields with unbalanced quotes stay verbatim.
+    rte = glue.load_tsv(glue_dir, "rte", "train")
+    assert sum('"' in e.text_a + e.text_b for e in rte) > 0
+    assert rte[0].label == 1  # "not_entailment"
+
+
+def test_registry_is_complete():
+    assert sorted(glue.TASKS) == ["cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst2", "stsb"]
+    assert {t.name: t.num_labels for t in glue.TASKS.values()} == {
+        "cola": 2, "sst2": 2, "mrpc": 2, "stsb": 1, "qqp": 2, "mnli": 3, "qnli": 2, "rte": 2,
+    }  # fmt: skip
+    assert glue.get_task("STS-B") is glue.TASKS["stsb"] and glue.TASKS["stsb"].is_regression
+    mnli = glue.get_task("mnli")
+    assert mnli.splits == ("train", "dev_matched", "dev_mismatched")
+    assert mnli.tfds_split("dev_mismatched") == "validation_mismatched"
+    assert glue.get_task("rte").tfds_split("dev") == "validation"
+    assert glue.tsv_path("g", "mnli", "dev_matched").as_posix() == "g/MNLI/dev_matched.tsv"
+    assert glue.get_task("mrpc").metrics == ("f1", "accuracy")
+    assert glue.get_task("cola").metrics == ("matthews_correlation",)
+    with pytest.raises(ValueError, match=r"no split 'dev'.*'dev_matched'"):
+        glue.tsv_path("g", "mnli", "dev")
+
+
+# The header rows of the standard GLUE files of the tasks not held locally.
+STANDARD_FILES = {
+    ("sst2", "dev"): (
+        "sentence\tlabel",
+        "it 's a charming journey . \t1",
+        ("it 's a charming journey . ", None, 1),
+    ),
+    ("qqp", "dev"): (
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+        "201359\t303345\t303346\tWhy are people?\tWhat is \"it?\t0",
+        ("Why are people?", 'What is "it?', 0),
+    ),
+    ("qnli", "dev"): (
+        "index\tquestion\tsentence\tlabel",
+        "0\tWhat came into force?\tThe law came.\tnot_entailment",
+        ("What came into force?", "The law came.", 1),
+    ),
+    ("mnli", "dev_mismatched"): (
+        "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+        "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\t"
+        "label4\tlabel5\tgold_label",
+        "0\t75290\t75290c\tletters\t( a )\t( b )\t(ROOT a)\t(ROOT b)\tYour gift is appreciated.\t"
+        "Hundreds of students will benefit.\tneutral\tneutral\tneutral\tneutral\tneutral\tneutral",
+        ("Your gift is appreciated.", "Hundreds of students will benefit.", 1),
+    ),
+    ("mnli", "train"): (
+        "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+        "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label",
+        "0\t31193\t31193n\tgovernment\t( a )\t( b )\t(ROOT a)\t(ROOT b)\tConceptually cream "
+        "skimming.\tProduct and geography.\tneutral\tcontradiction",
+        ("Conceptually cream skimming.", "Product and geography.", 2),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("task, split", sorted(STANDARD_FILES))
+def test_standard_layout_of_tasks_not_held_locally(tmp_path, task, split):
+    header, row, expected = STANDARD_FILES[(task, split)]
+    folder = tmp_path / glue.get_task(task).folder
+    folder.mkdir()
+    (folder / f"{split}.tsv").write_text(f"{header}\n{row}\n", encoding="utf-8")
+    assert glue.load_tsv(tmp_path, task, split) == [glue.Example(*expected, 0)]
+
+
+def _write(tmp_path, task, text, split="dev"):
+    folder = tmp_path / glue.get_task(task).folder
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{split}.tsv"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_missing_file_names_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"RTE/train\.tsv"):
+        glue.load_tsv(tmp_path, "rte", "train")
+
+
+def test_missing_column_names_file_line_and_column(tmp_path):
+    path = _write(tmp_path, "rte", "index\tsentence1\tsentence2\tgold\n0\ta\tb\tentailment\n")
+    with pytest.raises(ValueError, match=rf"{path}:1: header lacks column 'label'"):
+        glue.load_tsv(tmp_path, "rte", "dev")
+
+
+def test_unknown_label_names_file_and_line(tmp_path):
+    path = _write(
+        tmp_path, "rte", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\tmaybe\n"
+    )
+    with pytest.raises(ValueError, match=rf"{path}:3: unknown label 'maybe'"):
+        glue.load_tsv(tmp_path, "rte", "dev")
+    path = _write(tmp_path, "cola", "src\t1\t\tok\nsrc\t2\t*\tbad\n")  # header-less CoLA
+    with pytest.raises(ValueError, match=rf"{path}:2: unknown label '2'"):
+        glue.load_tsv(tmp_path, "cola", "dev")
+
+
+def test_bad_score_names_file_and_line(tmp_path):
+    header = (
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    )
+    path = _write(tmp_path, "stsb", f"{header}\n0\tg\tf\ty\t0\ts\ts\ta\tb\tn/a\n")
+    with pytest.raises(ValueError, match=rf"{path}:2: 'score' is 'n/a'"):
+        glue.load_tsv(tmp_path, "stsb", "dev")
+
+
+@pytest.mark.parametrize("row", ["0\ta\tentailment", "0\ta\tb\tentailment\textra", ""])
+def test_wrong_number_of_fields_names_file_and_line(tmp_path, row):
+    path = _write(
+        tmp_path, "rte", f"index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n{row}\n"
+    )
+    with pytest.raises(ValueError, match=rf"{path}:3: \d tab-separated fields, expected 4"):
+        glue.load_tsv(tmp_path, "rte", "dev")
+
+
+def test_unknown_task_lists_known_ones(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown GLUE task 'wnli'; known tasks: \['cola',"):
+        glue.load_tsv(tmp_path, "wnli", "dev")
+    with pytest.raises(ValueError, match=r"unknown GLUE source 'hub'"):
+        glue.load("rte", "dev", source="hub")
+
+
+# --- tensorflow-datasets: registry against TFDS's GLUE builder, then a real round trip. ----------
+
+
+def _tfds():
+    return pytest.importorskip("tensorflow_datasets")
+
+
+@pytest.mark.parametrize("name", sorted(glue.TASKS))
+def test_registry_matches_tfds_features(name):
+    tfds = _tfds()
+    task = glue.get_task(name)
+    builder = tfds.builder(f"glue/{name}")
+    features = builder.info.features
+    assert set(features) == {*task.tfds_text_features, "label", "idx"}
+    if task.is_regression:
+        assert features["label"].dtype.name == "float32"
+    else:
+        assert tuple(features["label"].names) == task.label_names
+    config = builder.builder_config
+    assert config.data_dir in (None, task.folder)
+    if name not in ("mrpc",):  # TFDS builds MRPC from the SentEval files instead of a TSV.
+        assert tuple(config.text_features.values()) == task.text_columns
+        assert config.label_column == task.label_column
+
+
+def _tfds_examples(tfds, glue_dir, name, split):
+    """(key, example) pairs from the local files, parsed by TFDS's own GLUE builder code."""
+    builder = tfds.builder(f"glue/{name}")
+    if name == "mrpc":  # As TFDS does: from msr_paraphrase_train.txt and dev_ids.tsv.
+        source = glue_dir / "MRPC" / "_source"
+        files = {"train": source / "msr_paraphrase_train.txt", "dev_ids": source / "dev_ids.tsv"}
+        return builder._generate_examples(data_file=None, split=split, mrpc_files=files)
+    task = glue.get_task(name)
+    return builder._generate_examples(data_file=glue.tsv_path(glue_dir, task, split), split=split)
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory, glue_dir):
+    """A TFDS data_dir with glue/{rte,mrpc,cola,stsb} 2.0.0 written by TFDS's builder API."""
+    tfds = _tfds()
+    data_dir = tmp_path_factory.mktemp("tfds")
+    for name, splits in [("rte", ("train", "dev")), ("mrpc", ("train", "dev")),
+                         ("cola", ("dev",)), ("stsb", ("dev",))]:  # fmt: skip
+        tfds.dataset_builders.store_as_tfds_dataset(
+            name="glue",
+            config=name,
+            version="2.0.0",
+            features=tfds.builder(f"glue/{name}").info.features,
+            split_datasets={
+                glue.get_task(name).tfds_split(s): _tfds_examples(tfds, glue_dir, name, s)
+                for s in splits
+            },
+            data_dir=data_dir,
+        )
+    return data_dir
+
+
+@pytest.mark.parametrize(
+    "name, split",
+    [("rte", "train"), ("rte", "dev"), ("mrpc", "train"), ("mrpc", "dev"), ("cola", "dev"),
+     ("stsb", "dev")],
+)  # fmt: skip
+def test_tfds_source_equals_tsv_source(tfds_dir, glue_dir, name, split):
+    from_tfds = glue.load_tfds(name, split, data_dir=tfds_dir, download=False)
+    from_tsv = glue.load_tsv(glue_dir, name, split)
+    assert len(from_tfds) == len(from_tsv)
+    if name == "stsb":  # TFDS stores the score as float32.
+        from_tsv = [e._replace(label=float(np.float32(e.label))) for e in from_tsv]
+    assert from_tfds == from_tsv
+
+
+def test_load_dispatches_to_tfds(tfds_dir, glue_dir):
+    loaded = glue.load("rte", "dev", source="tfds", data_dir=tfds_dir, download=False)
+    assert loaded == glue.load("rte", "dev", source="tsv", data_dir=glue_dir)
