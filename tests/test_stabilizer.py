@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from isojax import isotropy, stabilizer
+from isojax import isotropy, regularizers, stabilizer
 
 L, B, T, D = 2, 8, 6, 8  # [layers, batch, len, d]
 
@@ -154,12 +154,12 @@ def test_gradient_flows_through_batch_covariance_only(mode):
 
     grad_x = jax.jit(jax.grad(penalty, argnums=1))(bs, x)
     c0 = bs["c0"]
-    ref = jax.grad(lambda h: 1 - isotropy.isoscore_star(h, c0=c0, zeta=zeta, mask=mask))(x)
+    ref = jax.jit(jax.grad(lambda h: 1 - isotropy.isoscore_star(h, c0=c0, zeta=zeta, mask=mask)))(x)
     assert float(jnp.max(jnp.abs(ref))) > 1e-4  # the penalty has a gradient to compare
     np.testing.assert_allclose(grad_x, ref, rtol=1e-4, atol=1e-6 * float(jnp.max(jnp.abs(ref))))
     np.testing.assert_array_equal(grad_x[:, ~mask.astype(bool)], 0.0)  # padding gets nothing
     # Nothing flows into the running state: neither from C0 nor into the updated state.
-    grad_state = jax.grad(penalty, argnums=0, allow_int=True)(bs, x)
+    grad_state = jax.jit(jax.grad(penalty, argnums=0, allow_int=True))(bs, x)
     for leaf in jax.tree.leaves(grad_state):
         if jnp.issubdtype(leaf.dtype, jnp.floating):
             np.testing.assert_array_equal(leaf, 0.0)
@@ -170,7 +170,7 @@ def test_gradient_flows_through_batch_covariance_only(mode):
         )
         return sum(jnp.sum(v) for v in jax.tree.leaves(updates) if v.dtype == jnp.float32)
 
-    np.testing.assert_array_equal(jax.grad(new_state_sum)(x), 0.0)
+    np.testing.assert_array_equal(jax.jit(jax.grad(new_state_sum))(x), 0.0)
 
 
 def test_bad_batches_leave_state_unchanged_and_are_counted():
@@ -221,6 +221,34 @@ def test_frozen_state_in_evaluation_and_pass_mode(mode):
     np.testing.assert_allclose(score, _np_score(c0, c0, 0.2), rtol=2e-5)
     with pytest.raises(ValueError, match="shape"):
         stabilizer.replace_c0(bs, np.eye(D + 1))
+
+
+def test_epoch_window_equals_the_reference_pass_and_penalty():
+    """One window over the batches of an explicit pass gives the pass's C0 (regularizers)."""
+    zeta = 0.2
+    batches = [_batch(45 + s) for s in range(3)]
+    n_tokens = sum(len(_tokens(x, m)) for x, m in batches)
+    pass_state = regularizers.stabilizer_init(D)
+    for x, mask in batches:
+        layers = [jnp.asarray(h, jnp.float32) for h in x]  # L arrays [batch, len, d]
+        pass_state = regularizers.stabilizer_update(pass_state, layers, mask)
+    c0_pass = regularizers.stabilizer_finalize(pass_state)
+    model = stabilizer.IsoScoreStar(stabilizer="epoch", zeta=zeta, window=n_tokens)
+    bs = _init(model, batches[0][0].astype(np.float32), batches[0][1])["batch_stats"]
+    step = _train_step(model)
+    for x, mask in batches:
+        _, bs = step({"batch_stats": bs}, jnp.asarray(x, jnp.float32), mask)
+    assert int(bs["windows_closed"]) == 1
+    np.testing.assert_allclose(bs["c0"], c0_pass, rtol=1e-5, atol=1e-6)
+    # With the pass's C0 in the 'pass' stabiliser, the module's penalty is the reference's.
+    ref_model = stabilizer.make_isoscore_star("pass", zeta=zeta)
+    layers = [jnp.asarray(h, jnp.float32) for h in batches[0][0]]
+    ref_bs = stabilizer.replace_c0(_init(ref_model, layers, batches[0][1])["batch_stats"], c0_pass)
+    score = ref_model.apply(
+        {"batch_stats": ref_bs}, layers, batches[0][1], use_running_average=True
+    )
+    penalty = regularizers.istar_penalty(layers, batches[0][1], c0=c0_pass, zeta=zeta)
+    np.testing.assert_allclose(1 - score, penalty, rtol=1e-6, atol=1e-7)
 
 
 def test_no_retrace_across_window_closes():
