@@ -165,6 +165,13 @@ def test_wrong_number_of_fields_names_file_and_line(tmp_path, row):
         glue.load_tsv(tmp_path, "rte", "dev")
 
 
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    path = _write(tmp_path, "rte", "index\tsentence1\tsentence2\tlabel\n")
+    path.write_bytes(path.read_bytes() + b"0\ta\xff\tb\tentailment\n")
+    with pytest.raises(ValueError, match=rf"{path}:2: not UTF-8"):
+        glue.load_tsv(tmp_path, "rte", "dev")
+
+
 def test_unknown_task_lists_known_ones(tmp_path):
     with pytest.raises(ValueError, match=r"unknown GLUE task 'wnli'; known tasks: \['cola',"):
         glue.load_tsv(tmp_path, "wnli", "dev")

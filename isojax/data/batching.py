@@ -26,7 +26,7 @@ import tokenizers
 
 from isojax.data import glue
 
-DEFAULT_BUCKETS = (32, 64, 128)
+DEFAULT_BUCKETS = (32, 64, 96, 128, 192, 256)
 
 
 class Encoded(NamedTuple):
@@ -119,7 +119,9 @@ def encode(
         inputs = [(example.text_a, example.text_b) for example in examples]
     else:
         inputs = [example.text_a for example in examples]
-    encodings = own.encode_batch(inputs, add_special_tokens=True)
+    # encode_batch_fast (tokenizers >= 0.20) skips character offsets, which are not needed here.
+    encode_batch = getattr(own, "encode_batch_fast", own.encode_batch)
+    encodings = encode_batch(inputs, add_special_tokens=True)
 
     lengths = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
     total = int(lengths.sum())

@@ -223,7 +223,10 @@ def _tsv_rows(path: pathlib.Path) -> Iterator[tuple[int, list[str]]]:
     """
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
-            line = raw.decode("utf-8")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}:{number}: not UTF-8 ({error.reason})") from None
             if number == 1:
                 line = line.removeprefix("\ufeff")
             line = line.removesuffix("\n").removesuffix("\r")
