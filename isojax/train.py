@@ -1,37 +1,26 @@
-"""Fine-tuning on GLUE: the train state, the jitted steps, evaluation, checkpoints, the loop.
+"""Fine-tuning on GLUE: configuration, presets, and the loop with evaluation and checkpoints.
 
     config = train.default_config()
     config.task, config.data_dir, config.method = "rte", "glue_data", "isobn"
     results = train.train_and_evaluate(config, "runs/rte-isobn")   # resumes if interrupted
 
-One step (`train_step`): the model runs in train mode (dropout from `fold_in(rng, step)`,
-normaliser statistics updated in `batch_stats`); the loss is the task loss (cross-entropy, or
-squared error for STS-B) plus the method's penalty
-
-    istar:   + lambda * (1 - IsoScore*(all layers' tokens; C0, zeta))      SPEC.md §4
-    cosreg:  + lambda * mean off-diagonal cosine of the last layer's tokens SPEC.md §5
-
-in float32 whatever the compute dtype; under float16 the loss is scaled after the penalty is
-added, gradients are unscaled before clipping, and a step with non-finite gradients keeps the
-previous params, optimizer state and `batch_stats` (STYLE.md §13). Batches are sharded over a
-one-axis device mesh ("data"); under `jax.jit` every statistic (IsoBN's moments, IsoScore*,
-the stabiliser) is therefore over the global batch. Parameters are replicated, or sharded
-FSDP-style (`config.fsdp`) along their largest divisible axis.
-
-Each epoch ends with a dev evaluation: the task metrics and the isotropy of the sentence
-embeddings (EV_1, EV_3, IsoScore, mean cosine; accumulated with `stats.MomentState`) and of
-the tokens of all layers (IsoScore, and IsoScore* with the run's C0 under I-STAR), written to
-`metrics.jsonl` and TensorBoard files in the run folder.
+The loop (flax `examples/imagenet/train.py` shape): build the classifier (`models`), encode
+the task (`data.batching`), create the `steps.TrainState` directly on the device mesh, restore
+the newest usable checkpoint (`checkpointing`), then per epoch: the I-STAR C0 pass (method
+"istar"), the training batches of the epoch from where the checkpoint left off, a dev
+evaluation (task metrics + isotropy of the sentence and token embeddings), a checkpoint.
+Metrics go to `metrics.jsonl` and TensorBoard event files in the run folder, progress to
+stderr. With the data order fixed by (seed, epoch) and the dropout key by the step, a killed
+and resumed run ends bit-identical to an uninterrupted one on CPU.
 
 References:
   Zhou, Lin, Ren, `IsoBN <https://arxiv.org/abs/2005.02178>`_, AAAI 2021 (SPEC.md §1).
   Rudman, Eickhoff, `Stable Anisotropic Regularization <https://arxiv.org/abs/2305.19358>`_,
-  ICLR 2024 (SPEC.md §4). flax `examples/imagenet/train.py` (the train-state pattern).
+  ICLR 2024 (SPEC.md §4).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -42,7 +31,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -55,14 +43,13 @@ from ml_collections import config_dict
 
 from isojax import (
     checkpointing,
-    isotropy,
     metrics,
     models,
     norms,
     optim,
     precision,
     regularizers,
-    stats,
+    steps,
 )
 from isojax.data import batching, glue
 
@@ -70,9 +57,13 @@ METHODS = ("none", "recenter", "batchnorm", "layernorm", "isobn", "istar", "cosr
 PRESETS = ("isobn", "istar")
 STABILIZERS = ("pass",)
 TINY_MODEL = "tiny-bert"
-DATA_AXIS = "data"
-# Batch keys the steps read (`idx` stays on the host).
-_BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "example_mask")
+
+# The step-level API, re-exported: `train.TrainState`, `train.train_step`, `train.eval_step`.
+TrainState = steps.TrainState
+Objective = steps.Objective
+train_step = steps.train_step
+eval_step = steps.eval_step
+initialize_distributed = steps.initialize_distributed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,346 +261,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Train state and steps.
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Objective:
-    """What the train step minimises (static: part of the compiled step).
-
-    Attributes:
-      method: one of METHODS; "istar" and "cosreg" add a penalty, the others differ in the head.
-      regression: squared error on `logits[:, 0]` (STS-B) instead of cross-entropy.
-      weight: lambda of the penalty (istar / cosreg), 0 otherwise.
-      zeta: I-STAR shrinkage towards C0.
-      include_padding: padding tokens enter the penalty (reference parity).
-    """
-
-    method: str = "none"
-    regression: bool = False
-    weight: float = 0.0
-    zeta: float = 0.2
-    include_padding: bool = False
-
-
-@flax.struct.dataclass
-class TrainState:
-    """Everything a step changes, as one pytree (checkpointed whole).
-
-    Attributes:
-      step: `[]` int32 number of updates done.
-      params: the model's 'params' collection (`policy.param_dtype`).
-      opt_state: the optax state.
-      batch_stats: the normaliser's running statistics (float32), `{}` for none.
-      stabilizer: `[d, d]` float32 I-STAR C0, rebuilt each epoch; None for other methods.
-      loss_scale: `precision.NoOpLossScale` or `precision.DynamicLossScale`.
-      rng: `[2]` uint32 run key; step `t` uses `fold_in(rng, t)`.
-      apply_fn, tx, objective: static (not in the checkpoint).
-    """
-
-    step: jax.Array
-    params: Any
-    opt_state: Any
-    batch_stats: Any
-    stabilizer: jax.Array | None
-    loss_scale: precision.LossScale
-    rng: jax.Array
-    apply_fn: Callable = flax.struct.field(pytree_node=False)
-    tx: optax.GradientTransformation = flax.struct.field(pytree_node=False)
-    objective: Objective = flax.struct.field(pytree_node=False)
-
-
-def _model_inputs(batch: dict) -> tuple:
-    return batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
-
-
-def task_loss(logits: jax.Array, labels: jax.Array, example_mask: jax.Array, regression: bool):
-    """Mean over real examples of cross-entropy (or squared error), float32 scalar.
-
-    Args:
-      logits: `[b, num_labels]`; labels: `[b]` int class ids or float scores;
-      example_mask: `[b]` 1 real, 0 filler.
-    """
-    logits = logits.astype(jnp.float32)
-    weights = example_mask.astype(jnp.float32)
-    if regression:
-        per_example = (logits[:, 0] - labels.astype(jnp.float32)) ** 2
-    else:
-        per_example = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    return jnp.sum(per_example * weights) / jnp.maximum(jnp.sum(weights), 1.0)
-
-
-def _penalty(state: TrainState, out: dict, batch: dict) -> jax.Array:
-    objective = state.objective
-    hidden = out["encoder"].hidden_states
-    token_mask = batch["attention_mask"] * batch["example_mask"][:, None]  # [b, t]
-    if objective.method == "istar":
-        return regularizers.istar_penalty(
-            hidden,
-            token_mask,
-            c0=state.stabilizer,
-            zeta=objective.zeta,
-            include_padding=objective.include_padding,
-        )
-    if objective.method == "cosreg":
-        return regularizers.cosreg_penalty(
-            hidden[-1], token_mask, include_padding=objective.include_padding
-        )
-    return jnp.zeros([], jnp.float32)
-
-
-def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-    """One update on `batch` (global arrays); returns the new state and float32 metrics.
-
-    Metrics: `loss` (task + weight * penalty), `task_loss`, `penalty`, `grad_norm` (after
-    unscaling, before clipping), `grads_finite` (1/0), `loss_scale`.
-    """
-    objective = state.objective
-    rng = jax.random.fold_in(state.rng, state.step)
-
-    def loss_fn(params):
-        (logits, out), updates = state.apply_fn(
-            {"params": params, "batch_stats": state.batch_stats},
-            *_model_inputs(batch),
-            deterministic=False,
-            use_running_average=False,
-            example_mask=batch["example_mask"],
-            rngs={"dropout": rng},
-            mutable=["batch_stats"],
-        )
-        loss = task_loss(logits, batch["labels"], batch["example_mask"], objective.regression)
-        penalty = _penalty(state, out, batch)
-        total = loss + objective.weight * penalty  # penalty added before scaling
-        aux = (updates.get("batch_stats", {}), loss, penalty, total)
-        return state.loss_scale.scale(total), aux
-
-    grads, (batch_stats, loss, penalty, total) = jax.grad(loss_fn, has_aux=True)(state.params)
-    grads = state.loss_scale.unscale(grads)
-    grads_finite = precision.all_finite(grads)
-    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    if isinstance(state.loss_scale, precision.DynamicLossScale):
-        # An overflowed step keeps everything, batch_stats included (STYLE.md §13).
-        params, opt_state, batch_stats = precision.select_tree(
-            grads_finite,
-            (params, opt_state, batch_stats),
-            (state.params, state.opt_state, state.batch_stats),
-        )
-    new_state = state.replace(
-        step=state.step + 1,
-        params=params,
-        opt_state=opt_state,
-        batch_stats=batch_stats,
-        loss_scale=state.loss_scale.adjust(grads_finite),
-    )
-    step_metrics = {
-        "loss": total,
-        "task_loss": loss,
-        "penalty": penalty,
-        "grad_norm": optax.global_norm(grads),
-        "grads_finite": grads_finite.astype(jnp.float32),
-        "loss_scale": state.loss_scale.loss_scale.astype(jnp.float32),
-    }
-    return new_state, jax.tree.map(lambda x: x.astype(jnp.float32), step_metrics)
-
-
-@flax.struct.dataclass
-class EvalAccumulator:
-    """Sufficient statistics of the dev set's embeddings (float32), summed batch by batch.
-
-    Attributes:
-      sentence: moments of the sentence vectors `[b, h]` (before the normaliser).
-      pre_logits: moments of the normalised sentence vectors (what the classifier sees).
-      tokens: moments of every token of every layer (padding excluded).
-      unit_sum: `[h]` sum of the unit-normalised sentence vectors; unit_sq: sum of their
-        squared norms (1 per non-zero vector), for the mean cosine similarity.
-    """
-
-    sentence: stats.MomentState
-    pre_logits: stats.MomentState
-    tokens: stats.MomentState
-    unit_sum: jax.Array
-    unit_sq: jax.Array
-
-
-def eval_accumulator_init(hidden_size: int) -> EvalAccumulator:
-    return EvalAccumulator(
-        sentence=stats.moments_init(hidden_size),
-        pre_logits=stats.moments_init(hidden_size),
-        tokens=stats.moments_init(hidden_size),
-        unit_sum=jnp.zeros([hidden_size], jnp.float32),
-        unit_sq=jnp.zeros([], jnp.float32),
-    )
-
-
-def eval_step(state: TrainState, batch: dict, acc: EvalAccumulator) -> tuple[EvalAccumulator, dict]:
-    """Eval-mode forward pass on `batch`; returns the updated accumulator and
-    `{'logits' [b, k] f32, 'labels' [b], 'example_mask' [b]}` for the task metrics."""
-    logits, out = state.apply_fn(
-        {"params": state.params, "batch_stats": state.batch_stats},
-        *_model_inputs(batch),
-        deterministic=True,
-        use_running_average=True,
-        example_mask=batch["example_mask"],
-    )
-    real = batch["example_mask"]  # [b]
-    sentence = out["sentence"].astype(jnp.float32)  # [b, h]
-    hidden = jnp.stack(out["encoder"].hidden_states)  # [L, b, t, h]
-    token_mask = batch["attention_mask"] * real[:, None]  # [b, t]
-    token_mask = jnp.broadcast_to(token_mask, hidden.shape[:-1])  # [L, b, t]
-    norm = jnp.linalg.norm(sentence, axis=-1, keepdims=True)  # [b, 1]
-    unit = jnp.where(norm > 0, sentence / jnp.where(norm > 0, norm, 1.0), 0.0)
-    unit = unit * real[:, None].astype(jnp.float32)
-    acc = EvalAccumulator(
-        sentence=stats.moments_update(acc.sentence, sentence, real),
-        pre_logits=stats.moments_update(acc.pre_logits, out["pre_logits"], real),
-        tokens=stats.moments_update(acc.tokens, hidden, token_mask),
-        unit_sum=acc.unit_sum + jnp.sum(unit, axis=0),
-        unit_sq=acc.unit_sq + jnp.sum(unit**2),
-    )
-    outputs = {
-        "logits": logits.astype(jnp.float32),
-        "labels": batch["labels"],
-        "example_mask": real,
-    }
-    return acc, outputs
-
-
-def isotropy_metrics(
-    acc: EvalAccumulator, c0: jax.Array | None = None, zeta: float = 0.0
-) -> dict[str, jax.Array]:
-    """Isotropy of the accumulated dev embeddings (float32 scalars).
-
-    Keys: `sentence_ev1`, `sentence_ev3` (explained variance of the top 1 / 3 principal axes),
-    `sentence_isoscore`, `sentence_mean_cosine`, the same `pre_logits_*` after the normaliser,
-    `tokens_isoscore` (all layers' tokens; IsoScore* with zeta = 0) and, with `c0`,
-    `tokens_isoscore_star` (IsoScore* of the tokens shrunk towards the run's C0 by `zeta`).
-    """
-    out = {}
-    for name, moments_state in (("sentence", acc.sentence), ("pre_logits", acc.pre_logits)):
-        cov = stats.moments_finalize(moments_state).cov
-        out[f"{name}_ev1"] = isotropy.explained_variance(cov, 1)
-        out[f"{name}_ev3"] = isotropy.explained_variance(cov, 3)
-        out[f"{name}_isoscore"] = isotropy.isoscore_from_cov(cov)
-    n = acc.sentence.count
-    out["sentence_mean_cosine"] = jnp.where(
-        n > 1, (jnp.sum(acc.unit_sum**2) - acc.unit_sq) / jnp.maximum(n * (n - 1), 1.0), 0.0
-    )
-    token_cov = stats.moments_finalize(acc.tokens, ddof=1).cov
-    out["tokens_isoscore"] = isotropy.isoscore_star_from_cov(token_cov)
-    if c0 is not None:
-        out["tokens_isoscore_star"] = isotropy.isoscore_star_from_cov(token_cov, c0=c0, zeta=zeta)
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), out)
-
-
-def stabilizer_step(
-    state: TrainState, batch: dict, acc: stats.MomentState
-) -> tuple[stats.MomentState, jax.Array]:
-    """Adds one batch's tokens (all layers, eval mode, no gradient) to the C0 accumulator;
-    also returns the number of token vectors added (all layers, global)."""
-    _, out = state.apply_fn(
-        {"params": state.params, "batch_stats": state.batch_stats},
-        *_model_inputs(batch),
-        deterministic=True,
-        use_running_average=True,
-        example_mask=batch["example_mask"],
-    )
-    hidden = out["encoder"].hidden_states
-    token_mask = batch["attention_mask"] * batch["example_mask"][:, None]
-    include = state.objective.include_padding
-    acc = regularizers.stabilizer_update(acc, hidden, token_mask, include_padding=include)
-    per_layer = jnp.sum(jnp.broadcast_to(batch["example_mask"][:, None], token_mask.shape))
-    tokens = per_layer if include else jnp.sum(token_mask)
-    return acc, (len(hidden) * tokens).astype(jnp.float32)
-
-
-# ----------------------------------------------------------------------------------------------
-# Devices: mesh, shardings, global batches.
-# ----------------------------------------------------------------------------------------------
-
-
-def initialize_distributed() -> bool:
-    """`jax.distributed.initialize` when this process was launched as one of several.
-
-    Reads `JAX_COORDINATOR_ADDRESS` (host:port of process 0), `JAX_NUM_PROCESSES` and
-    `JAX_PROCESS_ID`; does nothing when they are unset or JAX is initialised already. Call
-    it before any other JAX work. Returns True when it initialised.
-    """
-    address = os.environ.get("JAX_COORDINATOR_ADDRESS")
-    count = os.environ.get("JAX_NUM_PROCESSES")
-    index = os.environ.get("JAX_PROCESS_ID")
-    if not (address and count and index) or jax.distributed.is_initialized():
-        return False
-    jax.distributed.initialize(address, num_processes=int(count), process_id=int(index))
-    return True
-
-
-def make_mesh(devices: list | None = None) -> jax.sharding.Mesh:
-    """A one-axis ("data") mesh over `devices` (default: every device of every process)."""
-    devices = jax.devices() if devices is None else list(devices)
-    return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
-
-
-def _fsdp_spec(shape: tuple[int, ...], n: int, min_size: int = 1024) -> P:
-    """Shard the largest axis divisible by `n` (leaves under `min_size` elements replicated)."""
-    if n == 1 or math.prod(shape) < min_size:
-        return P()
-    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
-        if shape[axis] % n == 0:
-            spec = [None] * len(shape)
-            spec[axis] = DATA_AXIS
-            return P(*spec)
-    return P()
-
-
-def state_sharding(state: Any, mesh: jax.sharding.Mesh, *, fsdp: bool = False) -> Any:
-    """NamedShardings for every leaf of `state`: replicated, or FSDP-sharded with `fsdp`."""
-    n = mesh.shape[DATA_AXIS]
-
-    def spec(x):
-        return NamedSharding(mesh, _fsdp_spec(np.shape(x), n) if fsdp else P())
-
-    return jax.tree.map(spec, state)
-
-
-def global_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
-    """This process's rows of a batch -> global arrays sharded over the mesh's data axis."""
-    sharding = NamedSharding(mesh, P(DATA_AXIS))
-    return {
-        key: jax.make_array_from_process_local_data(sharding, np.asarray(batch[key]))
-        for key in _BATCH_KEYS
-    }
-
-
-def jit_steps(state: TrainState, mesh: jax.sharding.Mesh, *, fsdp: bool = False):
-    """`(train_step, eval_step, stabilizer_step)` compiled for `mesh`; the state is donated
-    to `train_step`, and its sharding is kept from step to step."""
-    shardings = state_sharding(state, mesh, fsdp=fsdp)
-    data = NamedSharding(mesh, P(DATA_AXIS))
-    replicated = NamedSharding(mesh, P())
-    train = jax.jit(
-        train_step,
-        in_shardings=(shardings, data),
-        out_shardings=(shardings, replicated),
-        donate_argnums=0,
-    )
-    evaluate = jax.jit(
-        eval_step,
-        in_shardings=(shardings, data, replicated),
-        out_shardings=(replicated, replicated),
-        donate_argnums=2,
-    )
-    stabilize = jax.jit(
-        stabilizer_step,
-        in_shardings=(shardings, data, replicated),
-        out_shardings=(replicated, replicated),
-        donate_argnums=2,
-    )
-    return train, evaluate, stabilize
-
-
-# ----------------------------------------------------------------------------------------------
 # Model, data, state.
 # ----------------------------------------------------------------------------------------------
 
@@ -693,12 +344,12 @@ def create_train_state(
     encoder_params: dict | None,
     tx: optax.GradientTransformation,
     policy: precision.Policy,
-    objective: Objective,
+    objective: steps.Objective,
     hidden_size: int,
     mesh: jax.sharding.Mesh | None = None,
     *,
     fsdp: bool = False,
-) -> TrainState:
+) -> steps.TrainState:
     """Step 0: fresh head (and encoder, if `encoder_params` is None), optimizer state, key;
     placed on `mesh` (replicated, or FSDP-sharded) when given."""
     rng = jax.random.PRNGKey(config.seed)
@@ -708,7 +359,7 @@ def create_train_state(
     def init(init_rng, run_rng, encoder_params):
         variables = models.init_variables(model, init_rng, encoder_params)
         params = policy.cast_to_param(variables["params"])
-        return TrainState(
+        return steps.TrainState(
             step=jnp.zeros([], jnp.int32),
             params=params,
             opt_state=tx.init(params),
@@ -726,7 +377,7 @@ def create_train_state(
     # One compiled initialisation (eager flax init compiles every op on its own), placed
     # directly with the run's shardings.
     abstract = jax.eval_shape(init, init_rng, run_rng, encoder_params)
-    shardings = None if mesh is None else state_sharding(abstract, mesh, fsdp=fsdp)
+    shardings = None if mesh is None else steps.state_sharding(abstract, mesh, fsdp=fsdp)
     return jax.jit(init, out_shardings=shardings)(init_rng, run_rng, encoder_params)
 
 
@@ -819,12 +470,25 @@ class Progress:
 # ----------------------------------------------------------------------------------------------
 
 
+def _forget_metrics_after(path: pathlib.Path, step: int) -> None:
+    """Drops the `metrics.jsonl` lines a killed run wrote after its last checkpoint (`step`),
+    so the resumed run's file reads as an uninterrupted run's."""
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(path)
+
+
 def _host_floats(tree: dict) -> dict[str, float]:
     return {k: float(np.asarray(v)) for k, v in tree.items()}
 
 
 def evaluate(
-    state: TrainState,
+    state: steps.TrainState,
     eval_fn: Callable,
     encoded: batching.Encoded,
     config: ml_collections.ConfigDict,
@@ -834,7 +498,7 @@ def evaluate(
     """Task metrics and isotropy of one dev split (every example exactly once)."""
     task = glue.get_task(config.task)
     scores = metrics.Accumulator()
-    acc = jax.device_put(eval_accumulator_init(hidden_size), NamedSharding(mesh, P()))
+    acc = jax.device_put(steps.eval_accumulator_init(hidden_size), NamedSharding(mesh, P()))
     for batch in batching.batches(
         encoded,
         batch_size=config.eval_batch_size,
@@ -842,7 +506,7 @@ def evaluate(
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     ):
-        acc, out = eval_fn(state, global_batch(batch, mesh), acc)
+        acc, out = eval_fn(state, steps.global_batch(batch, mesh), acc)
         out = jax.device_get(out)
         scores.update(out["logits"], out["labels"], out["example_mask"])
     result = scores.compute(task)
@@ -853,11 +517,11 @@ def evaluate(
 
 @functools.partial(jax.jit, static_argnames="zeta")
 def _isotropy_jit(acc, c0, zeta):
-    return isotropy_metrics(acc, c0, zeta)
+    return steps.isotropy_metrics(acc, c0, zeta)
 
 
 def estimate_c0(
-    state: TrainState,
+    state: steps.TrainState,
     stabilize_fn: Callable,
     encoded: batching.Encoded,
     config: ml_collections.ConfigDict,
@@ -870,7 +534,7 @@ def estimate_c0(
     acc = jax.device_put(regularizers.stabilizer_init(hidden_size), NamedSharding(mesh, P()))
     seen = 0.0
     for batch in _train_batches(encoded, config, epoch):
-        acc, tokens = stabilize_fn(state, global_batch(batch, mesh), acc)
+        acc, tokens = stabilize_fn(state, steps.global_batch(batch, mesh), acc)
         seen += float(tokens)
         if seen >= config.istar.stabilizer_tokens:
             break
@@ -936,7 +600,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
         )
     total_steps = config.max_steps if config.max_steps > 0 else steps_per_epoch * config.num_epochs
     num_epochs = -(-total_steps // steps_per_epoch)
-    mesh = make_mesh()
+    mesh = steps.make_mesh()
     for name in ("batch_size", "eval_batch_size"):
         if config[name] % mesh.size:
             raise ValueError(
@@ -956,7 +620,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
         clip_norm=opt.clip_norm,
     )
     method = config.method
-    objective = Objective(
+    objective = steps.Objective(
         method=method,
         regression=task.is_regression,
         weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(method, 0.0),
@@ -968,7 +632,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     state = create_train_state(
         config, model, encoder_params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
     )
-    train_fn, eval_fn, stabilize_fn = jit_steps(state, mesh, fsdp=config.fsdp)
+    train_fn, eval_fn, stabilize_fn = steps.jit_steps(state, mesh, fsdp=config.fsdp)
 
     # Resume.
     ckpt = checkpointing.Checkpointer(workdir / "checkpoints", max_to_keep=config.keep_checkpoints)
@@ -978,6 +642,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
         state, saved_position = restored
         position |= saved_position
     step = int(state.step)
+    if restored is not None and lead:
+        _forget_metrics_after(workdir / "metrics.jsonl", step)
     sums = {k: jnp.asarray(v, jnp.float32) for k, v in position["train_sums"].items()}
     count = int(position["train_count"])
     last_eval = position["last_eval"]
@@ -1007,7 +673,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
             state = state.replace(stabilizer=c0)
         batch_index = start_batch
         for batch in _train_batches(train_encoded, config, epoch, start_batch):
-            state, step_metrics = train_fn(state, global_batch(batch, mesh))
+            state, step_metrics = train_fn(state, steps.global_batch(batch, mesh))
             step, batch_index, count = step + 1, batch_index + 1, count + 1
             sums = {k: sums.get(k, 0.0) + v for k, v in step_metrics.items()}
             if step % config.log_every == 0 or step == total_steps:
