@@ -338,3 +338,47 @@ def make_isoscore_star(
     if unknown:
         raise ValueError(f"IsoScoreStar has no field(s) {unknown}; it takes {sorted(fields)}")
     return IsoScoreStar(stabilizer=stabilizer, zeta=zeta, axis_name=axis_name, **hparams)
+
+
+def init_batch_stats(module: IsoScoreStar, d: int) -> dict:
+    """The initial ``'batch_stats'`` of ``module`` for hidden size ``d`` (no data needed).
+
+    ``C₀`` is ``module.c0_init`` (the identity by default), windows and counters are empty.
+    Carry the result in the train state and checkpoint it with it.
+    """
+    dummy = jnp.zeros((2, d), _STATS_DTYPE)  # two tokens: the moments are defined
+    return module.init(jax.random.key(0), dummy, use_running_average=True)["batch_stats"]
+
+
+def penalty_and_update(
+    module: IsoScoreStar,
+    batch_stats: dict,
+    hidden_states: jax.Array | Sequence[jax.Array],
+    mask: jax.typing.ArrayLike | None,
+    *,
+    train: bool = True,
+) -> tuple[jax.Array, dict]:
+    r"""The I-STAR penalty ``1 − IsoScore*`` of a batch and the updated stabiliser state.
+
+    Differentiable with respect to ``hidden_states`` (through the batch covariance only); the
+    returned state carries no gradient. With ``train=False`` (or the ``pass`` stabiliser) the
+    state comes back unchanged.
+
+    Args:
+      module: an :class:`IsoScoreStar` (e.g. from :func:`make_isoscore_star`).
+      batch_stats: its collection (:func:`init_batch_stats`, or the previous step's).
+      hidden_states: L arrays ``[batch, len, d]`` or ``[..., d]``, any float dtype.
+      mask: ``[batch, len]`` token mask (1 token, 0 padding); None keeps every position.
+      train: update the running state.
+
+    Returns:
+      ``(penalty [] float32, new batch_stats)``.
+    """
+    score, updates = module.apply(
+        {"batch_stats": batch_stats},
+        hidden_states,
+        mask,
+        use_running_average=not train,
+        mutable=["batch_stats"],
+    )
+    return 1.0 - score, updates["batch_stats"]

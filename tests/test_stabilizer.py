@@ -221,6 +221,13 @@ def test_frozen_state_in_evaluation_and_pass_mode(mode):
     np.testing.assert_allclose(score, _np_score(c0, c0, 0.2), rtol=2e-5)
     with pytest.raises(ValueError, match="shape"):
         stabilizer.replace_c0(bs, np.eye(D + 1))
+    # The train-step helpers: data-free initial state, penalty and state in one call.
+    chex.assert_trees_all_equal(stabilizer.init_batch_stats(model, D), variables["batch_stats"])
+    penalty, new_bs = jax.jit(functools.partial(stabilizer.penalty_and_update, model))(
+        variables["batch_stats"], [jnp.asarray(h, jnp.float32) for h in x], mask
+    )
+    np.testing.assert_allclose(penalty, 1 - ref, rtol=1e-5)
+    chex.assert_trees_all_close(new_bs, bs, rtol=1e-6)
 
 
 def test_epoch_window_equals_the_reference_pass_and_penalty():
