@@ -32,14 +32,16 @@ from isojax.models import load_pretrained
 def median_seconds(calls: dict, repeats: int) -> dict[str, float]:
     """Median wall time of each zero-argument call, after one compiling call each.
 
-    The calls are timed round-robin (one of each per round), so drift in the load of a shared
-    machine falls on every call alike and the ratios stay fair.
+    The calls are timed round-robin (one of each per round, the order rotated every round), so
+    drift in the load of a shared machine falls on every call alike and the ratios stay fair.
     """
     for call in calls.values():
         jax.block_until_ready(call())
     times = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
+    names = list(calls)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            call = calls[name]
             start = time.perf_counter()
             jax.block_until_ready(call())
             times[name].append(time.perf_counter() - start)
