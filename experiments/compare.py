@@ -1,0 +1,118 @@
+"""Fine-tune one task with several methods and print their dev metric and isotropy side by side.
+
+    python experiments/compare.py --config experiments/configs/rte_isobn.py --methods none,isobn \
+        --workdir runs/rte_isobn
+
+Each method runs `train.train_and_evaluate(get_config(method), WORKDIR/method)`; a finished or
+interrupted run is resumed from its checkpoints, so running the script again only redoes what is
+missing. The first row is the pre-trained encoder on the same dev split (`isojax.analysis`, no
+fine-tuning; its dev metric is blank: the classifier head is untrained). Isotropy columns are of
+the dev sentence vectors the head reads (`config.sentence`: the pooler output or [CLS]), before
+the normaliser, and of the classifier's input after it (IsoBN's output: "head EV_3").
+"""
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import sys
+import time
+
+from isojax import analysis, train
+from isojax.data import glue
+
+
+def load_get_config(path: str):
+    spec = importlib.util.spec_from_file_location("_compare_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config
+
+
+def pretrained_row(config) -> dict:
+    """Isotropy of the pre-trained encoder's sentence vectors on the dev split."""
+    module, params, tokenizer = _pretrained(config)
+    task = glue.get_task(config.task)
+    examples = train.load_examples(config, task.dev_splits[0])
+    rep = analysis.analyze_encoder(
+        module, params, tokenizer, examples, max_length=config.max_length,
+        batch_size=config.eval_batch_size, buckets=tuple(config.buckets) or None,
+    )  # fmt: skip
+    values = rep.embeddings[config.sentence]
+    return {
+        "sentence_ev1": float(values["EV_1"]),
+        "sentence_ev3": float(values["EV_3"]),
+        "sentence_isoscore": float(values["isoscore"]),
+        "sentence_mean_cosine": float(values["mean_cosine"]),
+    }
+
+
+def _pretrained(config):
+    from isojax import models
+
+    pretrained = models.load_pretrained(config.model)
+    tokenizer = train.load_tokenizer(config.tokenizer) if config.tokenizer else pretrained.tokenizer
+    return pretrained.module, pretrained.params, tokenizer
+
+
+COLUMNS = (
+    ("dev", "score", "{:.4f}"),
+    ("EV_1", "sentence_ev1", "{:.4f}"),
+    ("EV_3", "sentence_ev3", "{:.4f}"),
+    ("IsoScore", "sentence_isoscore", "{:.4f}"),
+    ("mean cos", "sentence_mean_cosine", "{:.4f}"),
+    ("head EV_3", "pre_logits_ev3", "{:.4f}"),
+    ("head Iso", "pre_logits_isoscore", "{:.4f}"),
+    ("minutes", "minutes", "{:.1f}"),
+)
+
+
+def format_table(rows: dict[str, dict]) -> str:
+    """Rows `{name: values}` as an aligned Markdown table (blank where a value is missing)."""
+    header = "| run | " + " | ".join(name for name, _, _ in COLUMNS) + " |"
+    lines = [header, "|---|" + "---:|" * len(COLUMNS)]
+    for name, values in rows.items():
+        cells = [fmt.format(values[key]) if key in values else "" for _, key, fmt in COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="a configs/*.py file: get_config(method)")
+    parser.add_argument("--methods", default="none,isobn", help="comma-separated methods")
+    parser.add_argument("--workdir", default="runs/compare", help="one sub-folder per method")
+    parser.add_argument("--no-pretrained", action="store_true", help="skip the pre-trained row")
+    args = parser.parse_args(argv)
+    get_config = load_get_config(args.config)
+    workdir = pathlib.Path(args.workdir)
+    methods = [m for m in args.methods.split(",") if m]
+    configs = {method: get_config(method) for method in methods}
+    for config in configs.values():
+        train.validate_config(config)  # every run's config is checked before the first starts
+
+    first = configs[methods[0]]
+    split = glue.get_task(first.task).dev_splits[0]
+    rows = {}
+    if not args.no_pretrained:
+        start = time.perf_counter()
+        rows["pre-trained"] = pretrained_row(first)
+        rows["pre-trained"]["minutes"] = (time.perf_counter() - start) / 60
+        print(f"pre-trained: {json.dumps(rows['pre-trained'])}", flush=True)
+    for method, config in configs.items():
+        start = time.perf_counter()
+        print(f"== {method}: {workdir / method}", flush=True)
+        results = train.train_and_evaluate(config, workdir / method)
+        rows[method] = dict(results[split]) | {"minutes": (time.perf_counter() - start) / 60}
+        print(f"{method}: {json.dumps(rows[method])}", flush=True)
+    print()
+    print(f"{first.task} {split}, {first.model}, sentence vector: {first.sentence}, "
+          f"{first.num_epochs} epochs, max length {first.max_length}, batch {first.batch_size}, "
+          f"seed {first.seed}")  # fmt: skip
+    print(format_table(rows))
+    (workdir / "table.md").write_text(format_table(rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
