@@ -81,6 +81,9 @@ def _flatten(points: jax.typing.ArrayLike, mask: jax.typing.ArrayLike | None):
                 f"shape {lead} (points {points.shape})"
             ) from None
         w = w.reshape(-1).astype(x.dtype)
+        # Dropped points are zeroed, not only weighted by 0: NaN * 0 is NaN, and a NaN in a
+        # padding row must not poison the moments of the real ones.
+        x = jnp.where(w[:, None] > 0, x, 0)
     return x, w
 
 

@@ -38,6 +38,15 @@ def test_masked_moments_equal_moments_of_the_subset():
     assert float(got.count) == mask.sum()
 
 
+def test_nan_in_a_masked_point_does_not_poison_the_moments():
+    x = _cloud(8, 10, 3)
+    x[4] = np.nan
+    mask = np.ones(10, bool)
+    mask[4] = False
+    got = stats.batch_moments(jnp.asarray(x, jnp.float32), jnp.asarray(mask), ddof=1)
+    np.testing.assert_allclose(got.cov, np.cov(x[mask], rowvar=False), rtol=1e-4, atol=1e-5)
+
+
 def test_mask_broadcasts_over_layers():
     x = _cloud(2, 3 * 2 * 5, 6).reshape(3, 2, 5, 6)  # [layers, batch, len, d]
     mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])  # [batch, len]
