@@ -19,7 +19,10 @@ From those, `report` computes, with the sample covariance (``ddof=1``, as ``torc
   covariance of every token vector of every layer of the same sentences, which is the
   stabiliser of [I-STAR] (SPEC.md §4) computed on the analysed split. A few hundred [CLS]
   vectors in 384 or 768 dimensions give a rank-deficient covariance whose IsoScore is biased
-  low (SPEC.md §3); the shrunk score is the stable one to compare across layers.
+  low (SPEC.md §3); the shrunk score is the stable one to compare across layers. IsoScore* is
+  not scale-invariant in the mixture: where a layer's [CLS] variance is small next to
+  ``tr C₀`` (early layers, whose [CLS] barely depends on the sentence), the score is mostly
+  that of ``C₀`` and flat across those layers; read it with the plain IsoScore beside it.
 
 Numbers are pure jit-able functions of the accumulated statistics (tested against NumPy in
 float64); plotting (`write_figures`, matplotlib's Agg backend) is separate.

@@ -8,7 +8,8 @@
     isojax bench data_speed [ARGS]    # runs one, printing its output
 
 `finetune` builds its configuration in this order, each step overriding the previous ones:
-`train.default_config()`; the `--config` file's `get_config(arg)` (`FILE:ARG`, STYLE.md §21);
+`train.default_config()`; the `--config` file's `get_config(arg)` (`FILE:ARG`, STYLE.md §21;
+fields it leaves out keep their defaults; a file that names a preset applies it itself);
 `--preset` (the papers' reference settings, `train.apply_preset`); the named flags
 (`--method`, `--istar-zeta`, ...); `--set key.path=value`. The result is checked by
 `train.validate_config` before anything is loaded: an unknown task or method, or a
@@ -153,6 +154,8 @@ def finetune_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
         key, sep, text = item.partition("=")
         if not sep:
             raise UsageError(f"--set {item!r}: expected key.path=value")
+        if key.strip() == "preset":
+            raise UsageError("--set preset=...: use --preset, which applies the preset's values")
         set_value(config, key.strip(), parse_value(text), "--set")
     try:
         train.validate_config(config)
