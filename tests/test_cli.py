@@ -30,6 +30,7 @@ def run(capsys, argv):
         (["--set", "batch_size=big"], "batch_size='big'"),
         (["--isobn-momentum", "high"], "'high'"),
         (["--preset", "bert"], "'bert'"),
+        (["--set", "preset=istar"], "--preset"),
     ],
 )
 def test_finetune_rejects_bad_values_with_one_line_and_status_2(capsys, tmp_path, flags, bad):
