@@ -94,4 +94,11 @@ class Checkpointer:
         return None
 
     def close(self) -> None:
+        """Releases orbax's background resources (also on leaving a `with` block)."""
         self._manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -29,7 +29,7 @@ import pathlib
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -558,30 +558,32 @@ def _train_batches(
     )
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
-    """Fine-tunes `config.model` on `config.task`, evaluating on dev after every epoch.
+class Run(NamedTuple):
+    """Everything `train_and_evaluate` builds before its loop (also for tests and benchmarks).
 
-    Resumes from the newest usable checkpoint in `workdir/checkpoints` (train state and data
-    position); a resumed run ends with the same parameters and metrics as an uninterrupted
-    one. Writes `metrics.jsonl`, `tensorboard/` and `config.json` in `workdir`.
-
-    Args:
-      config: from `default_config()` (with `apply_preset` and overrides); validated here.
-      workdir: the run folder.
-
-    Returns:
-      The final dev metrics: `{split: {metric: value}}` per dev split ("dev", or MNLI's
-      "dev_matched"/"dev_mismatched"), each with the task's metrics, `score`, and the
-      isotropy keys of `isotropy_metrics`; plus "step" and "epoch".
+    `train_fn(state, batch) -> (state, metrics)`, `eval_fn(state, batch, acc) -> (acc, out)`
+    and `stabilize_fn(state, batch, acc) -> (acc, tokens)` are the jitted `steps` functions
+    for `mesh`; batches go through `steps.global_batch(batch, mesh)` first.
     """
-    validate_config(config)
-    initialize_distributed()
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    lead = jax.process_index() == 0
-    if lead:
-        (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
 
+    state: steps.TrainState
+    train_fn: Callable
+    eval_fn: Callable
+    stabilize_fn: Callable
+    mesh: jax.sharding.Mesh
+    model: models.SequenceClassifier
+    tokenizer: Any
+    hidden_size: int
+    train_encoded: batching.Encoded
+    dev_encoded: dict[str, batching.Encoded]
+    steps_per_epoch: int
+    total_steps: int
+
+
+def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None = None) -> Run:
+    """Validates `config`, loads model and data, creates the train state on `mesh` (default:
+    every device) and compiles nothing yet (the steps compile on first call)."""
+    validate_config(config)
     # Data and model.
     task = glue.get_task(config.task)
     policy = precision.get_policy(config.policy)
@@ -599,8 +601,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
             f"{len(train_encoded)} training examples make no full batch of {config.batch_size}"
         )
     total_steps = config.max_steps if config.max_steps > 0 else steps_per_epoch * config.num_epochs
-    num_epochs = -(-total_steps // steps_per_epoch)
-    mesh = steps.make_mesh()
+    mesh = steps.make_mesh() if mesh is None else mesh
     for name in ("batch_size", "eval_batch_size"):
         if config[name] % mesh.size:
             raise ValueError(
@@ -633,6 +634,53 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
         config, model, encoder_params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
     )
     train_fn, eval_fn, stabilize_fn = steps.jit_steps(state, mesh, fsdp=config.fsdp)
+    return Run(
+        state=state,
+        train_fn=train_fn,
+        eval_fn=eval_fn,
+        stabilize_fn=stabilize_fn,
+        mesh=mesh,
+        model=model,
+        tokenizer=tokenizer,
+        hidden_size=hidden_size,
+        train_encoded=train_encoded,
+        dev_encoded=dev_encoded,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+    )
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
+    """Fine-tunes `config.model` on `config.task`, evaluating on dev after every epoch.
+
+    Resumes from the newest usable checkpoint in `workdir/checkpoints` (train state and data
+    position); a resumed run ends with the same parameters and metrics as an uninterrupted
+    one. Writes `metrics.jsonl`, `tensorboard/` and `config.json` in `workdir`.
+
+    Args:
+      config: from `default_config()` (with `apply_preset` and overrides); validated here.
+      workdir: the run folder.
+
+    Returns:
+      The final dev metrics: `{split: {metric: value}}` per dev split ("dev", or MNLI's
+      "dev_matched"/"dev_mismatched"), each with the task's metrics, `score`, and the
+      isotropy keys of `isotropy_metrics`; plus "step" and "epoch".
+    """
+    validate_config(config)
+    initialize_distributed()
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    lead = jax.process_index() == 0
+    if lead:
+        (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
+
+    run = setup(config)
+    state, mesh, hidden_size = run.state, run.mesh, run.hidden_size
+    train_fn, eval_fn, stabilize_fn = run.train_fn, run.eval_fn, run.stabilize_fn
+    train_encoded, dev_encoded = run.train_encoded, run.dev_encoded
+    total_steps, steps_per_epoch, method = run.total_steps, run.steps_per_epoch, config.method
+    num_epochs = -(-total_steps // steps_per_epoch)
+    opt = config.optimizer
 
     # Resume.
     ckpt = checkpointing.Checkpointer(workdir / "checkpoints", max_to_keep=config.keep_checkpoints)
@@ -644,6 +692,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     step = int(state.step)
     if restored is not None and lead:
         _forget_metrics_after(workdir / "metrics.jsonl", step)
+        print(
+            f"isojax: resumed {workdir} at step {step} (epoch {position['epoch']}, "
+            f"batch {position['batch']})",
+            file=sys.stderr,
+        )
     sums = {k: jnp.asarray(v, jnp.float32) for k, v in position["train_sums"].items()}
     count = int(position["train_count"])
     last_eval = position["last_eval"]

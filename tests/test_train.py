@@ -1,0 +1,243 @@
+"""Tests for isojax.train / isojax.steps / isojax.optim: config, optimizer, steps, the loop.
+
+A random tiny BERT (hidden 32, 2 layers) over the real MiniLM WordPiece vocabulary (30522 ids,
+so no id is clipped) runs on 16 real rows of each local GLUE task.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from isojax import isotropy, optim, steps, train
+from isojax.data import batching
+
+
+def tiny_config(glue_dir, minilm_dir, **overrides):
+    config = train.default_config()
+    config.data_dir = str(glue_dir)
+    config.model = train.TINY_MODEL
+    config.tokenizer = str(minilm_dir)
+    config.max_train_examples = config.max_eval_examples = 16
+    config.batch_size = config.eval_batch_size = 8
+    config.max_length = 32
+    config.buckets = ()
+    config.num_epochs = 1
+    config.log_every = 1
+    config.progress = False
+    config.tensorboard = False
+    config.istar.stabilizer_tokens = 256
+    for key, value in overrides.items():
+        config.update_from_flattened_dict({key: value})
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration and optimizer.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("task", "squad", "unknown task 'squad'"),
+        ("method", "whitening", "unknown method 'whitening'"),
+        ("istar.zeta", 1.5, r"istar.zeta 1.5 not in \[0, 1\]"),
+        ("isobn.momentum", 1.0, r"isobn.momentum 1.0 not in \(0,1\)"),
+        ("istar.stabilizer", "ema", "istar.stabilizer 'ema' not supported"),
+        ("optimizer.warmup_fraction", 1.0, "warmup_fraction"),
+        ("policy", "p=f32,c=int4", "unknown dtype 'int4'"),
+        ("sentence", "mean", "sentence must be"),
+        ("max_steps", 0, "max_steps must be -1 or >= 1"),
+    ],
+)
+def test_validate_config_names_the_bad_field(key, value, match):
+    config = train.default_config()
+    config.update_from_flattened_dict({key: value})
+    with pytest.raises(ValueError, match=match) as info:
+        train.validate_config(config)
+    assert "\n" not in str(info.value)
+
+
+def test_default_config_is_valid_and_presets_set_the_references():
+    train.validate_config(train.default_config())
+    config = train.default_config()
+    config.preset = "isobn"
+    train.apply_preset(config)
+    train.validate_config(config)
+    assert (config.method, config.batch_size, config.max_length, config.num_epochs) == (
+        "isobn",
+        16,
+        256,
+        10,
+    )
+    assert (config.optimizer.learning_rate, config.optimizer.adam_eps) == (5e-5, 1e-6)
+    assert (config.optimizer.warmup_fraction, config.optimizer.weight_decay) == (0.06, 0.0)
+    config = train.default_config()
+    config.preset = "istar"
+    train.apply_preset(config)
+    assert (config.method, config.istar.zeta, config.istar.weight) == ("istar", 0.2, -5.0)
+    assert (config.optimizer.learning_rate, config.optimizer.schedule) == (1e-5, "constant")
+    config.preset = "nope"
+    with pytest.raises(ValueError, match="unknown preset"):
+        train.apply_preset(config)
+
+
+def test_schedule_matches_transformers_linear_warmup():
+    """transformers' get_linear_schedule_with_warmup: t/W, then (T - t)/(T - W)."""
+    total, warmup_fraction, lr = 50, 0.06, 5e-5
+    warmup = int(total * warmup_fraction)
+    schedule = optim.learning_rate_schedule(lr, total, warmup_fraction=warmup_fraction)
+    for t in range(total + 1):
+        want = lr * (t / warmup if t < warmup else max(0.0, (total - t) / (total - warmup)))
+        np.testing.assert_allclose(float(schedule(t)), want, rtol=1e-6, atol=1e-12)
+    constant = optim.learning_rate_schedule(lr, total, kind="constant")
+    assert float(constant(0)) == float(constant(49)) == pytest.approx(lr)
+
+
+def test_weight_decay_skips_biases_and_norm_scales():
+    params = {
+        "dense": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)},
+        "LayerNorm": {"scale": jnp.ones(2), "bias": jnp.ones(2)},
+    }
+    tx = optim.make_optimizer(learning_rate=0.1, total_steps=10, weight_decay=0.5)
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = tx.update(zero, tx.init(params), params)
+    new = optax.apply_updates(params, updates)
+    # With zero gradient only decay moves a weight: kernel * (1 - lr * wd); 1-D leaves stay.
+    np.testing.assert_allclose(new["dense"]["kernel"], 1 - 0.1 * 0.5, rtol=1e-6)
+    for leaf in (new["dense"]["bias"], new["LayerNorm"]["scale"], new["LayerNorm"]["bias"]):
+        np.testing.assert_array_equal(leaf, 1.0)
+
+
+def test_clipping_sees_the_global_norm():
+    tx = optim.make_optimizer(
+        learning_rate=1.0, total_steps=1, clip_norm=1.0, b1=0.0, b2=0.0, adam_eps=0.0
+    )
+    assert len(tx.init({"w": jnp.ones(2)})) == 2  # clip_by_global_norm, then adamw
+
+
+def test_task_loss_against_numpy():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(5, 3)).astype(np.float32)
+    labels = np.array([0, 2, 1, 1, 0], np.int32)
+    mask = np.array([1, 1, 1, 0, 1], np.int32)
+    log_p = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    want = -(log_p[np.arange(5), labels] * mask).sum() / mask.sum()
+    got = steps.task_loss(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask), False)
+    np.testing.assert_allclose(float(got), want, rtol=1e-6)
+    scores = rng.normal(size=5).astype(np.float32)
+    want = (((logits[:, 0] - scores) ** 2) * mask).sum() / mask.sum()
+    got = steps.task_loss(jnp.asarray(logits[:, :1]), jnp.asarray(scores), jnp.asarray(mask), True)
+    np.testing.assert_allclose(float(got), want, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", train.METHODS)
+def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, method):
+    """Ten updates on one batch (no dropout, lr 5e-3) lower that batch's loss; the state's
+    collections are what the method needs, and the step counter advances."""
+    config = tiny_config(
+        glue_dir,
+        minilm_dir,
+        method=method,
+        dropout_rate=0.0,
+        **{"optimizer.learning_rate": 5e-3, "optimizer.warmup_fraction": 0.0},
+        **{"optimizer.schedule": "constant", "istar.weight": 0.5, "cosreg.weight": 0.5},
+    )
+    run = train.setup(config, mesh=steps.make_mesh(jax.devices()[:1]))
+    batch = steps.global_batch(next(train._train_batches(run.train_encoded, config, 0)), run.mesh)
+    state = run.state
+    assert (state.stabilizer is not None) == (method == "istar")
+    assert bool(state.batch_stats) == (method in ("recenter", "batchnorm", "isobn"))
+    losses = []
+    for _ in range(10):
+        state, m = run.train_fn(state, batch)
+        losses.append(float(m["loss"]))
+        assert float(m["grads_finite"]) == 1.0
+    assert int(state.step) == 10
+    assert np.all(np.isfinite(losses))
+    assert losses[-1] < 0.9 * losses[0], losses
+    if method in ("istar", "cosreg"):
+        assert float(m["penalty"]) != 0.0
+        np.testing.assert_allclose(
+            float(m["loss"]), float(m["task_loss"]) + 0.5 * float(m["penalty"]), rtol=1e-5
+        )
+
+
+def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
+    """The dev-set accumulation over padded, sharded batches equals isotropy.* on all the
+    sentence vectors and tokens at once (12 rows: the last batch has 4 filler rows)."""
+    config = tiny_config(glue_dir, minilm_dir, method="isobn", max_eval_examples=12)
+    run = train.setup(config)  # 4 devices
+    state = run.state
+    acc = steps.eval_accumulator_init(run.hidden_size)
+    sentences, tokens = [], []
+    logits_all = []
+    apply = jax.jit(run.model.apply)
+    for batch in batching.batches(run.dev_encoded["dev"], batch_size=8, buckets=None):
+        acc, out = run.eval_fn(state, steps.global_batch(batch, run.mesh), acc)
+        logits, direct = apply(
+            {"params": state.params, "batch_stats": state.batch_stats},
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["token_type_ids"],
+        )
+        real = batch["example_mask"].astype(bool)
+        sentences.append(np.asarray(direct["sentence"])[real])
+        hidden = np.stack([np.asarray(h) for h in direct["encoder"].hidden_states])
+        tokens.append(
+            hidden[:, real][batch["attention_mask"][real].astype(bool)[None].repeat(2, 0)]
+        )
+        logits_all.append(np.asarray(logits)[real])
+        np.testing.assert_allclose(np.asarray(out["logits"])[real], logits_all[-1], atol=1e-5)
+    got = jax.device_get(steps.isotropy_metrics(acc))
+    x = np.concatenate(sentences).astype(np.float64)
+    cov = np.cov(x, rowvar=False, bias=True)
+    eig = np.sort(np.linalg.eigvalsh(cov))[::-1]
+    np.testing.assert_allclose(got["sentence_ev1"], eig[0] / eig.sum(), rtol=1e-4)
+    np.testing.assert_allclose(got["sentence_ev3"], eig[:3].sum() / eig.sum(), rtol=1e-4)
+    np.testing.assert_allclose(got["sentence_isoscore"], isotropy.isoscore(x), rtol=1e-4)
+    np.testing.assert_allclose(
+        got["sentence_mean_cosine"], isotropy.mean_cosine_similarity(x), rtol=1e-4, atol=1e-6
+    )
+    t = np.concatenate(tokens).astype(np.float64)
+    np.testing.assert_allclose(got["tokens_isoscore"], isotropy.isoscore(t), rtol=1e-4)
+    assert int(acc.sentence.count) == 12
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop, end to end.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "task, method", [("cola", "isobn"), ("mrpc", "istar"), ("rte", "cosreg"), ("stsb", "layernorm")]
+)
+def test_two_steps_end_to_end(glue_dir, minilm_dir, tmp_path, task, method):
+    config = tiny_config(glue_dir, minilm_dir, task=task, method=method, max_steps=2)
+    config.tensorboard = task == "rte"
+    result = train.train_and_evaluate(config, tmp_path)
+    assert (result["step"], result["epoch"]) == (2, 1)
+    dev = result["dev"]
+    metric = {"cola": "matthews_correlation", "mrpc": "f1", "rte": "accuracy", "stsb": "pearson"}
+    assert -1.0 <= dev[metric[task]] <= 1.0 and "score" in dev
+    for key in ("sentence_ev1", "sentence_ev3", "sentence_isoscore", "sentence_mean_cosine"):
+        assert np.isfinite(dev[key])
+    assert 0.0 < dev["sentence_ev1"] <= dev["sentence_ev3"] <= 1.0
+    assert 0.0 <= dev["tokens_isoscore"] <= 1.0
+    assert ("tokens_isoscore_star" in dev) == (method == "istar")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["split"], r["step"]) for r in records] == [("train", 1), ("train", 2), ("dev", 2)]
+    # 2 steps, int(0.1 * 2) = 0 warm-up steps: the linear decay from 2e-5 at update 0.
+    np.testing.assert_allclose([r["learning_rate"] for r in records[:2]], [2e-5, 1e-5], rtol=1e-6)
+    assert json.loads((tmp_path / "results.json").read_text()) == result
+    assert (tmp_path / "checkpoints" / "2").is_dir()
+    assert bool(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == (task == "rte")
