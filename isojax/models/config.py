@@ -1,0 +1,249 @@
+"""Frozen encoder configuration for the BERT family, read from and written to HF `config.json`.
+
+One `EncoderConfig` serves the four families (BERT, RoBERTa, DistilBERT, ALBERT): they share
+the post-LayerNorm transformer layer and differ only in the switches below. Each family's
+`config.json` spells the same quantities differently (DistilBERT says `dim`, `n_layers`);
+`HF_KEYS` is the one table that `from_hf` reads and `to_hf` writes, with Hugging Face's own
+defaults (transformers 5.x config classes) for keys a file leaves out.
+
+References:
+  Devlin et al., `BERT <https://arxiv.org/abs/1810.04805>`_, NAACL 2019.
+  Liu et al., `RoBERTa <https://arxiv.org/abs/1907.11692>`_, 2019.
+  Sanh et al., `DistilBERT <https://arxiv.org/abs/1910.01108>`_, 2019.
+  Lan et al., `ALBERT <https://arxiv.org/abs/1909.11942>`_, ICLR 2020.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+FAMILIES = ("bert", "roberta", "distilbert", "albert")
+
+# field -> (HF key, HF default) per family; a None HF key means the family has no such setting.
+_COMMON = {
+    "vocab_size": ("vocab_size", 30522),
+    "hidden_size": ("hidden_size", 768),
+    "num_layers": ("num_hidden_layers", 12),
+    "num_heads": ("num_attention_heads", 12),
+    "intermediate_size": ("intermediate_size", 3072),
+    "hidden_act": ("hidden_act", "gelu"),
+    "hidden_dropout": ("hidden_dropout_prob", 0.1),
+    "attention_dropout": ("attention_probs_dropout_prob", 0.1),
+    "max_position_embeddings": ("max_position_embeddings", 512),
+    "type_vocab_size": ("type_vocab_size", 2),
+    "layer_norm_eps": ("layer_norm_eps", 1e-12),
+    "pad_token_id": ("pad_token_id", 0),
+    "initializer_range": ("initializer_range", 0.02),
+    "classifier_dropout": ("classifier_dropout", None),
+}
+HF_KEYS: dict[str, dict[str, tuple[str, Any]]] = {
+    "bert": _COMMON,
+    "roberta": {
+        **_COMMON,
+        "vocab_size": ("vocab_size", 50265),
+        "pad_token_id": ("pad_token_id", 1),
+    },
+    "distilbert": {
+        "vocab_size": ("vocab_size", 30522),
+        "hidden_size": ("dim", 768),
+        "num_layers": ("n_layers", 6),
+        "num_heads": ("n_heads", 12),
+        "intermediate_size": ("hidden_dim", 3072),
+        "hidden_act": ("activation", "gelu"),
+        "hidden_dropout": ("dropout", 0.1),
+        "attention_dropout": ("attention_dropout", 0.1),
+        "max_position_embeddings": ("max_position_embeddings", 512),
+        "pad_token_id": ("pad_token_id", 0),
+        "initializer_range": ("initializer_range", 0.02),
+        "classifier_dropout": ("seq_classif_dropout", 0.2),
+        "sinusoidal_pos_embds": ("sinusoidal_pos_embds", False),
+    },
+    "albert": {
+        **_COMMON,
+        "vocab_size": ("vocab_size", 30000),
+        "hidden_size": ("hidden_size", 4096),
+        "num_heads": ("num_attention_heads", 64),
+        "intermediate_size": ("intermediate_size", 16384),
+        "hidden_act": ("hidden_act", "gelu_new"),
+        "hidden_dropout": ("hidden_dropout_prob", 0.0),
+        "attention_dropout": ("attention_probs_dropout_prob", 0.0),
+        "classifier_dropout": ("classifier_dropout_prob", 0.1),
+        "embedding_size": ("embedding_size", 128),
+        "num_hidden_groups": ("num_hidden_groups", 1),
+        "inner_group_num": ("inner_group_num", 1),
+    },
+}
+# HF keys that describe the PyTorch runtime or class, not the network: dropped on read (export
+# writes `architectures` for the class it exports).
+_RUNTIME_KEYS = {
+    "transformers_version", "output_hidden_states", "output_attentions", "return_dict", "dtype",
+    "torch_dtype", "use_cache", "is_decoder", "add_cross_attention", "chunk_size_feed_forward",
+    "gradient_checkpointing", "_name_or_path", "is_encoder_decoder", "tie_word_embeddings",
+    "model_type", "architectures",
+}  # fmt: skip
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """Hyperparameters of one BERT-family encoder (hashable, so modules can close over it).
+
+    Attributes (HF names in `HF_KEYS`): `hidden_size` H, `num_layers` L, `num_heads` A,
+    `intermediate_size` (feed-forward width), `embedding_size` E (ALBERT factorises the
+    embedding as V x E then E -> H; None means E = H), `num_hidden_groups` / `inner_group_num`
+    (ALBERT's cross-layer sharing: L layer calls cycle through the groups' shared weights),
+    `type_vocab_size` 0 for families without segment embeddings (DistilBERT), `extra`: every
+    other key of the source `config.json` as sorted (key, JSON text) pairs, written back by
+    `to_hf` so labels and token ids survive a round trip.
+    """
+
+    family: str = "bert"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    initializer_range: float = 0.02
+    classifier_dropout: float | None = None
+    embedding_size: int | None = None
+    num_hidden_groups: int = 1
+    inner_group_num: int = 1
+    sinusoidal_pos_embds: bool = False
+    extra: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"unsupported model family {self.family!r}; supported: {FAMILIES}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} not supported; one of {ACTIVATIONS}")
+        if self.family == "distilbert" and self.type_vocab_size:
+            raise ValueError("DistilBERT has no token type embeddings: type_vocab_size must be 0")
+        if self.family != "albert" and (
+            self.embedding_size is not None
+            or self.num_hidden_groups != 1
+            or self.inner_group_num != 1
+        ):
+            raise ValueError("embedding_size and layer groups are ALBERT settings")
+
+    # Family switches, read by the layers (each mirrors the transformers PyTorch code).
+    @property
+    def embed_dim(self) -> int:
+        """Width of the token embeddings: ALBERT's E, H otherwise."""
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def position_offset(self) -> int:
+        """RoBERTa counts positions from padding_idx + 1 and gives padding padding_idx."""
+        return self.pad_token_id + 1 if self.family == "roberta" else 0
+
+    @property
+    def has_pooler(self) -> bool:
+        """BERT, RoBERTa and ALBERT have a dense+tanh pooler on [CLS]; DistilBERT has none."""
+        return self.family != "distilbert"
+
+    @property
+    def attention_output_dropout(self) -> bool:
+        """DistilBERT adds the attention output to the residual without dropout."""
+        return self.family != "distilbert"
+
+    @property
+    def ffn_output_dropout(self) -> bool:
+        """ALBERT's layer defines, but never applies, dropout after its feed-forward block."""
+        return self.family != "albert"
+
+    @property
+    def num_layer_calls(self) -> int:
+        """Hidden states returned: one per layer call (ALBERT: L x inner_group_num)."""
+        return self.num_layers * self.inner_group_num
+
+    def replace(self, **changes) -> EncoderConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], *, source: str = "config.json") -> EncoderConfig:
+        """Parse a Hugging Face `config.json` dict; `source` names the file in errors."""
+        family = hf.get("model_type")
+        if family not in HF_KEYS:
+            raise ValueError(
+                f"{source}: model_type {family!r} is not supported; supported: {FAMILIES}"
+            )
+        if hf.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(
+                f"{source}: position_embedding_type {hf['position_embedding_type']!r} is not "
+                "supported (absolute only)"
+            )
+        table = HF_KEYS[family]
+        fields = {name: hf.get(key, default) for name, (key, default) in table.items()}
+        if family == "distilbert":
+            fields["type_vocab_size"] = 0
+        used = {key for key, _ in table.values()} | _RUNTIME_KEYS | {"position_embedding_type"}
+        extra = tuple(sorted((k, json.dumps(v)) for k, v in hf.items() if k not in used))
+        try:
+            return cls(family=family, extra=extra, **fields)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{source}: {err}") from err
+
+    def to_hf(self) -> dict[str, Any]:
+        """The `config.json` dict transformers' PyTorch classes read (inverse of `from_hf`)."""
+        out: dict[str, Any] = {"model_type": self.family}
+        out.update({k: json.loads(v) for k, v in self.extra})
+        for name, (key, _) in HF_KEYS[self.family].items():
+            out[key] = getattr(self, name)
+        return out
+
+
+# Standard sizes (the papers' tables, as in the public checkpoints' config.json), plus `tiny`.
+VARIANTS: dict[str, EncoderConfig] = {
+    # Devlin et al. 2019, section 3: BERT-base L=12 H=768 A=12, BERT-large L=24 H=1024 A=16.
+    "bert-base": EncoderConfig(),
+    "bert-large": EncoderConfig(
+        hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096
+    ),
+    # Liu et al. 2019: BERT-base sizes, byte-level BPE vocabulary, positions offset by 2.
+    "roberta-base": EncoderConfig(
+        family="roberta",
+        vocab_size=50265,
+        max_position_embeddings=514,
+        type_vocab_size=1,
+        layer_norm_eps=1e-5,
+        pad_token_id=1,
+    ),  # fmt: skip
+    # Sanh et al. 2019: half of BERT-base's layers.
+    "distilbert-base": EncoderConfig(
+        family="distilbert", num_layers=6, type_vocab_size=0, classifier_dropout=0.2
+    ),
+    # Lan et al. 2020, table 1: ALBERT-base E=128, H=768, L=12, all layers shared.
+    "albert-base": EncoderConfig(
+        family="albert",
+        vocab_size=30000,
+        embedding_size=128,
+        hidden_act="gelu_new",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        classifier_dropout=0.1,
+    ),  # fmt: skip
+    # all-MiniLM-L6-v2 (the offline pre-trained weights, SPEC.md section 8).
+    "minilm-l6": EncoderConfig(hidden_size=384, num_layers=6, intermediate_size=1536),
+    # For tests only.
+    "tiny": EncoderConfig(
+        vocab_size=128,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    ),  # fmt: skip
+}

@@ -1,0 +1,290 @@
+"""BERT-family encoders in Flax linen: BERT, RoBERTa, DistilBERT and ALBERT.
+
+The four families share one post-LayerNorm transformer layer,
+
+    a = LN(x + Dropout(Attention(x)))        h = LN(a + Dropout(W2 act(W1 a)))
+
+and differ only in their embeddings and in the switches of `EncoderConfig` (RoBERTa's
+position offset, DistilBERT's missing segment embeddings, pooler and attention-output dropout,
+ALBERT's factorised embedding and cross-layer weight sharing). Numerics follow transformers'
+PyTorch classes: exact-erf GELU for "gelu", padded keys masked with the float32 minimum, the
+softmax in float32 whatever the compute dtype.
+
+Parameters are float32 (`param_dtype`); `dtype` is the compute dtype of every matmul.
+
+References:
+  Vaswani et al., `Attention Is All You Need <https://arxiv.org/abs/1706.03762>`_, eq. 1.
+  Devlin et al., `BERT <https://arxiv.org/abs/1810.04805>`_, NAACL 2019, section 3.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from isojax.models import config as config_lib
+
+_ACTIVATIONS = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # HF "gelu" is the erf form
+    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),  # tanh form
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "tanh": jnp.tanh,
+}
+
+
+@flax.struct.dataclass
+class EncoderOutput:
+    """What every encoder returns.
+
+    Attributes:
+      hidden_states: one `[batch, len, hidden]` array per transformer layer call (the
+        embedding output is not included), in the compute dtype.
+      cls: `[batch, hidden]` the last layer's first token.
+      pooled: `[batch, hidden]` tanh(W cls + b), or None for families without a pooler.
+    """
+
+    hidden_states: tuple[jax.Array, ...]
+    cls: jax.Array
+    pooled: jax.Array | None
+
+
+def attention_probs(query: jax.Array, key: jax.Array, mask: jax.Array) -> jax.Array:
+    r"""Scaled dot-product attention weights over unpadded keys, in float32.
+
+    .. math:: P = \mathrm{softmax}(Q K^\top / \sqrt{d_k} + M), \quad M_{bk} = \min_{f32}
+       \text{ where key } k \text{ of example } b \text{ is padding.}
+
+    Args:
+      query: `[batch, q_len, heads, head_dim]`, any float dtype.
+      key: `[batch, k_len, heads, head_dim]`.
+      mask: `[batch, k_len]`, nonzero for real tokens.
+
+    Returns:
+      `[batch, heads, q_len, k_len]` float32 probabilities (rows sum to 1).
+    """
+    scale = query.shape[-1] ** -0.5
+    scores = jnp.einsum("bqnd,bknd->bnqk", query, key, preferred_element_type=jnp.float32)
+    scores = scores.astype(jnp.float32) * scale
+    keep = mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, k_len]
+    scores = jnp.where(keep, scores, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def _dense(cfg: config_lib.EncoderConfig, features: int, name: str, dtype, param_dtype):
+    return nn.Dense(
+        features,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=nn.initializers.normal(cfg.initializer_range),
+        name=name,
+    )
+
+
+def _layer_norm(cfg: config_lib.EncoderConfig, name: str, dtype, param_dtype):
+    # Two-pass variance, as torch's LayerNorm: E[x^2] - E[x]^2 loses digits on BERT's
+    # large-magnitude outlier dimensions.
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_eps,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        use_fast_variance=False,
+        name=name,
+    )
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: query/key/value/out projections, `[batch, len, hidden]`."""
+
+    config: config_lib.EncoderConfig
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        b, t, h = x.shape
+        heads = (b, t, cfg.num_heads, h // cfg.num_heads)
+        q, k, v = (
+            _dense(cfg, h, n, self.dtype, self.param_dtype)(x).reshape(heads)
+            for n in ("query", "key", "value")
+        )  # [batch, len, heads, head_dim]
+        probs = attention_probs(q, k, mask)  # [batch, heads, len, len] float32
+        probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
+        context = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v).reshape(b, t, h)
+        return _dense(cfg, h, "out", self.dtype, self.param_dtype)(context)
+
+
+class TransformerLayer(nn.Module):
+    """Post-LN transformer layer shared by the four families (`[batch, len, hidden]`)."""
+
+    config: config_lib.EncoderConfig
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        dense = functools.partial(_dense, cfg, dtype=self.dtype, param_dtype=self.param_dtype)
+        norm = functools.partial(_layer_norm, cfg, dtype=self.dtype, param_dtype=self.param_dtype)
+        a = SelfAttention(cfg, self.dtype, self.param_dtype, name="attention")(
+            x, mask, deterministic
+        )
+        if cfg.attention_output_dropout:
+            a = nn.Dropout(cfg.hidden_dropout)(a, deterministic=deterministic)
+        a = norm(name="attention_norm")(x + a)
+        f = dense(cfg.intermediate_size, name="mlp_in")(a)  # [batch, len, intermediate]
+        f = dense(cfg.hidden_size, name="mlp_out")(_ACTIVATIONS[cfg.hidden_act](f))
+        if cfg.ffn_output_dropout:
+            f = nn.Dropout(cfg.hidden_dropout)(f, deterministic=deterministic)
+        return norm(name="output_norm")(a + f)
+
+
+def sinusoidal_init(key, shape, dtype=jnp.float32) -> jax.Array:
+    """DistilBERT's fixed sinusoidal position table, `[positions, dim]` (Vaswani et al. 3.5)."""
+    del key
+    n_pos, dim = shape
+    angle = np.arange(n_pos)[:, None] / np.power(10000, 2 * (np.arange(dim) // 2) / dim)
+    table = np.where(np.arange(dim) % 2 == 0, np.sin(angle), np.cos(angle))
+    return jnp.asarray(table, dtype)
+
+
+def position_ids(cfg: config_lib.EncoderConfig, input_ids: jax.Array) -> jax.Array:
+    """`[batch, len]` int32 positions: 0..t-1, or RoBERTa's padding_idx+1.. with padding at
+    padding_idx (computed from `input_ids != pad_token_id`, as transformers does)."""
+    t = input_ids.shape[1]
+    if cfg.family != "roberta":
+        return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), input_ids.shape)
+    real = (input_ids != cfg.pad_token_id).astype(jnp.int32)
+    return jnp.cumsum(real, axis=1) * real + cfg.pad_token_id
+
+
+class Embeddings(nn.Module):
+    """Token + position (+ segment) embeddings, LayerNorm, dropout: `[batch, len, E]`."""
+
+    config: config_lib.EncoderConfig
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        embed = functools.partial(
+            nn.Embed,
+            features=cfg.embed_dim,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            embedding_init=nn.initializers.normal(cfg.initializer_range),
+        )
+        x = embed(cfg.vocab_size, name="word")(input_ids)
+        if cfg.type_vocab_size:
+            if token_type_ids is None:
+                token_type_ids = jnp.zeros_like(input_ids)
+            x = x + embed(cfg.type_vocab_size, name="token_type")(token_type_ids)
+        pos_embed = (
+            embed(cfg.max_position_embeddings, name="position", embedding_init=sinusoidal_init)
+            if cfg.sinusoidal_pos_embds
+            else embed(cfg.max_position_embeddings, name="position")
+        )
+        x = x + pos_embed(position_ids(cfg, input_ids))
+        x = _layer_norm(cfg, "norm", self.dtype, self.param_dtype)(x)
+        return nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
+
+
+class Encoder(nn.Module):
+    """A BERT-family encoder (family from `config.family`).
+
+    Attributes:
+      config: the frozen `EncoderConfig`.
+      dtype: compute dtype (float32, or bfloat16 for mixed precision).
+      param_dtype: parameter dtype (float32).
+      remat: recompute each layer's activations in the backward pass (`nn.remat`): memory
+        O(L) layer inputs instead of every intermediate, at about one extra forward.
+
+    Call: `(input_ids [b, t] int, attention_mask [b, t] (1 real, 0 padding),
+    token_type_ids [b, t] | None, *, deterministic=True) -> EncoderOutput`. Dropout, when
+    `deterministic=False`, draws from the `'dropout'` rng. Token ids outside the vocabulary
+    are not checked (JAX clamps gathers): tokenise with the checkpoint's tokenizer.
+    """
+
+    config: config_lib.EncoderConfig
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    remat: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+    ) -> EncoderOutput:
+        cfg = self.config
+        if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} must "
+                "both be [batch, len]"
+            )
+        if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
+            raise ValueError(
+                f"token_type_ids {token_type_ids.shape} must match input_ids {input_ids.shape}"
+            )
+        if input_ids.shape[1] + cfg.position_offset > cfg.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {input_ids.shape[1]} exceeds the {cfg.family} model's "
+                f"max_position_embeddings {cfg.max_position_embeddings} "
+                f"(position offset {cfg.position_offset})"
+            )
+        x = Embeddings(cfg, self.dtype, self.param_dtype, name="embeddings")(
+            input_ids, token_type_ids, deterministic
+        )
+        if cfg.family == "albert":  # [batch, len, E] -> [batch, len, H]
+            x = _dense(cfg, cfg.hidden_size, "embedding_projection", self.dtype, self.param_dtype)(
+                x
+            )
+
+        # static_argnums counts self: (self, x, mask, deterministic).
+        layer = nn.remat(TransformerLayer, static_argnums=(3,)) if self.remat else TransformerLayer
+        kw = dict(config=cfg, dtype=self.dtype, param_dtype=self.param_dtype)
+        if cfg.family == "albert":
+            # ALBERT: layer call i runs the inner layers of group int(i / (L / G)).
+            groups = [
+                [layer(**kw, name=f"group_{g}_layer_{j}") for j in range(cfg.inner_group_num)]
+                for g in range(cfg.num_hidden_groups)
+            ]
+            stack = [
+                groups[int(i / (cfg.num_layers / cfg.num_hidden_groups))][j]
+                for i in range(cfg.num_layers)
+                for j in range(cfg.inner_group_num)
+            ]
+        else:
+            stack = [layer(**kw, name=f"layer_{i}") for i in range(cfg.num_layers)]
+
+        hidden_states = []
+        for module in stack:
+            x = module(x, attention_mask, deterministic)
+            hidden_states.append(x)
+        cls = x[:, 0]
+        pooled = None
+        if cfg.has_pooler:
+            pooled = jnp.tanh(
+                _dense(cfg, cfg.hidden_size, "pooler", self.dtype, self.param_dtype)(cls)
+            )
+        return EncoderOutput(hidden_states=tuple(hidden_states), cls=cls, pooled=pooled)
+
+
+def init_params(encoder: Encoder, rng: jax.Array, seq_len: int = 8) -> dict:
+    """Random parameters (the `'params'` collection) for `encoder`, as transformers
+    initialises: N(0, initializer_range) weights, zero biases, unit LayerNorm scales."""
+    ids = jnp.zeros((1, seq_len), jnp.int32)
+    return encoder.init(rng, ids, jnp.ones_like(ids))["params"]

@@ -1,0 +1,180 @@
+"""Sequence classification / regression head over any BERT-family encoder.
+
+    s = pooler(h_[CLS]) or h_[CLS]        z = norm(s)        logits = W Dropout(z) + b
+
+The IsoBN reference places its normaliser exactly there (encoder -> pooler -> IsoBN ->
+dropout -> linear, SPEC.md section 1); with `normalizer="none"` and `sentence="pooled"` the
+head is transformers' `BertForSequenceClassification` (and ALBERT's; RoBERTa's head holds its
+own dense+tanh in the place of the pooler). `num_labels=1` is regression (STS-B).
+
+References:
+  Zhou, Lin, Ren, `IsoBN <https://arxiv.org/abs/2005.02178>`_, AAAI 2021, figure 1.
+  Devlin et al., `BERT <https://arxiv.org/abs/1810.04805>`_, NAACL 2019, section 4.1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+SENTENCE_VECTORS = ("pooled", "cls")
+
+
+def _make_normalizer(head: SequenceClassifier, dtype) -> nn.Module:
+    from isojax import norms  # lazily: the head works without norms.py for "none"
+
+    return norms.make_normalizer(
+        head.normalizer,
+        dtype=dtype,
+        param_dtype=head.param_dtype,
+        axis_name=head.axis_name,
+        **dict(head.normalizer_kwargs),
+    )
+
+
+class SequenceClassifier(nn.Module):
+    """Classifier or regressor on a sentence vector of `encoder`.
+
+    Attributes:
+      encoder: any linen module called as `encoder(input_ids, attention_mask, token_type_ids,
+        deterministic=...)` that returns an `EncoderOutput` (its params sit under 'encoder').
+      num_labels: classes; 1 means regression.
+      sentence: "pooled" (the pooler output, as the IsoBN reference) or "cls" (raw [CLS]).
+      normalizer: a name of `isojax.norms.NORMALIZERS`; "none" is the identity.
+      normalizer_kwargs: hyper-parameters for `norms.make_normalizer` (e.g. momentum, beta).
+      dropout_rate: dropout before the linear layer (HF: classifier_dropout or hidden dropout).
+      axis_name: mapped axis over which the normaliser's batch statistics are reduced.
+      dtype: compute dtype of the normaliser; logits are always float32.
+      param_dtype: float32.
+    """
+
+    encoder: nn.Module
+    num_labels: int
+    sentence: str = "pooled"
+    normalizer: str = "none"
+    normalizer_kwargs: Mapping[str, Any] = flax.core.FrozenDict()
+    dropout_rate: float = 0.1
+    axis_name: str | None = None
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    def setup(self):
+        if self.sentence not in SENTENCE_VECTORS:
+            raise ValueError(f"sentence {self.sentence!r} not one of {SENTENCE_VECTORS}")
+        if self.num_labels < 1:
+            raise ValueError(f"num_labels must be >= 1, got {self.num_labels}")
+        self.norm = None if self.normalizer == "none" else _make_normalizer(self, self.dtype)
+        self.dropout = nn.Dropout(self.dropout_rate)
+        self.classifier = nn.Dense(
+            self.num_labels,
+            dtype=jnp.float32,
+            param_dtype=self.param_dtype,
+            kernel_init=nn.initializers.normal(0.02),
+        )
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+        use_running_average: bool | None = None,
+        example_mask: jax.Array | None = None,
+    ) -> tuple[jax.Array, dict]:
+        """Logits of a batch.
+
+        Args:
+          input_ids, attention_mask, token_type_ids: `[batch, len]`.
+          deterministic: no dropout (evaluation).
+          use_running_average: the normaliser uses (and does not update) its running
+            statistics; defaults to `deterministic`. Training with it False needs
+            `mutable=['batch_stats']`.
+          example_mask: `[batch]` 1 for real examples, 0 for the rows that pad the last batch,
+            which the normaliser then leaves out of its batch statistics.
+
+        Returns:
+          `logits [batch, num_labels]` float32 and `{'encoder': EncoderOutput, 'sentence':
+          [batch, hidden] before the normaliser, 'pre_logits': [batch, hidden] after it}`.
+        """
+        out = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+        if self.sentence == "pooled":
+            if out.pooled is None:
+                raise ValueError("the encoder has no pooler (e.g. DistilBERT): use sentence='cls'")
+            sentence = out.pooled
+        else:
+            sentence = out.cls
+        if use_running_average is None:
+            use_running_average = deterministic
+        if self.norm is None:
+            pre_logits = sentence
+        else:
+            pre_logits = self.norm(sentence, use_running_average, mask=example_mask)
+        x = self.dropout(pre_logits, deterministic=deterministic)
+        logits = self.classifier(x.astype(jnp.float32))
+        return logits, {"encoder": out, "sentence": sentence, "pre_logits": pre_logits}
+
+
+def init_variables(
+    head: SequenceClassifier,
+    rng: jax.Array,
+    encoder_params: Mapping | None = None,
+    *,
+    seq_len: int = 8,
+) -> dict:
+    """Fresh variables for `head` (`{'params': ..., 'batch_stats': ...}` as the normaliser
+    needs), with the encoder's parameters replaced by `encoder_params` (e.g.
+    `load_pretrained(...).params`) when given."""
+    ids = jnp.zeros((2, seq_len), jnp.int32)
+    variables = flax.core.unfreeze(head.init(rng, ids, jnp.ones_like(ids)))
+    if encoder_params is not None:
+        shapes = jax.tree.map(jnp.shape, variables["params"]["encoder"])
+        given = jax.tree.map(jnp.shape, dict(encoder_params))
+        if shapes != given:
+            raise ValueError("encoder_params do not match the head's encoder parameter tree")
+        variables["params"]["encoder"] = encoder_params
+    return variables
+
+
+def folded_classifier(head: SequenceClassifier, variables: Mapping) -> tuple[jax.Array, jax.Array]:
+    r"""The classifier with the inference-time normaliser folded in: `(kernel [h, n], bias [n])`.
+
+    At inference the normaliser uses running statistics only; when it is affine,
+    `norm(x) = x R + c`, the logits `norm(x) W + b = x (R W) + (c W + b)`. `R` and `c` are read
+    off by probing the normaliser with 0 and the unit vectors, and affinity is checked on
+    random inputs.
+
+    Args:
+      head: the `SequenceClassifier`.
+      variables: its variables, `{'params': ..., 'batch_stats': ...}` (or the params alone
+        for a stateless normaliser).
+
+    Raises:
+      ValueError: the normaliser is not affine at inference (layer norm).
+    """
+    params = variables["params"] if "params" in variables else variables
+    kernel = jnp.asarray(params["classifier"]["kernel"], jnp.float32)
+    bias = jnp.asarray(params["classifier"]["bias"], jnp.float32)
+    if head.normalizer == "none":
+        return kernel, bias
+    collections = variables if "params" in variables else {"params": variables}
+    norm_vars = {name: tree["norm"] for name, tree in collections.items() if "norm" in tree}
+    norm = _make_normalizer(head, jnp.float32)
+    d = kernel.shape[0]
+    apply = jax.jit(lambda x: norm.apply(norm_vars, x, use_running_average=True))
+    probe = apply(jnp.concatenate([jnp.zeros((1, d)), jnp.eye(d)]).astype(jnp.float32))
+    offset, rows = probe[0], probe[1:] - probe[0]  # c [d], R [d, d]
+    x = jax.random.normal(jax.random.key(0), (4, d), jnp.float32)
+    affine = jnp.dot(x, rows, precision=jax.lax.Precision.HIGHEST) + offset
+    if not jnp.allclose(apply(x), affine, rtol=1e-4, atol=1e-4 * float(jnp.abs(affine).max())):
+        raise ValueError(
+            f"normalizer {head.normalizer!r} is not affine at inference, so transformers' "
+            "sequence classifiers cannot reproduce it: export the encoder alone"
+        )
+    hi = jax.lax.Precision.HIGHEST
+    return jnp.dot(rows, kernel, precision=hi), jnp.dot(offset, kernel, precision=hi) + bias

@@ -1,0 +1,348 @@
+"""isojax.models encoders and head against transformers' PyTorch classes (random tiny configs).
+
+The tiny models run eagerly: XLA:CPU compiles every fusion of a tiny model with LLVM, which
+costs seconds per config (tens of seconds for a gradient); the jit path is exercised on the
+real MiniLM weights in test_checkpoints.py and in experiments/bench/encoder_speed.py.
+"""
+
+import functools
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from isojax import models
+from isojax.models import checkpoints, heads
+from isojax.models import config as config_lib
+
+# Random tiny configs: every family, several activations, ALBERT with 2 groups x 2 inner layers.
+TINY_HF = {
+    "bert": dict(
+        model_type="bert", vocab_size=99, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=37, max_position_embeddings=40,
+        hidden_act="gelu",
+    ),
+    "roberta": dict(
+        model_type="roberta", vocab_size=99, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=37, max_position_embeddings=42,
+        type_vocab_size=2, pad_token_id=1, layer_norm_eps=1e-5, hidden_act="gelu_new",
+    ),
+    "distilbert": dict(
+        model_type="distilbert", vocab_size=99, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+        max_position_embeddings=40, activation="relu",
+    ),
+    "albert": dict(
+        model_type="albert", vocab_size=99, embedding_size=16, hidden_size=32,
+        num_hidden_layers=4, num_hidden_groups=2, inner_group_num=2, num_attention_heads=4,
+        intermediate_size=37, max_position_embeddings=40,
+    ),
+}  # fmt: skip
+
+
+def torch_model(hf: dict, cls=transformers.AutoModel, seed: int = 0, **overrides):
+    """A transformers PyTorch model with every weight random (not HF's 0/1 LayerNorm init)."""
+    torch.manual_seed(seed)
+    hf_config = transformers.AutoConfig.for_model(**{**hf, **overrides})
+    model = cls.from_config(hf_config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if name.endswith("LayerNorm.weight") or "norm.weight" in name else 0.0,
+                      0.1)  # fmt: skip
+    return model
+
+
+def torch_state_dict(model) -> dict:
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+def batch(cfg: config_lib.EncoderConfig, seed: int = 0, b: int = 3, t: int = 9):
+    """Token ids with padding (rows 1 and 2 shorter) and sentence-pair segment ids."""
+    rng = np.random.default_rng(seed)
+    lengths = np.array([t, t - 3, 4])[:b]
+    mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = rng.integers(cfg.pad_token_id + 1, cfg.vocab_size, (b, t))
+    ids = np.where(mask == 1, ids, cfg.pad_token_id)
+    types = ((np.arange(t)[None, :] >= lengths[:, None] // 2) & (mask == 1)).astype(np.int64)
+    return ids, mask, types
+
+
+def run_both(family, dtype=jnp.float32, seed=0):
+    hf = TINY_HF[family]
+    cfg = config_lib.EncoderConfig.from_hf(hf)
+    model = torch_model(hf, seed=seed)
+    params, report = checkpoints.params_from_state_dict(cfg, torch_state_dict(model))
+    assert report.missing == () and report.mismatched == ()
+    ids, mask, types = batch(cfg, seed)
+    kwargs = dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+    if cfg.type_vocab_size:
+        kwargs["token_type_ids"] = torch.tensor(types)
+    with torch.no_grad():
+        ref = model(**kwargs, output_hidden_states=True)
+    encoder = models.Encoder(cfg, dtype=dtype)
+    out = encoder.apply({"params": params}, ids, mask, types if cfg.type_vocab_size else None)
+    return cfg, ref, out, params
+
+
+@pytest.mark.parametrize("family", config_lib.FAMILIES)
+def test_hidden_states_and_pooler_match_transformers(family):
+    cfg, ref, out, _ = run_both(family)
+    assert len(out.hidden_states) == cfg.num_layer_calls == len(ref.hidden_states) - 1
+    for ours, theirs in zip(out.hidden_states, ref.hidden_states[1:], strict=True):
+        assert ours.dtype == jnp.float32
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.cls, ref.last_hidden_state[:, 0].numpy(), rtol=1e-5, atol=1e-5)
+    if cfg.has_pooler:
+        np.testing.assert_allclose(out.pooled, ref.pooler_output.numpy(), rtol=1e-5, atol=1e-5)
+    else:
+        assert out.pooled is None
+
+
+def test_roberta_positions_skip_padding():
+    cfg = config_lib.EncoderConfig.from_hf(TINY_HF["roberta"])
+    ids = jnp.array([[0, 5, 6, 1, 1], [0, 7, 1, 8, 1]])
+    np.testing.assert_array_equal(
+        models.encoder.position_ids(cfg, ids), [[2, 3, 4, 1, 1], [2, 3, 1, 4, 1]]
+    )
+
+
+@pytest.mark.parametrize("family", ["bert", "albert"])
+def test_head_logits_match_transformers_sequence_classifier(family):
+    hf = TINY_HF[family]
+    cfg = config_lib.EncoderConfig.from_hf(hf)
+    for num_labels in (3, 1):  # classification and STS-B-style regression
+        model = torch_model(
+            hf, transformers.AutoModelForSequenceClassification, num_labels=num_labels
+        )
+        sd = torch_state_dict(model)
+        encoder_params, report = checkpoints.params_from_state_dict(cfg, sd)
+        assert report.unexpected == ("classifier.bias", "classifier.weight")
+        head = models.SequenceClassifier(models.Encoder(cfg), num_labels=num_labels)
+        params = {
+            "encoder": encoder_params,
+            "classifier": {"kernel": sd["classifier.weight"].T, "bias": sd["classifier.bias"]},
+        }
+        ids, mask, types = batch(cfg, seed=num_labels)
+        logits, extras = head.apply({"params": params}, ids, mask, types)
+        with torch.no_grad():
+            ref = model(
+                input_ids=torch.tensor(ids),
+                attention_mask=torch.tensor(mask),
+                token_type_ids=torch.tensor(types),
+            ).logits.numpy()
+        assert logits.shape == (3, num_labels) and logits.dtype == jnp.float32
+        np.testing.assert_allclose(logits, ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(extras["sentence"], extras["encoder"].pooled)
+
+
+@pytest.mark.parametrize("normalizer", ["none", "isobn", "layernorm"])
+def test_head_with_normalizers(normalizer):
+    """The head applies `norms.make_normalizer(name)` to the sentence vector, trains its
+    statistics when `use_running_average=False`, and gradients reach the encoder."""
+    from isojax import norms
+
+    cfg = config_lib.VARIANTS["tiny"]
+    head = models.SequenceClassifier(
+        models.Encoder(cfg), num_labels=2, sentence="cls", normalizer=normalizer
+    )
+    variables = heads.init_variables(head, jax.random.key(0))
+    ids, mask, types = batch(cfg, b=3)
+    example_mask = jnp.array([1, 1, 0])
+
+    def loss(params, rest):
+        (logits, extras), updates = head.apply(
+            {"params": params, **rest}, ids, mask, types, deterministic=True,
+            use_running_average=False, example_mask=example_mask, mutable=["batch_stats"],
+        )  # fmt: skip
+        return jnp.sum(logits[:, 0] * example_mask), (extras, updates)
+
+    rest = {k: v for k, v in variables.items() if k != "params"}
+    grads, (extras, updates) = jax.grad(loss, has_aux=True)(variables["params"], rest)
+    assert float(jnp.abs(grads["encoder"]["layer_0"]["mlp_in"]["kernel"]).max()) > 0
+    norm = norms.make_normalizer(normalizer)
+    norm_vars = {c: t["norm"] for c, t in variables.items() if "norm" in t}
+    expect, expect_updates = norm.apply(
+        norm_vars, extras["sentence"], False, mask=example_mask, mutable=["batch_stats"]
+    )
+    np.testing.assert_allclose(extras["pre_logits"], expect, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(extras["sentence"], extras["encoder"].cls)
+    if normalizer == "isobn":
+        new = updates["batch_stats"]["norm"]["cov"]
+        assert float(jnp.abs(new).max()) > 0
+        np.testing.assert_allclose(new, expect_updates["batch_stats"]["cov"], rtol=1e-6)
+
+
+def test_head_rejects_pooled_without_pooler():
+    cfg = config_lib.EncoderConfig.from_hf(TINY_HF["distilbert"])
+    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=2, sentence="pooled")
+    with pytest.raises(ValueError, match="no pooler"):
+        heads.init_variables(head, jax.random.key(0))
+
+
+def test_bfloat16_compute_close_to_float32_params_stay_float32():
+    """bf16 compute (f32 softmax and LayerNorm statistics) vs f32: documented tolerance 0.1
+    absolute on LayerNorm-scaled hidden states (bf16 has 8 mantissa bits, ~4e-3 relative per
+    op), 5e-2 on the pooler; parameters remain float32."""
+    cfg = config_lib.EncoderConfig.from_hf(TINY_HF["bert"])
+    ids, mask, types = batch(cfg)
+    enc16 = models.Encoder(cfg, dtype=jnp.bfloat16)
+    params = models.init_params(enc16, jax.random.key(1))
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    out16 = enc16.apply({"params": params}, ids, mask, types)
+    out32 = models.Encoder(cfg).apply({"params": params}, ids, mask, types)
+    for h16, h32 in zip(out16.hidden_states, out32.hidden_states, strict=True):
+        assert h16.dtype == jnp.bfloat16
+        np.testing.assert_allclose(h16.astype(jnp.float32), h32, atol=0.1)
+    assert (
+        float(jnp.abs(out16.hidden_states[-1].astype(jnp.float32) - out32.hidden_states[-1]).mean())
+        < 0.02
+    )
+    np.testing.assert_allclose(out16.pooled.astype(jnp.float32), out32.pooled, atol=5e-2)
+    head = models.SequenceClassifier(enc16, num_labels=2, dtype=jnp.bfloat16)
+    variables = heads.init_variables(head, jax.random.key(2), params)
+    logits, _ = head.apply(variables, ids, mask, types)
+    assert logits.dtype == jnp.float32
+
+
+def test_remat_same_values_and_gradients():
+    cfg = config_lib.EncoderConfig.from_hf(TINY_HF["bert"])
+    ids, mask, types = batch(cfg)
+    params = models.init_params(models.Encoder(cfg), jax.random.key(0))
+
+    def loss(remat, p):
+        out = models.Encoder(cfg, remat=remat).apply({"params": p}, ids, mask, types)
+        return sum(jnp.sum(h**2) for h in out.hidden_states) + jnp.sum(out.pooled)
+
+    g0 = jax.grad(functools.partial(loss, False))(params)
+    g1 = jax.grad(functools.partial(loss, True))(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), g0, g1)
+    assert jax.tree.structure(
+        models.init_params(models.Encoder(cfg, remat=True), jax.random.key(0))
+    ) == jax.tree.structure(params)
+
+
+def test_dropout_uses_rng_and_is_off_when_deterministic():
+    cfg = config_lib.VARIANTS["tiny"]
+    encoder = models.Encoder(cfg)
+    params = models.init_params(encoder, jax.random.key(0))
+    ids, mask, types = batch(cfg)
+    apply = encoder.apply
+    eval_out = apply({"params": params}, ids, mask, types)
+    a = apply(
+        {"params": params},
+        ids,
+        mask,
+        types,
+        deterministic=False,
+        rngs={"dropout": jax.random.key(1)},
+    )
+    b = apply(
+        {"params": params},
+        ids,
+        mask,
+        types,
+        deterministic=False,
+        rngs={"dropout": jax.random.key(1)},
+    )
+    c = apply(
+        {"params": params},
+        ids,
+        mask,
+        types,
+        deterministic=False,
+        rngs={"dropout": jax.random.key(2)},
+    )
+    np.testing.assert_array_equal(a.cls, b.cls)
+    assert not np.allclose(a.cls, c.cls) and not np.allclose(a.cls, eval_out.cls)
+    no_dropout = models.Encoder(cfg.replace(hidden_dropout=0.0, attention_dropout=0.0))
+    d = no_dropout.apply(
+        {"params": params},
+        ids,
+        mask,
+        types,
+        deterministic=False,
+        rngs={"dropout": jax.random.key(1)},
+    )
+    np.testing.assert_allclose(d.cls, eval_out.cls, rtol=1e-6, atol=1e-6)
+
+
+def test_padding_does_not_change_real_tokens():
+    cfg = config_lib.VARIANTS["tiny"]
+    encoder = models.Encoder(cfg)
+    params = models.init_params(encoder, jax.random.key(0))
+    ids, mask, types = batch(cfg, b=3)
+    full = encoder.apply({"params": params}, ids, mask, types)
+    short = encoder.apply({"params": params}, ids[2:, :4], mask[2:, :4], types[2:, :4])
+    np.testing.assert_allclose(full.hidden_states[-1][2, :4], short.hidden_states[-1][0], atol=1e-5)
+
+
+def _count_flax(cfg):
+    shapes = jax.eval_shape(lambda: models.init_params(models.Encoder(cfg), jax.random.key(0), 1))
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+@pytest.mark.parametrize(
+    "variant", ["bert-base", "bert-large", "roberta-base", "distilbert-base", "albert-base"]
+)
+def test_parameter_counts_of_standard_sizes(variant):
+    """eval_shape counts (no weights) equal transformers' model built on the meta device."""
+    cfg = config_lib.VARIANTS[variant]
+    hf_config = transformers.AutoConfig.for_model(**cfg.to_hf())
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(hf_config)
+    assert _count_flax(cfg) == sum(p.numel() for p in model.parameters())
+    pinned = {"bert-base": 109_482_240, "bert-large": 335_141_888, "roberta-base": 124_645_632,
+              "distilbert-base": 66_362_880, "albert-base": 11_683_584}  # fmt: skip
+    assert _count_flax(cfg) == pinned[variant]
+
+
+@pytest.mark.parametrize("family", config_lib.FAMILIES)
+def test_config_round_trip_and_hf_defaults(family):
+    hf = TINY_HF[family]
+    cfg = config_lib.EncoderConfig.from_hf({**hf, "id2label": {"0": "no", "1": "yes"}})
+    again = config_lib.EncoderConfig.from_hf(cfg.to_hf())
+    assert again == cfg
+    # Keys a file leaves out take transformers' defaults.
+    defaults = config_lib.EncoderConfig.from_hf({"model_type": family})
+    reference = transformers.AutoConfig.for_model(family).to_dict()
+    for key, value in defaults.to_hf().items():
+        if key in reference:
+            assert reference[key] == value, key
+    hash(cfg)
+
+
+def test_config_errors_name_the_problem():
+    with pytest.raises(ValueError, match="x/config.json: model_type 'gpt2' is not supported"):
+        config_lib.EncoderConfig.from_hf({"model_type": "gpt2"}, source="x/config.json")
+    with pytest.raises(ValueError, match="not a multiple"):
+        config_lib.EncoderConfig.from_hf({**TINY_HF["bert"], "num_attention_heads": 5})
+    with pytest.raises(ValueError, match="hidden_act 'mish'"):
+        config_lib.EncoderConfig.from_hf({**TINY_HF["bert"], "hidden_act": "mish"})
+    with pytest.raises(ValueError, match="relative_key"):
+        config_lib.EncoderConfig.from_hf(
+            {**TINY_HF["bert"], "position_embedding_type": "relative_key"}
+        )
+    encoder = models.Encoder(config_lib.VARIANTS["tiny"])
+    too_long = jnp.zeros((1, 65), jnp.int32)
+    with pytest.raises(ValueError, match="max_position_embeddings 64"):
+        encoder.init(jax.random.key(0), too_long, jnp.ones_like(too_long))
+
+
+def test_frozen_dict_kwargs_reach_normalizer():
+    head = models.SequenceClassifier(
+        models.Encoder(config_lib.VARIANTS["tiny"]), num_labels=2, normalizer="isobn",
+        normalizer_kwargs=flax.core.FrozenDict(momentum=0.5),
+    )  # fmt: skip
+    variables = heads.init_variables(head, jax.random.key(0))
+    ids, mask, types = batch(config_lib.VARIANTS["tiny"])
+    (_, extras), updates = head.apply(
+        variables, ids, mask, types, use_running_average=False, mutable=["batch_stats"]
+    )
+    centred = extras["sentence"] - extras["sentence"].mean(0)
+    cov = centred.T @ centred / 3
+    np.testing.assert_allclose(
+        updates["batch_stats"]["norm"]["cov"], 0.5 * cov, rtol=1e-4, atol=1e-6
+    )
