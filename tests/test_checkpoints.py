@@ -243,3 +243,18 @@ def test_loaded_encoder_in_head_and_dtype(minilm):
     jax.tree.map(np.testing.assert_array_equal, variables["params"]["encoder"], minilm.params)
     with pytest.raises(ValueError, match="do not match"):
         heads.init_variables(head, jax.random.key(0), {"pooler": minilm.params["pooler"]})
+
+
+def test_half_precision_files_load_as_float32(tmp_path):
+    import ml_dtypes
+
+    folder, params = _tiny_folder(tmp_path)
+    sd = safetensors_numpy.load_file(folder / "model.safetensors")
+    safetensors_numpy.save_file(
+        {k: v.astype(ml_dtypes.bfloat16) for k, v in sd.items()}, folder / "model.safetensors"
+    )
+    loaded = models.load_pretrained(folder)
+    kernel = loaded.params["layer_0"]["attention"]["query"]["kernel"]
+    assert kernel.dtype == jnp.float32
+    expect = params["layer_0"]["attention"]["query"]["kernel"].astype(jnp.bfloat16)
+    np.testing.assert_array_equal(kernel, expect.astype(jnp.float32))
