@@ -141,6 +141,11 @@ def test_fine_tuned_classifier_served_by_transformers(family, normalizer, tmp_pa
             token_type_ids=torch.tensor(types),
         ).logits.numpy()
     np.testing.assert_allclose(logits, ref, rtol=1e-5, atol=1e-5)
+    # The exported folder loads back as an encoder: the same weights, the task head reported.
+    again = models.load_pretrained(folder)
+    assert again.report.missing == ()
+    assert all(name.startswith("classifier.") for name in again.report.unexpected)
+    jax.tree.map(np.testing.assert_array_equal, again.params, variables["params"]["encoder"])
 
 
 def test_unservable_heads_are_refused(tmp_path):

@@ -90,6 +90,13 @@ _LEAVES = {
 }
 # Names of the same weights in old (TF-converted) checkpoints.
 _LEGACY = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
+# RobertaForSequenceClassification has no pooler; its head's dense+tanh on <s> takes its place.
+_STAND_INS = {
+    "roberta": {
+        "pooler.dense.weight": "classifier.dense.weight",
+        "pooler.dense.bias": "classifier.dense.bias",
+    }
+}
 # transformers' prefix of the encoder inside its *For* task models, and those models.
 _PREFIX = {"bert": "bert", "roberta": "roberta", "distilbert": "distilbert", "albert": "albert"}
 _BASE_CLASS = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBertModel",
@@ -175,10 +182,11 @@ def params_from_state_dict(
 
     Accepts the bare encoder's names (`BertModel`) and those inside a task model
     (`bert.encoder...` of `BertForSequenceClassification`), and the legacy
-    `LayerNorm.gamma/beta`. Weights under an isojax top-level module listed in
-    `init_missing` (the pooler, which masked-LM checkpoints lack) are initialised as
-    transformers does when absent; any other missing weight, and any mis-shaped one, raises
-    `ValueError` naming `source` and the weights.
+    `LayerNorm.gamma/beta`; RoBERTa's pooler is read from `classifier.dense` when a
+    `RobertaForSequenceClassification` file has no pooler. Weights under an isojax top-level
+    module listed in `init_missing` (the pooler, which masked-LM checkpoints lack) are
+    initialised as transformers does when absent; any other missing weight, and any
+    mis-shaped one, raises `ValueError` naming `source` and the weights.
 
     Returns:
       (params, report); `report.unexpected` lists file weights nothing took (pre-training
@@ -191,6 +199,9 @@ def params_from_state_dict(
         for old, new in _LEGACY.items():
             canonical = canonical.replace(old, new)
         names[canonical] = key
+    for name, stand_in in _STAND_INS.get(cfg.family, {}).items():
+        if name not in names and stand_in in names:
+            names[name] = names[stand_in]
     shapes = jax.eval_shape(  # shapes only, no weights
         lambda: encoder_lib.init_params(encoder_lib.Encoder(cfg), jax.random.key(0), seq_len=1)
     )
