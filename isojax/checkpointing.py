@@ -7,7 +7,9 @@
 Atomic: orbax's `CheckpointManager` writes each step into a temporary folder and renames it
 once complete (`commit_success`), so a run killed while saving leaves the previous checkpoint
 as the newest one. A newest checkpoint that exists but cannot be read (a truncated file, a
-disk error) is reported with a `RuntimeWarning`, deleted, and the one before it is used.
+disk error) is reported with a `RuntimeWarning` and renamed `<step>.unreadable` (orbax then
+ignores it), and the one before it is used. `train_and_evaluate` refuses beforehand to
+resume with a config that changes the run, so a mismatch is never mistaken for damage.
 """
 
 from __future__ import annotations
@@ -86,12 +88,25 @@ class Checkpointer:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-                self._manager.delete(step)
+                self._set_aside(step)
                 continue
             return restored.state, dict(restored.position)
         if steps:
             raise RuntimeError(f"no checkpoint in {self.directory} can be restored")
         return None
+
+    def _set_aside(self, step: int) -> None:
+        """Renames an unreadable step folder to `<step>.unreadable[-k]` (kept for inspection,
+        ignored by orbax), so that the step can be written again."""
+        if jax.process_index() == 0:
+            source = self.directory / str(step)
+            target = self.directory / f"{step}.unreadable"
+            k = 0
+            while target.exists():
+                k += 1
+                target = self.directory / f"{step}.unreadable-{k}"
+            source.rename(target)
+        self._manager.reload()
 
     def close(self) -> None:
         """Releases orbax's background resources (also on leaving a `with` block)."""

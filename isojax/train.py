@@ -470,6 +470,32 @@ class Progress:
 # ----------------------------------------------------------------------------------------------
 
 
+# Fields a resumed run may change: they touch neither the train state nor the data order.
+_RESUMABLE_CHANGES = {
+    "data_dir", "tfds_data_dir", "eval_batch_size", "max_eval_examples", "checkpoint_every",
+    "keep_checkpoints", "log_every", "progress", "tensorboard", "remat",
+}  # fmt: skip
+
+
+def _check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+    """Refuses to resume checkpoints in `workdir` with a config that changes the run."""
+    saved = workdir / "config.json"
+    if not (saved.exists() and (workdir / "checkpoints").exists()):
+        return
+    before = _flatten(json.loads(saved.read_text()))
+    now = _flatten(json.loads(config.to_json()))
+    changed = sorted(
+        key
+        for key in before.keys() | now.keys()
+        if key.split(".")[0] not in _RESUMABLE_CHANGES and before.get(key) != now.get(key)
+    )
+    if changed:
+        raise ValueError(
+            f"{workdir} holds checkpoints of a run with another config ({', '.join(changed)} "
+            "differ): resume with its config.json, or use a new workdir"
+        )
+
+
 def _forget_metrics_after(path: pathlib.Path, step: int) -> None:
     """Drops the `metrics.jsonl` lines a killed run wrote after its last checkpoint (`step`),
     so the resumed run's file reads as an uninterrupted run's."""
@@ -671,6 +697,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     lead = jax.process_index() == 0
+    _check_same_run(config, workdir)
     if lead:
         (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
 

@@ -50,7 +50,9 @@ def test_truncated_newest_checkpoint_falls_back_with_a_warning(tmp_path):
     with checkpointing.Checkpointer(tmp_path) as ckpt:
         with pytest.warns(RuntimeWarning, match="step 3 .* cannot be restored.*back to step 2"):
             state, position = ckpt.restore(_state(0.0))
-        assert ckpt.all_steps() == [2]  # the bad one is gone
+        assert ckpt.all_steps() == [2]  # the bad one is set aside, and may be written again
+        ckpt.save(3, _state(3.0), {"epoch": 0, "batch": 3})
+    assert (tmp_path / "3.unreadable").is_dir() and (tmp_path / "3").is_dir()
     np.testing.assert_array_equal(state["params"]["w"], 2.0)
     assert position == {"epoch": 0, "batch": 2}
 

@@ -241,3 +241,14 @@ def test_two_steps_end_to_end(glue_dir, minilm_dir, tmp_path, task, method):
     assert json.loads((tmp_path / "results.json").read_text()) == result
     assert (tmp_path / "checkpoints" / "2").is_dir()
     assert bool(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == (task == "rte")
+
+
+def test_resume_refuses_a_config_that_changes_the_run(tmp_path):
+    config = train.default_config()
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "config.json").write_text(config.to_json())
+    config.log_every, config.progress = 7, False  # harmless
+    train._check_same_run(config, tmp_path)
+    config.method, config.optimizer.learning_rate = "isobn", 1e-3
+    with pytest.raises(ValueError, match=r"another config \(method, optimizer.learning_rate"):
+        train._check_same_run(config, tmp_path)
