@@ -6,9 +6,10 @@
 Each method runs `train.train_and_evaluate(get_config(method), WORKDIR/method)`; a finished or
 interrupted run is resumed from its checkpoints, so running the script again only redoes what is
 missing. The first row is the pre-trained encoder on the same dev split (`isojax.analysis`, no
-fine-tuning; its dev metric is blank: the classifier head is untrained). Isotropy columns are of
-the dev sentence vectors the head reads (`config.sentence`: the pooler output or [CLS]), before
-the normaliser, and of the classifier's input after it (IsoBN's output: "head EV_3").
+fine-tuning; its dev metric is blank: the classifier head is untrained). "minutes" is the wall
+time of the call that finished a run (a resumed run counts only its last part). Isotropy columns
+are of the dev sentence vectors the head reads (`config.sentence`: the pooler output or [CLS]),
+before the normaliser, and of the classifier's input after it (IsoBN's output: "head EV_3").
 """
 
 import argparse
@@ -100,10 +101,14 @@ def main(argv=None) -> int:
         rows["pre-trained"]["minutes"] = (time.perf_counter() - start) / 60
         print(f"pre-trained: {json.dumps(rows['pre-trained'])}", flush=True)
     for method, config in configs.items():
+        run_dir = workdir / method
+        timing = run_dir / "compare_minutes.json"  # training time of the run that finished it
         start = time.perf_counter()
-        print(f"== {method}: {workdir / method}", flush=True)
-        results = train.train_and_evaluate(config, workdir / method)
-        rows[method] = dict(results[split]) | {"minutes": (time.perf_counter() - start) / 60}
+        print(f"== {method}: {run_dir}", flush=True)
+        results = train.train_and_evaluate(config, run_dir)
+        if not timing.exists():
+            timing.write_text(json.dumps((time.perf_counter() - start) / 60) + "\n")
+        rows[method] = dict(results[split]) | {"minutes": json.loads(timing.read_text())}
         print(f"{method}: {json.dumps(rows[method])}", flush=True)
     print()
     print(f"{first.task} {split}, {first.model}, sentence vector: {first.sentence}, "
