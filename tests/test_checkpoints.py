@@ -239,15 +239,17 @@ def test_bad_folders_raise_naming_file_and_weight(tmp_path):
         models.load_pretrained("no-such-weights-package")
 
 
-def test_loaded_encoder_in_head_and_dtype(minilm):
+def test_loaded_encoder_in_head_and_dtype(tmp_path):
     """load_pretrained(dtype=bf16) keeps float32 params; the head takes the loaded encoder."""
-    pre = models.load_pretrained(MINILM, dtype=jnp.bfloat16)
+    folder, params = _tiny_folder(tmp_path)
+    pre = models.load_pretrained(folder, dtype=jnp.bfloat16)
+    assert pre.module.dtype == jnp.bfloat16
     assert {x.dtype for x in jax.tree.leaves(pre.params)} == {jnp.dtype(jnp.float32)}
     head = models.SequenceClassifier(pre.module, num_labels=1)
     variables = heads.init_variables(head, jax.random.key(0), pre.params)
-    jax.tree.map(np.testing.assert_array_equal, variables["params"]["encoder"], minilm.params)
+    jax.tree.map(np.testing.assert_array_equal, variables["params"]["encoder"], params)
     with pytest.raises(ValueError, match="do not match"):
-        heads.init_variables(head, jax.random.key(0), {"pooler": minilm.params["pooler"]})
+        heads.init_variables(head, jax.random.key(0), {"pooler": params["pooler"]})
 
 
 def test_half_precision_files_load_as_float32(tmp_path):
