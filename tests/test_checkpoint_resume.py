@@ -119,6 +119,8 @@ def _run_child(tmp_path, mode, workdir, glue_dir, minilm_dir):
     # Later children reuse the first one's executables (the same programs: bit-identical).
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax-cache")
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    # Unoptimised LLVM codegen compiles a tiny model much faster; all children use it alike.
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
     return subprocess.run(
         [sys.executable, str(script), mode, str(workdir), str(glue_dir), str(minilm_dir)],
         env=env,

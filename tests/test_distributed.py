@@ -128,7 +128,7 @@ def test_two_processes_match_one_process(tmp_path, glue_dir, minilm_dir):
         env = dict(os.environ)
         env.update(
             PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
-            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+            XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
             JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
             JAX_NUM_PROCESSES="2",
             JAX_PROCESS_ID=str(rank),
