@@ -153,18 +153,33 @@ def test_float16_overflow_step_keeps_params_opt_state_and_batch_stats(glue_dir, 
 
 
 def test_bfloat16_loss_tracks_float32_over_20_steps(glue_dir, minilm_dir):
-    """bfloat16 compute with float32 params: the training loss stays within 0.02 (absolute,
-    about 3 % of ln 2) of the float32 run over 20 steps on the same batches and dropout keys."""
+    """bfloat16 compute with float32 params, statistics and logits: over 20 steps (lr 5e-3, same
+    batches and dropout keys) the training loss stays within 0.005 of the float32 run's
+    (measured: 4.7e-4 at most, while the loss falls from 0.692 to 0.653), yet differs from it,
+    so bfloat16 is really in use."""
     losses = {}
     for policy in ("p=f32,c=f32,o=f32", "p=f32,c=bf16,o=f32"):
-        run, batches = _tiny_run(glue_dir, minilm_dir, policy)
+        run, batches = _tiny_run(glue_dir, minilm_dir, policy, **{"optimizer.learning_rate": 5e-3})
         state, trace = run.state, []
         for i in range(20):
             state, m = run.train_fn(state, batches[i % len(batches)])
             trace.append(float(m["loss"]))
         assert state.params["classifier"]["kernel"].dtype == jnp.float32
         assert state.batch_stats["norm"]["cov"].dtype == jnp.float32
+        b = batches[0]
+        logits, out = jax.eval_shape(
+            lambda s, b=b, run=run: run.model.apply(
+                {"params": s.params, "batch_stats": s.batch_stats},
+                b["input_ids"],
+                b["attention_mask"],
+                b["token_type_ids"],
+            ),
+            state,
+        )
+        compute = precision.get_policy(policy).compute_dtype
+        assert (out["encoder"].hidden_states[0].dtype, logits.dtype) == (compute, jnp.float32)
         losses[policy] = np.asarray(trace)
     f32, bf16 = losses.values()
-    assert f32[-1] < f32[0]  # it trains
-    np.testing.assert_allclose(bf16, f32, atol=0.02)
+    assert f32[-1] < f32[0] - 0.02  # it trains
+    assert not np.array_equal(bf16, f32)
+    np.testing.assert_allclose(bf16, f32, atol=0.005)
