@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main job: all-MiniLM-L6-v2 fine-tuned on RTE with and without IsoBN (one seed
-# each, 2 epochs, max length 128), then a side-by-side table of the dev accuracy and the
+# each, 2 epochs, max length 96), then a side-by-side table of the dev accuracy and the
 # isotropy (EV_1, EV_3, IsoScore, mean cosine) of the dev sentence vectors, with the
 # pre-trained encoder's numbers as the first row. About 20 minutes on 2 CPU cores.
 #
