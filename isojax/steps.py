@@ -1,7 +1,8 @@
 """The train state and the compiled steps: train, eval (with isotropy statistics), C0 pass.
 
 `train_step(state, batch) -> (state, metrics)` runs the model in train mode (dropout key
-`fold_in(rng, step)`, normaliser statistics updated in `batch_stats`) and minimises
+`fold_in(rng, step)`, normaliser statistics updated in `batch_stats`, I-STAR's running
+stabiliser updated in `stabilizer`) and minimises
 
     task loss (cross-entropy, or squared error for STS-B)
       + lambda * (1 - IsoScore*(all layers' tokens; C0, zeta))    method "istar", SPEC.md §4
@@ -9,8 +10,17 @@
 
 in float32 whatever the compute dtype. Under float16 the loss is scaled after the penalty is
 added, the gradients are unscaled before the optimizer (so clipping sees true norms), and a
-step with non-finite gradients keeps the previous params, optimizer state *and* `batch_stats`
-(STYLE.md §13; the Flax ImageNet example keeps only the first two).
+step with non-finite gradients keeps the previous params, optimizer state, `batch_stats` *and*
+the stabiliser (STYLE.md §13; the Flax ImageNet example keeps only the first two).
+
+Filler rows (`example_mask` 0, padding the last batch to a fixed shape) never enter a loss,
+a penalty or a statistic; `include_padding=True` (reference parity) lets the padding tokens
+of real examples in, not the filler rows.
+
+Dropout key: the run key `rng` is stored as raw key data (`[2]` uint32 for threefry, `[4]` for
+"rbg"), wrapped with `TrainState.rng_impl` inside the step. "rbg" draws the dropout masks with
+XLA's RngBitGenerator (much cheaper than threefry on CPU and GPU); its split / fold_in are
+still threefry's, and its bits do not depend on the sharding.
 
 Devices: a one-axis mesh ("data") over every device of every process; batches are sharded
 along it, parameters replicated or sharded FSDP-style. Under `jax.jit` with global arrays,
@@ -39,6 +49,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from isojax import isotropy, precision, regularizers, stats
+from isojax import stabilizer as stabilizer_lib
 
 DATA_AXIS = "data"
 # Batch keys the steps read (`idx` stays on the host).
@@ -54,7 +65,12 @@ class Objective:
       regression: squared error on `logits[:, 0]` (STS-B) instead of cross-entropy.
       weight: lambda of the penalty (istar / cosreg), 0 otherwise.
       zeta: I-STAR shrinkage towards C0.
-      include_padding: padding tokens enter the penalty (reference parity).
+      include_padding: padding tokens of real examples enter the penalty and C0 (reference
+        parity); filler rows never do.
+      stabilizer: I-STAR's C0: "pass" (explicit pass per epoch, `train.estimate_c0`),
+        "epoch" or "ema" (running, `isojax.stabilizer.IsoScoreStar`).
+      stabilizer_kwargs: the other `IsoScoreStar` fields as a hashable tuple of pairs, e.g.
+        `(("window", 250_000), ("window_unit", "tokens"))`.
     """
 
     method: str = "none"
@@ -62,6 +78,23 @@ class Objective:
     weight: float = 0.0
     zeta: float = 0.2
     include_padding: bool = False
+    stabilizer: str = "pass"
+    stabilizer_kwargs: tuple = ()
+
+
+def istar_module(objective: Objective) -> stabilizer_lib.IsoScoreStar:
+    """The IsoScore* module (stabiliser `objective.stabilizer`) of an I-STAR objective."""
+    return stabilizer_lib.make_isoscore_star(
+        objective.stabilizer, zeta=objective.zeta, **dict(objective.stabilizer_kwargs)
+    )
+
+
+def init_stabilizer(objective: Objective, hidden_size: int) -> dict | None:
+    """The initial `TrainState.stabilizer`: the module's `batch_stats` (`{'c0': [d, d]
+    identity, ...}` float32) for method "istar", None otherwise."""
+    if objective.method != "istar":
+        return None
+    return stabilizer_lib.init_batch_stats(istar_module(objective), hidden_size)
 
 
 @flax.struct.dataclass
@@ -73,22 +106,25 @@ class TrainState:
       params: the model's 'params' collection (`policy.param_dtype`).
       opt_state: the optax state.
       batch_stats: the normaliser's running statistics (float32), `{}` for none.
-      stabilizer: `[d, d]` float32 I-STAR C0, rebuilt each epoch; None for other methods.
+      stabilizer: I-STAR's `IsoScoreStar` collection (float32 `{'c0': [d, d], ...}`, plus the
+        window or EMA of a running stabiliser); None for other methods.
       loss_scale: `precision.NoOpLossScale` or `precision.DynamicLossScale`.
-      rng: `[2]` uint32 run key; step `t` uses `fold_in(rng, t)`.
-      apply_fn, tx, objective: static (not in the checkpoint).
+      rng: raw data of the run key (uint32, `[2]` threefry or `[4]` rbg); step `t` uses
+        `fold_in(wrap_key_data(rng, impl=rng_impl), t)` for dropout.
+      apply_fn, tx, objective, rng_impl: static (not in the checkpoint).
     """
 
     step: jax.Array
     params: Any
     opt_state: Any
     batch_stats: Any
-    stabilizer: jax.Array | None
+    stabilizer: dict | None
     loss_scale: precision.LossScale
     rng: jax.Array
     apply_fn: Callable = flax.struct.field(pytree_node=False)
     tx: optax.GradientTransformation = flax.struct.field(pytree_node=False)
     objective: Objective = flax.struct.field(pytree_node=False)
+    rng_impl: str = flax.struct.field(pytree_node=False, default="threefry2x32")
 
 
 def _model_inputs(batch: dict) -> tuple:
@@ -111,23 +147,38 @@ def task_loss(logits: jax.Array, labels: jax.Array, example_mask: jax.Array, reg
     return jnp.sum(per_example * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
-def _penalty(state: TrainState, out: dict, batch: dict) -> jax.Array:
+def penalty_mask(batch: dict, include_padding: bool) -> jax.Array:
+    """`[b, t]` tokens that enter the penalty and C0: real tokens of real examples, or (with
+    `include_padding`, the reference's choice) every position of a real example; filler rows
+    (`example_mask` 0) never."""
+    example = batch["example_mask"][:, None]  # [b, 1]
+    if include_padding:
+        return jnp.broadcast_to(example, batch["attention_mask"].shape)
+    return batch["attention_mask"] * example
+
+
+def _penalty(state: TrainState, out: dict, batch: dict) -> tuple[jax.Array, dict | None]:
+    """`(penalty [] float32, new stabiliser state)`; the state changes only for a running
+    I-STAR stabiliser. With weight 0 the penalty is a metric only (no backward pass)."""
     objective = state.objective
     hidden = out["encoder"].hidden_states
-    token_mask = batch["attention_mask"] * batch["example_mask"][:, None]  # [b, t]
+    if objective.weight == 0.0 and objective.method in ("istar", "cosreg"):
+        hidden = jax.tree.map(jax.lax.stop_gradient, hidden)
+    # The mask carries the padding choice, so the functions below never drop it themselves.
+    mask = penalty_mask(batch, objective.include_padding)
     if objective.method == "istar":
-        return regularizers.istar_penalty(
-            hidden,
-            token_mask,
-            c0=state.stabilizer,
-            zeta=objective.zeta,
-            include_padding=objective.include_padding,
+        return stabilizer_lib.penalty_and_update(
+            istar_module(objective), state.stabilizer, hidden, mask
         )
     if objective.method == "cosreg":
-        return regularizers.cosreg_penalty(
-            hidden[-1], token_mask, include_padding=objective.include_padding
-        )
-    return jnp.zeros([], jnp.float32)
+        return regularizers.cosreg_penalty(hidden[-1], mask), state.stabilizer
+    return jnp.zeros([], jnp.float32), state.stabilizer
+
+
+def dropout_key(state: TrainState) -> jax.Array:
+    """This step's dropout key: `fold_in(run key, step)` with the run's key implementation."""
+    key = jax.random.wrap_key_data(state.rng, impl=state.rng_impl)
+    return jax.random.fold_in(key, state.step)
 
 
 def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
@@ -137,7 +188,7 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     unscaling, before clipping), `grads_finite` (1/0), `loss_scale`.
     """
     objective = state.objective
-    rng = jax.random.fold_in(state.rng, state.step)
+    rng = dropout_key(state)
 
     def loss_fn(params):
         (logits, out), updates = state.apply_fn(
@@ -150,28 +201,30 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
             mutable=["batch_stats"],
         )
         loss = task_loss(logits, batch["labels"], batch["example_mask"], objective.regression)
-        penalty = _penalty(state, out, batch)
+        penalty, stabilizer = _penalty(state, out, batch)
         total = loss + objective.weight * penalty  # penalty added before scaling
-        aux = (updates.get("batch_stats", {}), loss, penalty, total)
+        aux = (updates.get("batch_stats", {}), stabilizer, loss, penalty, total)
         return state.loss_scale.scale(total), aux
 
-    grads, (batch_stats, loss, penalty, total) = jax.grad(loss_fn, has_aux=True)(state.params)
+    grads, aux = jax.grad(loss_fn, has_aux=True)(state.params)
+    batch_stats, stabilizer, loss, penalty, total = aux
     grads = state.loss_scale.unscale(grads)
     grads_finite = precision.all_finite(grads)
     updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     if isinstance(state.loss_scale, precision.DynamicLossScale):
-        # An overflowed step keeps everything, batch_stats included (STYLE.md §13).
-        params, opt_state, batch_stats = precision.select_tree(
+        # An overflowed step keeps everything, running statistics included (STYLE.md §13).
+        params, opt_state, batch_stats, stabilizer = precision.select_tree(
             grads_finite,
-            (params, opt_state, batch_stats),
-            (state.params, state.opt_state, state.batch_stats),
+            (params, opt_state, batch_stats, stabilizer),
+            (state.params, state.opt_state, state.batch_stats, state.stabilizer),
         )
     new_state = state.replace(
         step=state.step + 1,
         params=params,
         opt_state=opt_state,
         batch_stats=batch_stats,
+        stabilizer=stabilizer,
         loss_scale=state.loss_scale.adjust(grads_finite),
     )
     step_metrics = {
@@ -287,12 +340,9 @@ def stabilizer_step(
         example_mask=batch["example_mask"],
     )
     hidden = out["encoder"].hidden_states
-    token_mask = batch["attention_mask"] * batch["example_mask"][:, None]
-    include = state.objective.include_padding
-    acc = regularizers.stabilizer_update(acc, hidden, token_mask, include_padding=include)
-    per_layer = jnp.sum(jnp.broadcast_to(batch["example_mask"][:, None], token_mask.shape))
-    tokens = per_layer if include else jnp.sum(token_mask)
-    return acc, (len(hidden) * tokens).astype(jnp.float32)
+    mask = penalty_mask(batch, state.objective.include_padding)  # [b, t]
+    acc = regularizers.stabilizer_update(acc, hidden, mask)
+    return acc, (len(hidden) * jnp.sum(mask)).astype(jnp.float32)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@
 The loop (flax `examples/imagenet/train.py` shape): build the classifier (`models`), encode
 the task (`data.batching`), create the `steps.TrainState` directly on the device mesh, restore
 the newest usable checkpoint (`checkpointing`), then per epoch: the I-STAR C0 pass (method
-"istar"), the training batches of the epoch from where the checkpoint left off, a dev
-evaluation (task metrics + isotropy of the sentence and token embeddings), a checkpoint.
+"istar" with stabilizer "pass"; "epoch" and "ema" update C0 inside the steps), the training
+batches of the epoch from where the checkpoint left off, a dev evaluation (task metrics +
+isotropy of the sentence and token embeddings), a checkpoint.
 Metrics go to `metrics.jsonl` and TensorBoard event files in the run folder, progress to
 stderr. With the data order fixed by (seed, epoch) and the dropout key by the step, a killed
 and resumed run ends bit-identical to an uninterrupted one on CPU.
@@ -51,11 +52,13 @@ from isojax import (
     regularizers,
     steps,
 )
+from isojax import stabilizer as stabilizer_lib
 from isojax.data import batching, glue
 
 METHODS = ("none", "recenter", "batchnorm", "layernorm", "isobn", "istar", "cosreg")
 PRESETS = ("isobn", "istar")
-STABILIZERS = ("pass",)
+STABILIZERS = stabilizer_lib.STABILIZERS  # "pass", "epoch", "ema"
+RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 TINY_MODEL = "tiny-bert"
 
 # The step-level API, re-exported: `train.TrainState`, `train.train_step`, `train.eval_step`.
@@ -85,8 +88,16 @@ def default_config() -> ml_collections.ConfigDict:
         dict(
             weight=0.25,  # lambda: > 0 towards isotropy, < 0 away from it
             zeta=0.2,  # shrinkage towards C0
-            stabilizer="pass",  # how C0 is estimated; "pass": explicit pass each epoch
+            # How C0 is estimated: "pass" (the reference: an eval-mode pass over
+            # stabilizer_tokens training tokens at the start of every epoch), "epoch" (the
+            # covariance of the tokens the training steps saw in the last window, no extra
+            # pass) or "ema" (moving average of the batch covariances).
+            stabilizer="pass",
             stabilizer_tokens=250_000,  # token vectors (all layers) per C0 pass
+            stabilizer_window_unit="tokens",  # "epoch": window in "tokens" or "steps"
+            stabilizer_window=0,  # 0: stabilizer_tokens tokens, or one epoch's steps
+            stabilizer_momentum=0.99,  # "ema": ema <- m ema + (1 - m) cov(batch)
+            stabilizer_debias=False,  # "ema": start at 0 and divide by 1 - m^t (Adam)
             include_padding=False,  # the reference also counts padding tokens
         )
     )
@@ -118,6 +129,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.policy = "p=f32,c=f32,o=f32"  # precision.get_policy
     c.loss_scale = "auto"  # "auto" (dynamic iff float16) | "dynamic" | "none"
     c.seed = 0
+    c.rng_impl = "rbg"  # dropout key: "rbg" (XLA RngBitGenerator, fast) | "threefry2x32"
     c.checkpoint_every = 0  # steps between checkpoints; 0: at epoch ends only
     c.keep_checkpoints = 2
     c.log_every = 50
@@ -213,11 +225,31 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     check(config.isobn.beta >= 0.0, f"isobn.beta must be >= 0, got {config.isobn.beta}")
     check(config.isobn.epsilon > 0.0, f"isobn.epsilon must be > 0, got {config.isobn.epsilon}")
     check(0.0 <= config.istar.zeta <= 1.0, f"istar.zeta {config.istar.zeta} not in [0, 1]")
+    istar = config.istar
     check(
-        config.istar.stabilizer in STABILIZERS,
-        f"istar.stabilizer {config.istar.stabilizer!r} not supported; known: {STABILIZERS}",
+        istar.stabilizer in STABILIZERS,
+        f"istar.stabilizer {istar.stabilizer!r} not supported; known: {STABILIZERS}",
     )
-    check(config.istar.stabilizer_tokens >= 2, "istar.stabilizer_tokens must be >= 2")
+    check(istar.stabilizer_tokens >= 2, "istar.stabilizer_tokens must be >= 2")
+    check(
+        istar.stabilizer_window_unit in stabilizer_lib.WINDOW_UNITS,
+        f"istar.stabilizer_window_unit {istar.stabilizer_window_unit!r} not in "
+        f"{stabilizer_lib.WINDOW_UNITS}",
+    )
+    check(
+        istar.stabilizer_window >= 0,
+        f"istar.stabilizer_window must be >= 0 (0: default), got {istar.stabilizer_window}",
+    )
+    if istar.stabilizer_window_unit == "tokens":
+        window = istar.stabilizer_window or istar.stabilizer_tokens
+        check(
+            window <= stabilizer_lib._MAX_TOKEN_WINDOW,
+            f"istar stabiliser window of {window} tokens is above 2**24; use window_unit 'steps'",
+        )
+    check(
+        0.0 < istar.stabilizer_momentum < 1.0,
+        f"istar.stabilizer_momentum {istar.stabilizer_momentum} not in (0,1)",
+    )
     check(
         math.isfinite(config.istar.weight) and math.isfinite(config.cosreg.weight),
         "istar.weight and cosreg.weight must be finite",
@@ -250,6 +282,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"dropout_rate {config.dropout_rate} not in [0, 1)",
     )
     check(config.loss_scale in ("auto", "dynamic", "none"), f"bad loss_scale {config.loss_scale!r}")
+    check(config.rng_impl in RNG_IMPLS, f"rng_impl {config.rng_impl!r} not in {RNG_IMPLS}")
     try:
         precision.get_policy(config.policy)
     except ValueError as err:
@@ -351,9 +384,12 @@ def create_train_state(
     fsdp: bool = False,
 ) -> steps.TrainState:
     """Step 0: fresh head (and encoder, if `encoder_params` is None), optimizer state, key;
-    placed on `mesh` (replicated, or FSDP-sharded) when given."""
-    rng = jax.random.PRNGKey(config.seed)
-    init_rng, run_rng = jax.random.split(rng)
+    placed on `mesh` (replicated, or FSDP-sharded) when given.
+
+    The parameters' key is threefry's `split(key(seed))[0]` whatever `config.rng_impl`; the
+    dropout key is `key(seed + 1)` of `config.rng_impl`, stored as raw key data."""
+    init_rng = jax.random.split(jax.random.key(config.seed))[0]
+    run_rng = jax.random.key_data(jax.random.key(config.seed + 1, impl=config.rng_impl))
     loss_scale = precision.make_loss_scale(policy, config.loss_scale)
 
     def init(init_rng, run_rng, encoder_params):
@@ -364,14 +400,13 @@ def create_train_state(
             params=params,
             opt_state=tx.init(params),
             batch_stats=variables.get("batch_stats", {}),
-            stabilizer=(
-                jnp.eye(hidden_size, dtype=jnp.float32) if objective.method == "istar" else None
-            ),
+            stabilizer=steps.init_stabilizer(objective, hidden_size),
             loss_scale=loss_scale,
             rng=run_rng,
             apply_fn=model.apply,
             tx=tx,
             objective=objective,
+            rng_impl=config.rng_impl,
         )
 
     # One compiled initialisation (eager flax init compiles every op on its own), placed
@@ -536,8 +571,8 @@ def evaluate(
         out = jax.device_get(out)
         scores.update(out["logits"], out["labels"], out["example_mask"])
     result = scores.compute(task)
-    zeta = config.istar.zeta
-    result |= _host_floats(_isotropy_jit(acc, state.stabilizer, zeta))
+    c0 = None if state.stabilizer is None else state.stabilizer["c0"]
+    result |= _host_floats(_isotropy_jit(acc, c0, config.istar.zeta))
     return result
 
 
@@ -606,6 +641,23 @@ class Run(NamedTuple):
     total_steps: int
 
 
+def stabilizer_kwargs(config: ml_collections.ConfigDict, steps_per_epoch: int) -> tuple:
+    """`steps.Objective.stabilizer_kwargs` for `config.istar`: the window of "epoch"
+    (default: `stabilizer_tokens` tokens, or `steps_per_epoch` steps), the momentum and
+    debiasing of "ema", nothing for "pass"."""
+    istar = config.istar
+    if istar.stabilizer == "epoch":
+        unit = istar.stabilizer_window_unit
+        default = istar.stabilizer_tokens if unit == "tokens" else steps_per_epoch
+        return (("window", int(istar.stabilizer_window or default)), ("window_unit", unit))
+    if istar.stabilizer == "ema":
+        return (
+            ("momentum", float(istar.stabilizer_momentum)),
+            ("debias", bool(istar.stabilizer_debias)),
+        )
+    return ()
+
+
 def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None = None) -> Run:
     """Validates `config`, loads model and data, creates the train state on `mesh` (default:
     every device) and compiles nothing yet (the steps compile on first call)."""
@@ -655,6 +707,8 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
         include_padding=(
             config.istar.include_padding if method == "istar" else config.cosreg.include_padding
         ),
+        stabilizer=config.istar.stabilizer,
+        stabilizer_kwargs=stabilizer_kwargs(config, steps_per_epoch),
     )
     state = create_train_state(
         config, model, encoder_params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
@@ -676,7 +730,12 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
     )
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
+def train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+) -> dict:
     """Fine-tunes `config.model` on `config.task`, evaluating on dev after every epoch.
 
     Resumes from the newest usable checkpoint in `workdir/checkpoints` (train state and data
@@ -686,6 +745,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     Args:
       config: from `default_config()` (with `apply_preset` and overrides); validated here.
       workdir: the run folder.
+      mesh: the devices to use (`steps.make_mesh`); default: every device of every process.
 
     Returns:
       The final dev metrics: `{split: {metric: value}}` per dev split ("dev", or MNLI's
@@ -701,7 +761,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     if lead:
         (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
 
-    run = setup(config)
+    run = setup(config, mesh=mesh)
     state, mesh, hidden_size = run.state, run.mesh, run.hidden_size
     train_fn, eval_fn, stabilize_fn = run.train_fn, run.eval_fn, run.stabilize_fn
     train_encoded, dev_encoded = run.train_encoded, run.dev_encoded
@@ -748,9 +808,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     )
     epoch, start_batch = int(position["epoch"]), int(position["batch"])
     while step < total_steps and epoch < num_epochs:
-        if method == "istar" and start_batch == 0:
+        if method == "istar" and config.istar.stabilizer == "pass" and start_batch == 0:
             c0 = estimate_c0(state, stabilize_fn, train_encoded, config, mesh, epoch, hidden_size)
-            state = state.replace(stabilizer=c0)
+            c0 = jax.device_put(c0, state.stabilizer["c0"].sharding)  # FSDP may split it
+            state = state.replace(stabilizer=stabilizer_lib.replace_c0(state.stabilizer, c0))
         batch_index = start_batch
         for batch in _train_batches(train_encoded, config, epoch, start_batch):
             state, step_metrics = train_fn(state, steps.global_batch(batch, mesh))

@@ -94,7 +94,8 @@ _CHILD = textwrap.dedent(
     config = train.default_config()
     config.update_from_flattened_dict({
         "data_dir": glue_dir, "model": "tiny-bert", "tokenizer": tokenizer, "task": "rte",
-        "method": "istar", "istar.weight": 0.5, "istar.stabilizer_tokens": 300,
+        "method": "istar", "istar.weight": 0.5, "istar.stabilizer": "epoch",
+        "istar.stabilizer_window_unit": "steps", "istar.stabilizer_window": 5,
         "max_train_examples": 24, "max_eval_examples": 8, "batch_size": 8,
         "eval_batch_size": 8, "max_length": 32, "buckets": (), "num_epochs": 2,
         "checkpoint_every": 2, "log_every": 1, "progress": False, "tensorboard": False,
@@ -111,23 +112,32 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _run_child(tmp_path, mode, workdir, glue_dir, minilm_dir):
+def _start_child(tmp_path, mode, workdir, glue_dir, minilm_dir) -> subprocess.Popen:
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    # Later children reuse the first one's executables (the same programs: bit-identical).
+    # The resumed child reuses the first ones' executables (the same programs: bit-identical).
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax-cache")
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     # Unoptimised LLVM codegen compiles a tiny model much faster; all children use it alike.
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
-    return subprocess.run(
+    return subprocess.Popen(
         [sys.executable, str(script), mode, str(workdir), str(glue_dir), str(minilm_dir)],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
     )
+
+
+def _finish(child: subprocess.Popen) -> subprocess.CompletedProcess:
+    try:
+        stdout, stderr = child.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        stdout, stderr = child.communicate()
+    return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
 
 
 def _final_state(workdir: pathlib.Path, step: int) -> dict:
@@ -135,18 +145,23 @@ def _final_state(workdir: pathlib.Path, step: int) -> dict:
 
 
 def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, glue_dir, minilm_dir):
-    """I-STAR on 24 RTE rows, 2 epochs of 3 steps, a checkpoint every 2 steps. The killed run
-    dies after saving step 4 (mid-epoch 1, after its C0 pass); the restarted run picks up
-    there (state, C0, data position, partial log sums) and ends exactly where the
-    uninterrupted run does: every leaf of the final state, results and metrics.jsonl."""
+    """I-STAR ("epoch" stabiliser, a window of 5 steps) on 24 RTE rows, 2 epochs of 3 steps,
+    a checkpoint every 2 steps, dropout keys from the default "rbg" implementation. The killed
+    run dies after saving step 4 (mid-epoch 1, mid-window); the restarted run picks up there
+    (state, the stabiliser's open window, data position, partial log sums) and ends exactly
+    where the uninterrupted run does: every leaf of the final state, results, metrics.jsonl."""
     full, broken = tmp_path / "full", tmp_path / "broken"
-    done = _run_child(tmp_path, "full", full, glue_dir, minilm_dir)
+    # The uninterrupted and the killed run side by side (2 cores); the resume after both.
+    children = [
+        _start_child(tmp_path, mode, workdir, glue_dir, minilm_dir)
+        for mode, workdir in (("full", full), ("kill", broken))
+    ]
+    done, killed = (_finish(child) for child in children)
     assert done.returncode == 0, done.stderr[-3000:]
-    killed = _run_child(tmp_path, "kill", broken, glue_dir, minilm_dir)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (broken / "results.json").exists()
     assert sorted(int(p.name) for p in (broken / "checkpoints").iterdir()) == [3, 4]
-    resumed = _run_child(tmp_path, "resume", broken, glue_dir, minilm_dir)
+    resumed = _finish(_start_child(tmp_path, "resume", broken, glue_dir, minilm_dir))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed" in resumed.stderr and "at step 4 (epoch 1, batch 1)" in resumed.stderr
 
@@ -159,7 +174,10 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, glue_dir, min
         want,
         got,
     )
-    assert int(want["step"]) == 6 and want["stabilizer"].shape == (32, 32)
+    assert int(want["step"]) == 6 and want["stabilizer"]["c0"].shape == (32, 32)
+    # The window closed at step 5 (after the resume), and step 6 opened the next one.
+    assert int(want["stabilizer"]["windows_closed"]) == 1
+    assert int(want["stabilizer"]["steps_in_window"]) == 1
     assert json.loads((full / "results.json").read_text()) == json.loads(
         (broken / "results.json").read_text()
     )

@@ -128,28 +128,42 @@ def _equal_trees(a, b):
     return all(jax.tree.leaves(jax.tree.map(lambda x, y: np.array_equal(x, y), a, b)))
 
 
-def test_float16_overflow_step_keeps_params_opt_state_and_batch_stats(glue_dir, minilm_dir):
-    run, batches = _tiny_run(glue_dir, minilm_dir, "p=f32,c=f16,o=f32")
+@pytest.mark.parametrize("method", ["isobn", "istar"])
+def test_float16_overflow_step_keeps_params_opt_state_and_running_stats(
+    glue_dir, minilm_dir, method
+):
+    """A healthy float16 step moves params, optimizer state and the running statistics (IsoBN's
+    batch_stats, or I-STAR's "ema" stabiliser); an overflowed one keeps all of them."""
+    run, batches = _tiny_run(
+        glue_dir, minilm_dir, "p=f32,c=f16,o=f32", method=method, **{"istar.stabilizer": "ema"}
+    )
     state = run.state
     assert isinstance(state.loss_scale, precision.DynamicLossScale)
     assert state.params["classifier"]["kernel"].dtype == jnp.float32
+
+    def kept(s):
+        running = s.batch_stats if method == "isobn" else s.stabilizer
+        return jax.device_get((s.params, s.opt_state, running))
+
     # One healthy step at a modest scale: everything moves.
     state = state.replace(loss_scale=state.loss_scale.replace(loss_scale=jnp.float32(2.0**10)))
-    before = jax.device_get((state.params, state.opt_state, state.batch_stats))
+    before = kept(state)
     state, m = run.train_fn(state, batches[0])
     assert float(m["grads_finite"]) == 1.0 and np.isfinite(float(m["loss"]))
-    after = jax.device_get((state.params, state.opt_state, state.batch_stats))
+    after = kept(state)
     for old, new in zip(before, after, strict=True):
         assert not _equal_trees(old, new)
     # Inject an overflow: a scale of 2**100 makes the float16 backward pass infinite.
     state = state.replace(loss_scale=state.loss_scale.replace(loss_scale=jnp.float32(2.0**100)))
-    before = jax.device_get((state.params, state.opt_state, state.batch_stats))
+    before = kept(state)
     state, m = run.train_fn(state, batches[1])
     assert float(m["grads_finite"]) == 0.0
-    assert _equal_trees(before, jax.device_get((state.params, state.opt_state, state.batch_stats)))
+    assert _equal_trees(before, kept(state))
     assert float(state.loss_scale.loss_scale) == 2.0**99  # halved
     assert int(state.step) == 2  # the skipped step still counts (rng and schedule move on)
-    assert int(state.batch_stats["norm"]["count"]) == 1
+    running = state.batch_stats["norm"] if method == "isobn" else state.stabilizer
+    assert (int(running["count"]), int(running["skipped"])) == (1, 0)
+    assert running["c0" if method == "istar" else "cov"].dtype == jnp.float32
 
 
 def test_bfloat16_loss_tracks_float32_over_20_steps(glue_dir, minilm_dir):

@@ -5,14 +5,16 @@ so no id is clipped) runs on 16 real rows of each local GLUE task.
 """
 
 import json
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 
-from isojax import isotropy, optim, steps, train
+from isojax import isotropy, optim, regularizers, steps, train
 from isojax.data import batching
 
 
@@ -47,7 +49,11 @@ def tiny_config(glue_dir, minilm_dir, **overrides):
         ("method", "whitening", "unknown method 'whitening'"),
         ("istar.zeta", 1.5, r"istar.zeta 1.5 not in \[0, 1\]"),
         ("isobn.momentum", 1.0, r"isobn.momentum 1.0 not in \(0,1\)"),
-        ("istar.stabilizer", "ema", "istar.stabilizer 'ema' not supported"),
+        ("istar.stabilizer", "running", "istar.stabilizer 'running' not supported"),
+        ("istar.stabilizer_momentum", 1.0, r"istar.stabilizer_momentum 1.0 not in \(0,1\)"),
+        ("istar.stabilizer_momentum", 0.0, r"istar.stabilizer_momentum 0.0 not in \(0,1\)"),
+        ("istar.stabilizer_window_unit", "epochs", "istar.stabilizer_window_unit 'epochs'"),
+        ("rng_impl", "philox", "rng_impl 'philox' not in"),
         ("optimizer.warmup_fraction", 1.0, "warmup_fraction"),
         ("policy", "p=f32,c=int4", "unknown dtype 'int4'"),
         ("sentence", "mean", "sentence must be"),
@@ -140,10 +146,40 @@ def test_task_loss_against_numpy():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", train.METHODS)
-def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, method):
-    """Ten updates on one batch (no dropout, lr 5e-3) lower that batch's loss; the state's
-    collections are what the method needs, and the step counter advances."""
+def _train_mode_tokens(run, state, batch) -> np.ndarray:
+    """float64 `[n, d]`: every layer's real tokens of the forward pass that `train_step` runs
+    on `batch` from `state` (train mode, the step's dropout key)."""
+    (_, out), _ = jax.jit(
+        lambda s, b: s.apply_fn(
+            {"params": s.params, "batch_stats": s.batch_stats},
+            *steps._model_inputs(b),
+            deterministic=False,
+            use_running_average=False,
+            example_mask=b["example_mask"],
+            rngs={"dropout": steps.dropout_key(s)},
+            mutable=["batch_stats"],
+        )
+    )(state, batch)
+    hidden = np.stack([np.asarray(h, np.float64) for h in out["encoder"].hidden_states])
+    real = np.asarray(steps.penalty_mask(batch, False)).astype(bool)  # [b, t]
+    return hidden[:, real].reshape(-1, hidden.shape[-1])
+
+
+# "recenter" takes the path of "batchnorm" (a head normaliser with batch_stats; the normalisers
+# themselves: test_norms.py).
+STEP_CASES = [(method, "pass") for method in train.METHODS if method != "recenter"] + [
+    ("istar", "epoch"),
+    ("istar", "ema"),
+]
+
+
+@pytest.mark.parametrize("method, stabilizer", STEP_CASES)
+def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, method, stabilizer):
+    """Ten updates on one batch (no classifier dropout, lr 5e-3) lower that batch's loss; the
+    state's collections are what the method needs, and the step counter advances. A running
+    I-STAR stabiliser is checked against the covariance of the tokens of the model's own
+    forward passes: "epoch" (window of 2 steps) keeps C0 until the window closes, then holds
+    the unbiased covariance of the window's tokens; "ema" holds m I + (1 - m) cov(batch)."""
     config = tiny_config(
         glue_dir,
         minilm_dir,
@@ -151,17 +187,30 @@ def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, me
         dropout_rate=0.0,
         **{"optimizer.learning_rate": 5e-3, "optimizer.warmup_fraction": 0.0},
         **{"optimizer.schedule": "constant", "istar.weight": 0.5, "cosreg.weight": 0.5},
+        **{"istar.stabilizer": stabilizer, "istar.stabilizer_window_unit": "steps"},
+        **{"istar.stabilizer_window": 2, "istar.stabilizer_momentum": 0.75},
     )
     run = train.setup(config, mesh=steps.make_mesh(jax.devices()[:1]))
     batch = steps.global_batch(next(train._train_batches(run.train_encoded, config, 0)), run.mesh)
     state = run.state
     assert (state.stabilizer is not None) == (method == "istar")
     assert bool(state.batch_stats) == (method in ("recenter", "batchnorm", "isobn"))
-    losses = []
-    for _ in range(10):
+    want = np.eye(run.hidden_size)  # C0 before any update
+    losses, tokens = [], []
+    for i in range(10):
+        if i < 2 and stabilizer != "pass":
+            tokens.append(_train_mode_tokens(run, state, batch))
         state, m = run.train_fn(state, batch)
         losses.append(float(m["loss"]))
         assert float(m["grads_finite"]) == 1.0
+        if i < 2 and stabilizer != "pass":
+            c0 = np.asarray(state.stabilizer["c0"])
+            if stabilizer == "ema":
+                want = 0.75 * want + 0.25 * np.cov(tokens[-1], rowvar=False)
+            elif i == 1:  # the window of 2 steps closes
+                want = np.cov(np.concatenate(tokens), rowvar=False)
+                assert int(state.stabilizer["steps_in_window"]) == (i + 1) % 2
+            np.testing.assert_allclose(c0, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     assert int(state.step) == 10
     assert np.all(np.isfinite(losses))
     assert losses[-1] < 0.9 * losses[0], losses
@@ -170,6 +219,69 @@ def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, me
         np.testing.assert_allclose(
             float(m["loss"]), float(m["task_loss"]) + 0.5 * float(m["penalty"]), rtol=1e-5
         )
+    if stabilizer == "epoch":
+        assert int(state.stabilizer["windows_closed"]) == 5
+
+
+def _penalty_inputs(seed: int, filler: int):
+    """Hidden states `L=2 x [6 + filler, 5, 8]` and a batch whose last `filler` rows are filler
+    rows (example_mask 0) full of huge values; 6 real rows with ragged padding."""
+    rng = np.random.default_rng(seed)
+    b = 6 + filler
+    hidden = [rng.normal(size=(8, 5, 8)) @ rng.normal(size=(8, 8)) + 2.0 for _ in range(2)]
+    hidden = [h[:b] for h in hidden]
+    lengths = np.array([5, 3, 2, 5, 4, 1] + [5] * filler)
+    attention = (np.arange(5)[None] < lengths[:, None]).astype(np.int32)
+    example = np.array([1] * 6 + [0] * filler, np.int32)
+    for h in hidden:
+        h[6:] = 1e4
+    batch = {"attention_mask": jnp.asarray(attention), "example_mask": jnp.asarray(example)}
+    return [jnp.asarray(h, jnp.float32) for h in hidden], batch
+
+
+@pytest.mark.parametrize(
+    "method, stabilizer", [("istar", "pass"), ("istar", "ema"), ("cosreg", "")]
+)
+@pytest.mark.parametrize("include_padding", [False, True])
+def test_filler_rows_never_enter_the_penalty_or_c0(method, stabilizer, include_padding):
+    """The penalty, the running stabiliser and the C0 pass of a batch padded with filler rows
+    equal those of the batch without them; `include_padding` adds only real rows' padding
+    (the I-STAR penalty checked against `regularizers.istar_penalty` on the real rows)."""
+    objective = steps.Objective(
+        method=method,
+        weight=1.0,
+        include_padding=include_padding,
+        stabilizer=stabilizer or "pass",
+        stabilizer_kwargs=(("momentum", 0.5),) if stabilizer == "ema" else (),
+    )
+    results = []
+    for filler in (0, 2):
+        hidden, batch = _penalty_inputs(0, filler)
+        out = {"encoder": types.SimpleNamespace(hidden_states=hidden)}
+        state = types.SimpleNamespace(
+            objective=objective,
+            stabilizer=steps.init_stabilizer(objective, 8),
+            params=None,
+            batch_stats={},
+            apply_fn=lambda *args, out=out, **kwargs: (None, out),  # the C0 pass's "model"
+        )
+        penalty, new_stabilizer = steps._penalty(state, out, batch)
+        inputs = batch | {"input_ids": None, "token_type_ids": None}
+        acc, count = steps.stabilizer_step(state, inputs, regularizers.stabilizer_init(8))
+        results.append((penalty, new_stabilizer, acc, count))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+        results[0][1:],
+        results[1][1:],
+    )
+    hidden, batch = _penalty_inputs(0, 0)
+    real_tokens = 30 if include_padding else 20
+    assert float(results[1][3]) == 2 * real_tokens
+    if method == "istar":
+        mask = None if include_padding else batch["attention_mask"]
+        want = regularizers.istar_penalty(hidden, mask, zeta=0.2)
+        np.testing.assert_allclose(results[1][0], want, rtol=1e-5)
 
 
 def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
@@ -219,12 +331,28 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
 
 
 @pytest.mark.parametrize(
-    "task, method", [("cola", "isobn"), ("mrpc", "istar"), ("rte", "cosreg"), ("stsb", "layernorm")]
+    "task, method, stabilizer",
+    [
+        ("cola", "isobn", "pass"),
+        ("mrpc", "istar", "pass"),
+        ("rte", "istar", "ema"),
+        ("stsb", "istar", "epoch"),
+    ],
 )
-def test_two_steps_end_to_end(glue_dir, minilm_dir, tmp_path, task, method):
-    config = tiny_config(glue_dir, minilm_dir, task=task, method=method, max_steps=2)
+def test_two_steps_end_to_end(glue_dir, minilm_dir, tmp_path, task, method, stabilizer):
+    """Two steps and a dev evaluation through `train_and_evaluate` on one device (the loop on
+    4 devices: test_distributed, test_checkpoint_resume), for each task type and each I-STAR
+    stabiliser (the other methods' steps: test_repeated_steps_lower_the_loss_...)."""
+    config = tiny_config(
+        glue_dir,
+        minilm_dir,
+        task=task,
+        method=method,
+        max_steps=2,
+        **{"istar.stabilizer": stabilizer},
+    )
     config.tensorboard = task == "rte"
-    result = train.train_and_evaluate(config, tmp_path)
+    result = train.train_and_evaluate(config, tmp_path, mesh=steps.make_mesh(jax.devices()[:1]))
     assert (result["step"], result["epoch"]) == (2, 1)
     dev = result["dev"]
     metric = {"cola": "matthews_correlation", "mrpc": "f1", "rte": "accuracy", "stsb": "pearson"}
@@ -240,6 +368,14 @@ def test_two_steps_end_to_end(glue_dir, minilm_dir, tmp_path, task, method):
     np.testing.assert_allclose([r["learning_rate"] for r in records[:2]], [2e-5, 1e-5], rtol=1e-6)
     assert json.loads((tmp_path / "results.json").read_text()) == result
     assert (tmp_path / "checkpoints" / "2").is_dir()
+    if method == "istar":  # the checkpoint holds the stabiliser's whole collection
+        saved = ocp.StandardCheckpointer().restore(tmp_path / "checkpoints" / "2" / "state")
+        stabilizer_state = saved["stabilizer"]
+        assert set(stabilizer_state) >= {"c0"} and stabilizer_state["c0"].shape == (32, 32)
+        if stabilizer != "pass":
+            assert int(stabilizer_state["count"]) == 2
+        else:  # the C0 pass replaced the identity
+            assert not np.allclose(stabilizer_state["c0"], np.eye(32))
     assert bool(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == (task == "rte")
 
 
