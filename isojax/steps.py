@@ -19,8 +19,8 @@ of real examples in, not the filler rows.
 
 Dropout key: the run key `rng` is stored as raw key data (`[2]` uint32 for threefry, `[4]` for
 "rbg"), wrapped with `TrainState.rng_impl` inside the step. "rbg" draws the dropout masks with
-XLA's RngBitGenerator (much cheaper than threefry on CPU and GPU); its split / fold_in are
-still threefry's, and its bits do not depend on the sharding.
+XLA's RngBitGenerator (the usual choice on accelerators); its split / fold_in are still
+threefry's, and its bits do not depend on the sharding (tested).
 
 Devices: a one-axis mesh ("data") over every device of every process; batches are sharded
 along it, parameters replicated or sharded FSDP-style. Under `jax.jit` with global arrays,

@@ -6,7 +6,8 @@ of IsoBN, I-STAR, compilation and padding (prints figures and ratios; not a test
 1. One AdamW step (forward, backward, update) at batch x length on real RTE rows: isojax
    (float32, jitted, 1 device) vs `transformers` BertModel + linear head in PyTorch on the
    same CPU threads, both without a normaliser and with IsoBN (the PyTorch side a line-by-line
-   transcription of the reference `model.py` IsoBN, SPEC.md §1).
+   transcription of the reference `model.py` IsoBN, SPEC.md §1). The plain isojax step is also
+   timed with the other dropout key implementation (`rng_impl` "rbg" vs "threefry2x32").
 2. IsoBN's and I-STAR's cost on the isojax step (goals: <= 2 % and <= 10 %); I-STAR's C0 pass
    is an eval-mode forward over 250 000 token vectors once per epoch, reported separately.
 3. Compile time of the isojax train step.
@@ -72,11 +73,13 @@ def bench_config(args, method: str) -> train.ml_collections.ConfigDict:
     return config
 
 
-def isojax_stepper(args, method: str, task: str = "rte"):
+def isojax_stepper(args, method: str, task: str = "rte", rng_impl: str | None = None):
     """A jitted isojax train step on `task`'s first batch: returns (step_fn, run, batch), where
     step_fn() runs one step (the first call compiles) and returns its wall time."""
     config = bench_config(args, method)
     config.task = task
+    if rng_impl is not None:
+        config.rng_impl = rng_impl
     run = train.setup(config, mesh=steps.make_mesh(jax.devices()[:1]))
     host_batch = next(train._train_batches(run.train_encoded, config, 0))
     batch = steps.global_batch(host_batch, run.mesh)
@@ -180,7 +183,8 @@ def main():
     log(
         f"train_speed: MiniLM-L6, batch {args.batch} x {args.length}, float32, jax "
         f"{jax.__version__} on {jax.devices()[0].platform} (1 device), torch threads "
-        f"{args.threads}, min of {args.repeats} interleaved timed steps per setting"
+        f"{args.threads}, min of {args.repeats} interleaved timed steps per setting, dropout "
+        f"keys {train.default_config().rng_impl}"
     )
 
     # isojax: compile each method's step (the first call), then time them interleaved.
@@ -212,13 +216,20 @@ def main():
     pass_batches = int(np.ceil(bench_config(args, "istar").istar.stabilizer_tokens / float(tokens)))
 
     # PyTorch reference; all five settings timed in the same interleaved rounds.
+    default_impl = train.default_config().rng_impl
+    other_impl = "rbg" if default_impl == "threefry2x32" else "threefry2x32"
+    other_fn = isojax_stepper(args, "none", rng_impl=other_impl)[0]
+    other_fn()  # compile
     everything = {f"isojax {k}": v for k, v in steppers.items()}
+    everything["isojax none other keys"] = other_fn
     everything["torch none"] = torch_stepper(args, fixed_batch, isobn=False)
     everything["torch isobn"] = torch_stepper(args, fixed_batch, isobn=True)
     times = interleaved_min(everything, args.repeats)
     jax_times = {k: times[f"isojax {k}"] for k in steppers}
     torch_times = {k: times[f"torch {k}"] for k in ("none", "isobn")}
+    t_other = times["isojax none other keys"]
     log("isojax step: " + ", ".join(f"{k} {v:.3f} s" for k, v in jax_times.items()))
+    log(f"isojax step, {other_impl} dropout keys: none {t_other:.3f} s")
     log("torch step: " + ", ".join(f"{k} {v:.3f} s" for k, v in torch_times.items()))
 
     # Padding: the bucket widths of one epoch of RTE (and of CoLA, short sentences), with the
@@ -251,6 +262,11 @@ def main():
     log(
         f"step time, no normaliser: torch {torch_times['none']:.3f} s / isojax {t_none:.3f} s "
         f"= {torch_times['none'] / t_none:.2f}x (goal > 1: isojax faster)"
+    )
+    log(
+        f"step time, {other_impl} keys: torch {torch_times['none']:.3f} s / isojax "
+        f"{t_other:.3f} s = {torch_times['none'] / t_other:.2f}x ({other_impl} vs "
+        f"{default_impl}: {100 * (t_other / t_none - 1):+.0f} % step time)"
     )
     log(
         f"step time, IsoBN:         torch {torch_times['isobn']:.3f} s / isojax {t_isobn:.3f} s "
