@@ -427,7 +427,7 @@ def load_examples(config: ml_collections.ConfigDict, split: str) -> list[glue.Ex
     if config.data_dir:
         examples = glue.load_tsv(config.data_dir, config.task, split)
     else:
-        examples = glue.load_tfds(config.task, split, config.tfds_data_dir or None, download=False)
+        examples = glue.load_tfds(config.task, split, config.tfds_data_dir or None)
     limit = config.max_train_examples if split == "train" else config.max_eval_examples
     return examples[:limit] if limit else examples
 
