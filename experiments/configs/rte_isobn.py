@@ -3,13 +3,13 @@
     python experiments/compare.py --config experiments/configs/rte_isobn.py --methods none,isobn
 
 arg: the method ("isobn" by default, or any of `train.METHODS`). Everything else is the IsoBN
-reference recipe (SPEC.md §1: pooler -> IsoBN -> dropout -> classifier, AdamW eps 1e-6,
-no weight decay, 6 % warm-up then linear decay, no clipping) shrunk to fit about 20 minutes for
-both runs on 2 CPU cores: 2 epochs instead of 10 (so lr 1e-4, not 5e-5), max length 96 instead of 256, batch 16 as in
-the reference, one seed. RTE pairs have a median of 56 MiniLM tokens; 22 % are longer than 96
-(12 % than 128) and lose tokens from their longer sentence, the premise, first. Measured on 2
-idle CPU cores: 2.1 s per step at length 128, so 2 epochs (310 steps) at 128 would take about
-11 minutes per run; at 96 the epoch has 25 % fewer tokens.
+reference recipe (SPEC.md §1: pooler -> IsoBN -> dropout -> classifier, AdamW eps 1e-6, no
+weight decay, 6 % warm-up then linear decay, no clipping) shrunk to fit about 20 minutes for
+both runs on 2 CPU cores: 2 epochs instead of 10 (so lr 1e-4 instead of 5e-5), max length 96
+instead of 256, batch 16 as in the reference, one seed. RTE pairs have a median of 56 MiniLM
+tokens; 22 % are longer than 96 (12 % than 128) and lose tokens from their longer sentence,
+the premise, first. Measured on 2 idle CPU cores: 2.1 s per step at length 128, so 2 epochs
+(310 steps) at 128 would take about 11 minutes per run; at 96 the epoch has 25 % fewer tokens.
 """
 
 import os
