@@ -104,7 +104,7 @@ def _batch_ok(count: jax.Array, *arrays: jax.Array, min_count: int) -> jax.Array
     return finite & (count >= min_count)
 
 
-def _guarded_update(
+def guarded_update(
     module: nn.Module,
     pairs: list[tuple[nn.Variable, jax.Array]],
     counters: tuple[nn.Variable, nn.Variable],
@@ -119,7 +119,7 @@ def _guarded_update(
     module.sow("intermediates", "skipped_batch", ~ok)
 
 
-def _counters(module: nn.Module) -> tuple[nn.Variable, nn.Variable]:
+def skip_counters(module: nn.Module) -> tuple[nn.Variable, nn.Variable]:
     """The `count` (updates applied) and `skipped` (batches refused) counters, int32 scalars."""
     count = module.variable("batch_stats", "count", jnp.zeros, (), jnp.int32)
     skipped = module.variable("batch_stats", "skipped", jnp.zeros, (), jnp.int32)
@@ -232,7 +232,7 @@ class IsoBN(nn.Module):
         d = x.shape[-1]
         cov = self.variable("batch_stats", "cov", jnp.zeros, (d, d), _STATS_DTYPE)
         std = self.variable("batch_stats", "std", jnp.zeros, (d,), _STATS_DTYPE)
-        counters = _counters(self)
+        counters = skip_counters(self)
         count = counters[0]
         _check_feature_size(self, "cov", cov.value.shape, (d, d), x.shape)
         _check_feature_size(self, "std", std.value.shape, (d,), x.shape)
@@ -240,7 +240,7 @@ class IsoBN(nn.Module):
         if not use_running_average and not self.is_initializing():
             batch = stats.batch_moments(lax.stop_gradient(x), mask, axis_name=self.axis_name)
             ok = _batch_ok(batch.count, batch.cov, batch.std, min_count=2)
-            _guarded_update(
+            guarded_update(
                 self,
                 [
                     (cov, _ema(self.momentum, cov.value, batch.cov)),
@@ -299,7 +299,7 @@ class Recenter(nn.Module):
         )
         d = x.shape[-1]
         ra_mean = self.variable("batch_stats", "mean", jnp.zeros, (d,), _STATS_DTYPE)
-        counters = _counters(self)
+        counters = skip_counters(self)
         _check_feature_size(self, "mean", ra_mean.value.shape, (d,), x.shape)
         x32 = x.astype(jnp.promote_types(x.dtype, _STATS_DTYPE))
         if use_running_average:
@@ -311,7 +311,7 @@ class Recenter(nn.Module):
             if not initializing:
                 ok = _batch_ok(count, mean, min_count=1)
                 new = _ema(self.momentum, ra_mean.value, lax.stop_gradient(mean))
-                _guarded_update(self, [(ra_mean, new)], counters, ok)
+                guarded_update(self, [(ra_mean, new)], counters, ok)
         return (x32 - mean).astype(self.dtype or x.dtype)
 
 
@@ -356,7 +356,7 @@ class BatchNorm(nn.Module):
         d = x.shape[-1]
         ra_mean = self.variable("batch_stats", "mean", jnp.zeros, (d,), _STATS_DTYPE)
         ra_var = self.variable("batch_stats", "var", jnp.ones, (d,), _STATS_DTYPE)
-        counters = _counters(self)
+        counters = skip_counters(self)
         _check_feature_size(self, "mean", ra_mean.value.shape, (d,), x.shape)
         x32 = x.astype(jnp.promote_types(x.dtype, _STATS_DTYPE))
         if use_running_average:
@@ -366,7 +366,7 @@ class BatchNorm(nn.Module):
             count, mean, var = _mean_var(x32, mask, None if initializing else self.axis_name)
             if not initializing:
                 ok = _batch_ok(count, mean, var, min_count=2)
-                _guarded_update(
+                guarded_update(
                     self,
                     [
                         (ra_mean, _ema(self.momentum, ra_mean.value, lax.stop_gradient(mean))),

@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from isojax import isotropy, stats
+from isojax import isotropy, norms, stats
 
 STABILIZERS = ("pass", "epoch", "ema")
 WINDOW_UNITS = ("steps", "tokens")
@@ -241,20 +241,6 @@ class IsoScoreStar(nn.Module):
             self._ema_update(batch, c0, d, update=not (use_running_average or initializing))
         return score
 
-    def _counters(self) -> tuple[nn.Variable, nn.Variable]:
-        count = self.variable("batch_stats", "count", jnp.zeros, (), jnp.int32)
-        skipped = self.variable("batch_stats", "skipped", jnp.zeros, (), jnp.int32)
-        return count, skipped
-
-    def _guarded(self, ok: jax.Array, pairs: list[tuple[nn.Variable, jax.Array]], counters) -> None:
-        """Writes the new state only where ``ok``; counts applied and skipped batches."""
-        for variable, new in pairs:
-            variable.value = jnp.where(ok, new.astype(variable.value.dtype), variable.value)
-        count, skipped = counters
-        count.value = count.value + ok.astype(jnp.int32)
-        skipped.value = skipped.value + (~ok).astype(jnp.int32)
-        self.sow("intermediates", "skipped_batch", ~ok)
-
     def _epoch_update(self, batch: stats.Moments, c0: nn.Variable, d: int, update: bool):
         empty = stats.moments_init(d, _STATS_DTYPE)
         w_count = self.variable("batch_stats", "window_count", lambda: empty.count)
@@ -262,7 +248,7 @@ class IsoScoreStar(nn.Module):
         w_m2 = self.variable("batch_stats", "window_m2", lambda: empty.m2)
         steps = self.variable("batch_stats", "steps_in_window", jnp.zeros, (), jnp.int32)
         closed = self.variable("batch_stats", "windows_closed", jnp.zeros, (), jnp.int32)
-        counters = self._counters()
+        counters = norms.skip_counters(self)
         if not update:
             return
 
@@ -280,8 +266,8 @@ class IsoScoreStar(nn.Module):
         window_c0 = stats.moments_finalize(window, ddof=1).cov  # [d, d]
         new_c0 = jnp.where(closes & (window.count > 1), window_c0, c0.value)
         window = jax.tree.map(lambda e, w: jnp.where(closes, e, w), empty, window)
-        self._guarded(
-            ok,
+        norms.guarded_update(
+            self,
             [
                 (c0, new_c0),
                 (w_count, window.count),
@@ -291,6 +277,7 @@ class IsoScoreStar(nn.Module):
                 (closed, closed.value + closes.astype(jnp.int32)),
             ],
             counters,
+            ok,
         )
 
     def _ema_update(self, batch: stats.Moments, c0: nn.Variable, d: int, update: bool):
@@ -298,7 +285,7 @@ class IsoScoreStar(nn.Module):
             ema = self.variable("batch_stats", "ema", jnp.zeros, (d, d), _STATS_DTYPE)
         else:
             ema = self.variable("batch_stats", "ema", lambda: c0.value)
-        counters = self._counters()
+        counters = norms.skip_counters(self)
         if not update:
             return
 
@@ -309,7 +296,7 @@ class IsoScoreStar(nn.Module):
         if self.debias:
             t = (counters[0].value + 1).astype(_STATS_DTYPE)
             new_c0 = new_ema / (1.0 - self.momentum**t)
-        self._guarded(ok, [(ema, new_ema), (c0, new_c0)], counters)
+        norms.guarded_update(self, [(ema, new_ema), (c0, new_c0)], counters, ok)
 
 
 def make_isoscore_star(
