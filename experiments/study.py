@@ -1,0 +1,519 @@
+"""Runs a study grid: one `train.train_and_evaluate` run per cell, one JSON line per finished run.
+
+    python experiments/study.py experiments/configs/study_normalizers.py --dry-run
+    python experiments/study.py experiments/configs/study_normalizers.py --budget-minutes 240
+    python experiments/study.py experiments/configs/study_normalizers.py --tier 2
+
+A grid file (`experiments/configs/study_*.py`) has `get_config(arg)` returning a ConfigDict:
+`name` (the study), `base` (an isojax train config: the shared recipe), `tiers` (`{"1": blocks,
+"2": blocks, ...}`, each block a dict `{field: [values]}` whose Cartesian product, in the
+block's key order, gives cells), `pretrained` (record one step-0 evaluation per task),
+`baseline` ((field, value) pairs: the arm of the paired differences) and `sweep` (the scalar
+field the report correlates with isotropy, or ""). Field names are those of
+`study_recipe.FIELDS`, the one place that knows config paths. The grid file's folder is put on
+`sys.path`, so it imports `study_recipe` directly. `--tier N` runs tiers 1..N in order.
+
+Cell `c` runs in `RUNS/<study>/<c>` (RUNS: `--runs-dir`, default `runs/`, ignored by git), and
+its line goes to `experiments/results/<study>.jsonl` (`--results`). A cell whose line exists is
+skipped (a failed one too, unless `--retry-failed`, whose new line replaces it); a cell whose
+folder holds checkpoints but no line resumes from them (`train_and_evaluate` restores the
+newest checkpoint and the data position); a folder with `results.json` of the same config is
+recorded without training. `--budget-minutes` is checked between cells: a started cell runs to
+its end (or, killed, stays resumable), and the next call continues the grid. Lines are written
+whole, with one `write` under a lock, and a cell already recorded is never appended again.
+
+Each line (`record`): study, cell, tier, kind ("run" | "pretrained"), status ("ok" | "failed",
+with `error`), fields (every grid axis's value, plus task/method/seed), seed, config_hash
+(SHA-256 of the config without `study_recipe.NON_RUN_FIELDS`), config, git_commit, git_dirty
+(tracked changes outside experiments/results/), sweep, baseline, metric (the task's `score`:
+the GLUE metric, or the mean of two), eval (one dict per dev evaluation, from `metrics.jsonl`:
+epoch, step, split and every metric/isotropy key the loop records), train_loss ([step, epoch,
+mean loss of the steps since the previous log line] per log line), train_loss_epoch (the
+step-weighted mean of those windows, by the epoch of each window's last step), steps,
+wall_minutes (all attempts of the cell), finished (UTC time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import importlib.util
+import itertools
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import ml_collections
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "experiments" / "results"
+PRETRAINED = "pretrained"
+
+
+class Cell(NamedTuple):
+    """One run of a grid: its name, tier and field values (study names, `study_recipe.FIELDS`)."""
+
+    name: str
+    tier: int
+    values: dict
+
+
+# ----------------------------------------------------------------------------------------------
+# The grid.
+# ----------------------------------------------------------------------------------------------
+
+
+def load_grid(spec: str) -> tuple[ml_collections.ConfigDict, object]:
+    """`path.py[:arg]` -> (the grid ConfigDict, the `study_recipe` module it uses)."""
+    path, _, arg = spec.partition(":")
+    path = pathlib.Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"grid file {path} not found")
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    module_spec = importlib.util.spec_from_file_location(f"_grid_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    grid = module.get_config(arg or None)
+    for key in ("name", "base", "tiers"):
+        if key not in grid:
+            raise ValueError(f"grid file {path}: get_config() has no {key!r}")
+    import study_recipe
+
+    return grid, study_recipe
+
+
+def _format(value) -> str:
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
+def cell_name(values: dict) -> str:
+    """`task-method[-field=value...]-s<seed>`, e.g. `stsb-istar-istar.weight=-0.5-s2`."""
+    extra = [f"{k}={_format(v)}" for k, v in values.items() if k not in ("task", "method", "seed")]
+    return "-".join([str(values["task"]), str(values["method"]), *extra, f"s{values['seed']}"])
+
+
+def grid_cells(grid: ml_collections.ConfigDict, max_tier: int) -> list[Cell]:
+    """The cells of tiers 1..max_tier, in order (tier, block, product of the block's axes)."""
+    cells, seen = [], set()
+    for tier in sorted(int(t) for t in grid.tiers):
+        if tier > max_tier:
+            continue
+        for block in grid.tiers[str(tier)]:
+            keys = list(block)
+            for combo in itertools.product(*(block[k] for k in keys)):
+                values = dict(zip(keys, combo, strict=True))
+                missing = {"task", "method", "seed"} - values.keys()
+                if missing:
+                    raise ValueError(f"grid {grid.name} tier {tier}: block {block} lacks {missing}")
+                name = cell_name(values)
+                if name in seen:
+                    raise ValueError(f"grid {grid.name}: cell {name} appears twice")
+                seen.add(name)
+                cells.append(Cell(name, tier, values))
+    return cells
+
+
+def grid_axes(grid: ml_collections.ConfigDict) -> list[str]:
+    """Every field any block varies (task, method and seed first)."""
+    axes = ["task", "method", "seed"]
+    for blocks in grid.tiers.values():
+        for block in blocks:
+            axes += [k for k in block if k not in axes]
+    return axes
+
+
+def cell_config(grid, recipe, values: dict) -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict(grid.base.to_dict())
+    return recipe.set_fields(config, values)
+
+
+def config_hash(config: ml_collections.ConfigDict, recipe) -> str:
+    """SHA-256 (16 hex digits) of the config without the fields that do not change the run."""
+    data = json.loads(config.to_json())
+    for key in recipe.NON_RUN_FIELDS:
+        data.pop(key, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------
+# The results file.
+# ----------------------------------------------------------------------------------------------
+
+
+def read_records(path: pathlib.Path) -> list[dict]:
+    """The lines of a results JSONL (empty if there is none); a bad line raises, naming it."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        raise ValueError(f"{path}: the last line is unfinished (a torn write); remove it")
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not JSON ({err})") from None
+    return records
+
+
+@contextlib.contextmanager
+def _locked(lock_path: pathlib.Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def write_record(path: pathlib.Path, record: dict, lock_path: pathlib.Path) -> None:
+    """Appends `record` as one line, in one `write`; a failed line of the same cell is replaced
+    (the file rewritten to a temporary and renamed); any other line of the cell raises."""
+    line = json.dumps(record, sort_keys=True, allow_nan=True) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(lock_path):
+        records = read_records(path)
+        same = [r for r in records if r["cell"] == record["cell"]]
+        if any(r["status"] != "failed" for r in same):
+            raise ValueError(f"{path}: cell {record['cell']} is recorded already")
+        if same:
+            kept = [r for r in records if r["cell"] != record["cell"]]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept) + line)
+            os.replace(tmp, path)
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def git_state() -> tuple[str, bool]:
+    """(HEAD commit, whether tracked files differ from it outside experiments/results/)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                    ":!experiments/results")  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", True
+    return commit, bool(dirty)
+
+
+# ----------------------------------------------------------------------------------------------
+# One cell.
+# ----------------------------------------------------------------------------------------------
+
+
+def _add_wall(workdir: pathlib.Path, seconds: float) -> float:
+    """Adds an attempt's seconds to `workdir/study_wall.json`; returns the cell's total."""
+    path = workdir / "study_wall.json"
+    data = json.loads(path.read_text()) if path.exists() else {"seconds": 0.0, "attempts": 0}
+    data = {"seconds": data["seconds"] + seconds, "attempts": data["attempts"] + 1}
+    workdir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data) + "\n")
+    return data["seconds"]
+
+
+def _wall_seconds(workdir: pathlib.Path) -> float:
+    path = workdir / "study_wall.json"
+    return json.loads(path.read_text())["seconds"] if path.exists() else 0.0
+
+
+def read_run(workdir: pathlib.Path) -> dict:
+    """eval / train_loss / train_loss_epoch / steps of a run folder, from its `metrics.jsonl`."""
+    evals, losses = [], []
+    path = workdir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    for line in lines:
+        row = json.loads(line)
+        if row["split"] == "train":
+            losses.append([row["step"], row["epoch"], row["loss"]])
+        else:
+            evals.append(row)
+    sums: dict[int, list[float]] = {}
+    previous = 0
+    for step, epoch, loss in losses:
+        total = sums.setdefault(epoch, [0.0, 0.0])
+        total[0] += loss * (step - previous)
+        total[1] += step - previous
+        previous = step
+    per_epoch = [{"epoch": e + 1, "loss": s / n} for e, (s, n) in sorted(sums.items()) if n]
+    steps = max([row["step"] for row in evals] + [row[0] for row in losses] + [0])
+    return {"eval": evals, "train_loss": losses, "train_loss_epoch": per_epoch, "steps": steps}
+
+
+def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
+    """Dev metrics and isotropy of the step-0 model (pre-trained encoder, fresh head)."""
+    from isojax import train
+
+    run = train.setup(config)
+    rows = []
+    for split, encoded in run.dev_encoded.items():
+        result = train.evaluate(run.state, run.eval_fn, encoded, config, run.mesh, run.hidden_size)
+        rows.append({"step": 0, "epoch": 0, "split": split, **result})
+    return rows
+
+
+def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str) -> dict:
+    """Runs (or resumes, or reads back) one cell; returns the run part of its record.
+    Exceptions propagate after the attempt's wall time is saved."""
+    from isojax import train
+
+    start = time.monotonic()
+    try:
+        if kind == PRETRAINED:
+            workdir.mkdir(parents=True, exist_ok=True)
+            part = {"eval": _pretrained_eval(config), "train_loss": [], "train_loss_epoch": []}
+            part["steps"] = 0
+        else:
+            if not (workdir / "results.json").exists():
+                train.train_and_evaluate(config, workdir)
+            part = read_run(workdir)
+    finally:
+        seconds = _add_wall(workdir, time.monotonic() - start)
+    part["wall_minutes"] = seconds / 60.0
+    return part
+
+
+def _folder_config_matches(workdir: pathlib.Path, config, recipe) -> bool:
+    saved = workdir / "config.json"
+    if not saved.exists():
+        return True
+    before = ml_collections.ConfigDict(json.loads(saved.read_text()))
+    return config_hash(before, recipe) == config_hash(config, recipe)
+
+
+# ----------------------------------------------------------------------------------------------
+# Time estimates.
+# ----------------------------------------------------------------------------------------------
+
+
+def epoch_minutes(records: list[dict], task: str, method: str, recipe) -> float:
+    """Measured minutes per epoch: the median over ok runs of (task, method), else of the
+    task, else `study_recipe.EPOCH_MINUTES_PRIOR`."""
+
+    def per_epoch(rows):
+        return [
+            r["wall_minutes"] / max(1, r["config"]["num_epochs"])
+            for r in rows
+            if r["status"] == "ok" and r["kind"] == "run" and r["wall_minutes"] > 0
+        ]
+
+    same_task = [r for r in records if r["fields"]["task"] == task]
+    for rows in ([r for r in same_task if r["fields"]["method"] == method], same_task):
+        measured = per_epoch(rows)
+        if measured:
+            return statistics.median(measured)
+    return recipe.EPOCH_MINUTES_PRIOR.get(task, max(recipe.EPOCH_MINUTES_PRIOR.values()))
+
+
+def estimate_minutes(cell: Cell, config, records: list[dict], recipe, workdir) -> float:
+    """Minutes left for `cell`: epochs x `epoch_minutes`, less the part a resumed folder has
+    done (its last evaluated epoch); a step-0 evaluation counts as 1/10 epoch."""
+    task, method = cell.values["task"], cell.values["method"]
+    minutes = epoch_minutes(records, task, method, recipe)
+    if method == PRETRAINED:
+        return 0.1 * minutes
+    done = max([row["epoch"] for row in read_run(workdir)["eval"]] + [0])
+    return max(0, recipe.get_field(config, "num_epochs") - done) * minutes
+
+
+def _clock(minutes: float) -> str:
+    return f"{int(minutes // 60)}h{int(minutes % 60):02d}m"
+
+
+# ----------------------------------------------------------------------------------------------
+# The runner.
+# ----------------------------------------------------------------------------------------------
+
+
+def plan(grid, recipe, max_tier: int) -> list[Cell]:
+    """Pre-trained cells (one per task of the grid, tier 0) then the grid's cells."""
+    cells = grid_cells(grid, max_tier)
+    if grid.get("pretrained", False):
+        tasks = list(dict.fromkeys(c.values["task"] for c in cells))
+        seed = cells[0].values["seed"] if cells else 0
+        pre = [
+            Cell(f"{t}-{PRETRAINED}", 0, {"task": t, "method": PRETRAINED, "seed": seed})
+            for t in tasks
+        ]
+        cells = pre + cells
+    return cells
+
+
+def _config_of(cell: Cell, grid, recipe) -> ml_collections.ConfigDict:
+    if cell.values["method"] == PRETRAINED:  # the plain encoder + classifier, evaluated at step 0
+        return cell_config(grid, recipe, {**cell.values, "method": "none"})
+    return cell_config(grid, recipe, cell.values)
+
+
+def run_grid(
+    grid_spec: str,
+    *,
+    tier: int = 1,
+    runs_dir: str | os.PathLike = REPO / "runs",
+    results: str | os.PathLike | None = None,
+    budget_minutes: float | None = None,
+    dry_run: bool = False,
+    retry_failed: bool = False,
+    log=print,
+) -> dict:
+    """Runs the cells of tiers 1..`tier` not yet recorded; returns counts
+    {"done", "failed", "ran", "left", "cells"} after this call."""
+    grid, recipe = load_grid(grid_spec)
+    study = grid.name
+    results = pathlib.Path(results) if results else RESULTS_DIR / f"{study}.jsonl"
+    study_dir = pathlib.Path(runs_dir) / study
+    lock = study_dir / ".results.lock"
+    axes = grid_axes(grid)
+    cells = plan(grid, recipe, tier)
+    records = read_records(results)
+    by_cell = {r["cell"]: r for r in records}
+    configs = {c.name: _config_of(c, grid, recipe) for c in cells}
+    hashes = {name: config_hash(config, recipe) for name, config in configs.items()}
+    for cell in cells:
+        old = by_cell.get(cell.name)
+        if old is not None and old["config_hash"] != hashes[cell.name]:
+            raise ValueError(
+                f"{results}: cell {cell.name} was recorded with config hash {old['config_hash']}, "
+                f"the grid now gives {hashes[cell.name]}: a changed recipe needs a new study name"
+            )
+
+    def todo(cell: Cell) -> bool:
+        old = by_cell.get(cell.name)
+        return old is None or (retry_failed and old["status"] == "failed")
+
+    def left_minutes() -> float:
+        return sum(
+            estimate_minutes(c, configs[c.name], records, recipe, study_dir / c.name)
+            for c in cells
+            if todo(c)
+        )
+
+    pending = [c for c in cells if todo(c)]
+    failed = sum(by_cell.get(c.name, {}).get("status") == "failed" for c in cells)
+    log(
+        f"study {study} (tiers 1-{tier}): {len(cells)} cells, {len(cells) - len(pending)} "
+        f"recorded ({failed} failed), {len(pending)} to run; estimate {_clock(left_minutes())} "
+        f"-> {results}"
+    )
+    if dry_run:
+        for cell in pending:
+            minutes = estimate_minutes(
+                cell, configs[cell.name], records, recipe, study_dir / cell.name
+            )
+            log(f"  tier {cell.tier} {cell.name}: ~{minutes:.1f} min")
+        return _counts(cells, by_cell, ran=0)
+
+    commit, dirty = git_state()
+    start = time.monotonic()
+    ran = 0
+    for index, cell in enumerate(pending):
+        elapsed = (time.monotonic() - start) / 60.0
+        if budget_minutes is not None and elapsed >= budget_minutes:
+            log(f"budget of {budget_minutes:g} min reached after {elapsed:.1f} min: stopping")
+            break
+        config, workdir = configs[cell.name], study_dir / cell.name
+        if not _folder_config_matches(workdir, config, recipe):
+            raise ValueError(f"{workdir} holds a run of another config: move it away")
+        log(
+            f"[{index + 1}/{len(pending)}] {cell.name} (tier {cell.tier}); grid left "
+            f"~{_clock(left_minutes())}, {elapsed:.1f} min into this call"
+        )
+        record = {
+            "study": study,
+            "cell": cell.name,
+            "tier": cell.tier,
+            "kind": PRETRAINED if cell.values["method"] == PRETRAINED else "run",
+            "fields": {
+                a: cell.values.get(a, recipe.get_field(config, a)) for a in axes if a != "method"
+            }
+            | {"method": cell.values["method"]},
+            "seed": recipe.get_field(config, "seed"),
+            "config_hash": hashes[cell.name],
+            "config": json.loads(config.to_json()),
+            "git_commit": commit,
+            "git_dirty": dirty,
+            "sweep": grid.get("sweep", ""),
+            "baseline": dict(grid.get("baseline", ())),
+            "metric": "score",
+        }
+        try:
+            part = run_cell(config, workdir, record["kind"])
+            record |= {"status": "ok", "error": None} | part
+        except Exception as err:  # recorded; the grid goes on (KeyboardInterrupt stops it)
+            tail = "".join(traceback.format_exception(err)[-3:])
+            record |= {"status": "failed", "error": f"{type(err).__name__}: {err}\n{tail}"}
+            record |= read_run(workdir) | {"wall_minutes": _wall_seconds(workdir) / 60.0}
+            log(f"  FAILED: {type(err).__name__}: {err}")
+        record["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        write_record(results, record, lock)
+        records = [r for r in records if r["cell"] != cell.name] + [record]
+        by_cell[cell.name] = record
+        ran += 1
+        last = record["eval"][-1] if record["eval"] else {}
+        log(
+            f"  {record['status']} in {record['wall_minutes']:.1f} min"
+            + (f", dev score {last['score']:.4f}" if "score" in last else "")
+        )
+    counts = _counts(cells, by_cell, ran=ran)
+    log(
+        f"study {study}: {counts['done']}/{counts['cells']} recorded ({counts['failed']} failed), "
+        f"{counts['left']} left (~{_clock(left_minutes())})"
+    )
+    return counts
+
+
+def _counts(cells: list[Cell], by_cell: dict, *, ran: int) -> dict:
+    done = sum(c.name in by_cell for c in cells)
+    failed = sum(by_cell.get(c.name, {}).get("status") == "failed" for c in cells)
+    return {"cells": len(cells), "done": done, "failed": failed, "ran": ran,
+            "left": len(cells) - done}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("grid", help="grid file, e.g. experiments/configs/study_normalizers.py")
+    parser.add_argument("--tier", type=int, default=1, help="run tiers 1..TIER (default 1)")
+    parser.add_argument("--budget-minutes", type=float, default=None)
+    parser.add_argument("--runs-dir", default=str(REPO / "runs"), help="RUNS_DIR/<study>/<cell>")
+    parser.add_argument("--results", default=None, help="default experiments/results/<study>.jsonl")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and estimate only")
+    parser.add_argument("--retry-failed", action="store_true", help="rerun cells recorded failed")
+    args = parser.parse_args(argv)
+    run_grid(
+        args.grid,
+        tier=args.tier,
+        runs_dir=args.runs_dir,
+        results=args.results,
+        budget_minutes=args.budget_minutes,
+        dry_run=args.dry_run,
+        retry_failed=args.retry_failed,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
