@@ -1,0 +1,197 @@
+"""Tests for experiments/study.py: a tiny grid (random 2-layer BERT, 16 real RTE rows, 2 epochs
+of 2 steps) is run, killed mid-cell, resumed, skipped when finished, and recorded once per cell
+with every field of issue 14."""
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+import pytest
+
+from isojax import checkpointing
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments" / "configs"))
+_spec = importlib.util.spec_from_file_location("study", REPO / "experiments" / "study.py")
+study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(study)
+
+GRID = """
+import ml_collections
+import study_recipe
+
+
+def get_config(arg=None):
+    grid = ml_collections.ConfigDict()
+    grid.name = "tiny"
+    base = study_recipe.base_config()
+    study_recipe.set_fields(base, {{
+        "model": "tiny-bert", "data_dir": {glue!r}, "max_length": 32, "buckets": (),
+        "batch_size": 8, "num_epochs": 2, "log_every": 1,
+    }})
+    base.tokenizer = {tokenizer!r}
+    base.eval_batch_size = 8
+    base.max_train_examples = base.max_eval_examples = 16
+    base.progress = base.tensorboard = False
+    grid.base = base
+    grid.tiers = ml_collections.ConfigDict({{
+        "1": ({{"seed": [1], "task": ["rte"], "method": ["none", "isobn"]}},),
+        "2": ({{"seed": [1], "task": ["rte"], "method": ["none"], "lr": [-1.0]}},),
+    }})
+    grid.pretrained = True
+    grid.baseline = (("method", "none"),)
+    grid.sweep = ""
+    return grid
+"""
+
+RECORD_KEYS = {
+    "study", "cell", "tier", "kind", "status", "error", "fields", "seed", "config_hash", "config",
+    "git_commit", "git_dirty", "sweep", "baseline", "metric", "eval", "train_loss",
+    "train_loss_epoch", "steps", "wall_minutes", "finished",
+}  # fmt: skip
+ISOTROPY_KEYS = {
+    "sentence_ev1", "sentence_ev3", "sentence_isoscore", "sentence_mean_cosine",
+    "pre_logits_ev1", "pre_logits_ev3", "pre_logits_isoscore", "tokens_isoscore",
+}  # fmt: skip
+
+
+class SimulatedKill(BaseException):
+    """What a SIGKILL leaves: nothing after the raise runs, nothing is recorded."""
+
+
+def _grid_file(tmp_path, glue_dir, minilm_dir) -> str:
+    path = tmp_path / "study_tiny.py"
+    path.write_text(GRID.format(glue=str(glue_dir), tokenizer=str(minilm_dir)))
+    return str(path)
+
+
+def test_cells_names_and_tiers(tmp_path, glue_dir, minilm_dir):
+    grid, _ = study.load_grid(_grid_file(tmp_path, glue_dir, minilm_dir))
+    assert [c.name for c in study.grid_cells(grid, 1)] == ["rte-none-s1", "rte-isobn-s1"]
+    assert [c.name for c in study.plan(grid, None, 2)] == [
+        "rte-pretrained",
+        "rte-none-s1",
+        "rte-isobn-s1",
+        "rte-none-lr=-1-s1",
+    ]
+    assert study.grid_axes(grid) == ["task", "method", "seed", "lr"]
+
+
+def test_grid_files_load_and_count():
+    counts = {}
+    for name in ("normalizers", "istar_lambda", "cosreg", "pilot"):
+        grid, recipe = study.load_grid(str(REPO / "experiments/configs" / f"study_{name}.py"))
+        counts[name] = (len(study.grid_cells(grid, 1)), len(study.grid_cells(grid, 2)))
+        config = study.cell_config(grid, recipe, study.grid_cells(grid, 2)[0].values)
+        assert (recipe.get_field(config, "batch_size"), config.max_length) == (32, 128)
+    assert counts == {
+        "normalizers": (36, 76),
+        "istar_lambda": (27, 108),
+        "cosreg": (0, 9),
+        "pilot": (8, 8),
+    }
+
+
+def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
+    tmp_path, glue_dir, minilm_dir, monkeypatch, capsys
+):
+    grid = _grid_file(tmp_path, glue_dir, minilm_dir)
+    results, runs = tmp_path / "tiny.jsonl", tmp_path / "runs"
+    kw = dict(tier=2, runs_dir=runs, results=results)
+
+    # A zero budget stops before the first cell; a dry run writes nothing.
+    assert study.run_grid(grid, budget_minutes=0, **kw)["ran"] == 0
+    assert study.run_grid(grid, dry_run=True, **kw) == {
+        "cells": 4, "done": 0, "failed": 0, "ran": 0, "left": 4,
+    }  # fmt: skip
+    assert not results.exists()
+
+    # Kill the first trained cell right after its epoch-1 checkpoint (step 2 of 4).
+    save = checkpointing.Checkpointer.save
+
+    def save_then_die(self, step, state, position):
+        save(self, step, state, position)
+        if step == 2:
+            raise SimulatedKill
+
+    monkeypatch.setattr(checkpointing.Checkpointer, "save", save_then_die)
+    with pytest.raises(SimulatedKill):
+        study.run_grid(grid, **kw)
+    lines = results.read_text().splitlines()
+    assert [json.loads(line)["cell"] for line in lines] == ["rte-pretrained"]
+    killed = runs / "tiny" / "rte-none-s1"
+    assert (killed / "checkpoints").is_dir() and not (killed / "results.json").exists()
+
+    # The next call resumes it from step 2, runs the rest, records the bad cell as failed.
+    monkeypatch.setattr(checkpointing.Checkpointer, "save", save)
+    capsys.readouterr()
+    counts = study.run_grid(grid, **kw)
+    assert counts == {"cells": 4, "done": 4, "failed": 1, "ran": 3, "left": 0}
+    assert f"isojax: resumed {killed} at step 2" in capsys.readouterr().err
+    records = {r["cell"]: r for r in study.read_records(results)}
+    assert list(records) == ["rte-pretrained", "rte-none-s1", "rte-isobn-s1", "rte-none-lr=-1-s1"]
+    assert json.loads((killed / "study_wall.json").read_text())["attempts"] == 2
+
+    for record in records.values():
+        assert set(record) == RECORD_KEYS
+        assert record["study"] == "tiny" and record["seed"] == 1
+        assert record["baseline"] == {"method": "none"} and len(record["git_commit"]) == 40
+        assert set(record["fields"]) == {"task", "method", "seed", "lr"}
+    for name in ("rte-none-s1", "rte-isobn-s1"):
+        record = records[name]
+        assert record["status"] == "ok" and record["error"] is None
+        assert record["fields"] == {"task": "rte", "method": name.split("-")[1], "seed": 1,
+                                    "lr": 1e-4}  # fmt: skip
+        assert [(e["epoch"], e["step"], e["split"]) for e in record["eval"]] == [
+            (1, 2, "dev"),
+            (2, 4, "dev"),
+        ]
+        for row in record["eval"]:
+            assert ISOTROPY_KEYS | {"score", "accuracy"} <= set(row)
+        assert [row[0] for row in record["train_loss"]] == [1, 2, 3, 4]
+        losses = [row[2] for row in record["train_loss"]]
+        assert record["train_loss_epoch"] == [
+            {"epoch": 1, "loss": pytest.approx((losses[0] + losses[1]) / 2)},
+            {"epoch": 2, "loss": pytest.approx((losses[2] + losses[3]) / 2)},
+        ]
+        assert record["steps"] == 4 and record["wall_minutes"] > 0
+        # The final eval is the run's own results.json.
+        final = json.loads((runs / "tiny" / name / "results.json").read_text())["dev"]
+        assert record["eval"][-1]["score"] == final["score"]
+    assert records["rte-none-s1"]["config_hash"] != records["rte-isobn-s1"]["config_hash"]
+    pre = records["rte-pretrained"]
+    assert pre["kind"] == "pretrained" and pre["steps"] == 0 and pre["eval"][0]["epoch"] == 0
+    assert ISOTROPY_KEYS <= set(pre["eval"][0])
+    failed = records["rte-none-lr=-1-s1"]
+    assert failed["status"] == "failed" and "optimizer.learning_rate must be > 0" in failed["error"]
+
+    # Finished and failed cells are skipped: nothing runs, the file is unchanged.
+    before = results.read_text()
+    assert study.run_grid(grid, **kw)["ran"] == 0
+    assert results.read_text() == before
+    # --retry-failed reruns the failed cell and replaces its line (still one line per cell).
+    assert study.run_grid(grid, retry_failed=True, **kw)["ran"] == 1
+    cells = [r["cell"] for r in study.read_records(results)]
+    assert sorted(cells) == sorted(records) and len(cells) == 4
+
+
+def test_write_record_refuses_duplicates_and_torn_lines(tmp_path):
+    path, lock = tmp_path / "s.jsonl", tmp_path / "lock"
+    study.write_record(path, {"cell": "a", "status": "ok"}, lock)
+    with pytest.raises(ValueError, match="cell a is recorded already"):
+        study.write_record(path, {"cell": "a", "status": "ok"}, lock)
+    path.write_text(path.read_text() + '{"cell": "b"')
+    with pytest.raises(ValueError, match="the last line is unfinished"):
+        study.read_records(path)
+    path.write_text('{"cell": "a"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"s.jsonl:2: not JSON"):
+        study.read_records(path)
+
+
+def test_a_changed_recipe_is_refused(tmp_path, glue_dir, minilm_dir):
+    grid = _grid_file(tmp_path, glue_dir, minilm_dir)
+    results = tmp_path / "tiny.jsonl"
+    results.write_text(json.dumps({"cell": "rte-none-s1", "config_hash": "0" * 16}) + "\n")
+    with pytest.raises(ValueError, match="a changed recipe needs a new study name"):
+        study.run_grid(grid, runs_dir=tmp_path / "runs", results=results, dry_run=True)
