@@ -406,6 +406,7 @@ def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str)
                         label=kind if i == 0 else None,
                     )
             ax.axhline(0, color="grey", lw=0.8)
+            ax.set_xlim(-0.6, max(len(pairs), 1) - 0.4)
             ax.set_xticks(range(len(pairs)), list(pairs), rotation=60, ha="right", fontsize=7)
             ax.set_title(f"{task}: arm - {data['baseline']} (95 % CI)", fontsize=9)
             ax.legend(fontsize=7)
@@ -452,8 +453,8 @@ def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str)
                 )
                 a, w = sw[key]["all"], sw[key]["without_collapsed"]
                 ax.set_title(
-                    f"{task}: r={a['r']:.2f} (p={a['p']:.3f}); w/o collapsed "
-                    f"r={w['r']:.2f} (p={w['p']:.3f})",
+                    f"{task}: r={a['r']:.2f} (p={_p(a['p'])}); w/o collapsed "
+                    f"r={w['r']:.2f} (p={_p(w['p'])})",
                     fontsize=8,
                 )
                 ax.set_xlabel(f"all-layer token {name} (dev, last epoch)", fontsize=8)

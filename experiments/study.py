@@ -27,9 +27,9 @@ with `error`), fields (every grid axis's value, plus task/method/seed), seed, co
 (SHA-256 of the config without `study_recipe.NON_RUN_FIELDS`), config, git_commit, git_dirty
 (tracked changes outside experiments/results/), sweep, baseline, metric (the task's `score`:
 the GLUE metric, or the mean of two), eval (one dict per dev evaluation, from `metrics.jsonl`:
-epoch, step, split and every metric/isotropy key the loop records), train_loss ([step, epoch,
-mean loss of the steps since the previous log line] per log line), train_loss_epoch (the
-step-weighted mean of those windows, by the epoch of each window's last step), steps,
+epoch, step, split and every metric/isotropy key the loop records), train_loss ([last step,
+epoch, mean loss] over chunks of 10 steps within an epoch), train_loss_epoch (the mean
+training loss of each epoch, see `read_run`), steps,
 wall_minutes (all attempts of the cell), finished (UTC time).
 """
 
@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import datetime
 import fcntl
+import gc
 import hashlib
 import importlib.util
 import itertools
@@ -58,6 +59,7 @@ import ml_collections
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "experiments" / "results"
 PRETRAINED = "pretrained"
+LOSS_CHUNK_STEPS = 10  # steps per point of a record's train_loss curve
 
 
 class Cell(NamedTuple):
@@ -241,27 +243,39 @@ def _wall_seconds(workdir: pathlib.Path) -> float:
     return json.loads(path.read_text())["seconds"] if path.exists() else 0.0
 
 
-def read_run(workdir: pathlib.Path) -> dict:
-    """eval / train_loss / train_loss_epoch / steps of a run folder, from its `metrics.jsonl`."""
-    evals, losses = [], []
+def read_run(workdir: pathlib.Path, chunk: int = LOSS_CHUNK_STEPS) -> dict:
+    """eval / train_loss / train_loss_epoch / steps of a run folder, from its `metrics.jsonl`.
+
+    A train line holds the mean loss of the steps since the previous one (`log_every` steps).
+    `train_loss_epoch` weighs each line by its steps and assigns it to the epoch of its last
+    step: exact when no line spans an epoch end (`log_every` 1, as the study recipe sets).
+    `train_loss` merges consecutive lines of one epoch into means over >= `chunk` steps,
+    `[last step, epoch (0-based, as metrics.jsonl), mean loss]`, to keep the record small.
+    """
+    evals, windows = [], []
     path = workdir / "metrics.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
+    previous = 0
     for line in lines:
         row = json.loads(line)
         if row["split"] == "train":
-            losses.append([row["step"], row["epoch"], row["loss"]])
+            windows.append((row["step"], row["epoch"], row["loss"], row["step"] - previous))
+            previous = row["step"]
         else:
             evals.append(row)
-    sums: dict[int, list[float]] = {}
-    previous = 0
-    for step, epoch, loss in losses:
-        total = sums.setdefault(epoch, [0.0, 0.0])
-        total[0] += loss * (step - previous)
-        total[1] += step - previous
-        previous = step
-    per_epoch = [{"epoch": e + 1, "loss": s / n} for e, (s, n) in sorted(sums.items()) if n]
-    steps = max([row["step"] for row in evals] + [row[0] for row in losses] + [0])
-    return {"eval": evals, "train_loss": losses, "train_loss_epoch": per_epoch, "steps": steps}
+    per_epoch: dict[int, list[float]] = {}
+    curve, pending = [], [0.0, 0]
+    for index, (step, epoch, loss, n) in enumerate(windows):
+        total = per_epoch.setdefault(epoch, [0.0, 0])
+        total[0], total[1] = total[0] + loss * n, total[1] + n
+        pending = [pending[0] + loss * n, pending[1] + n]
+        last_of_epoch = index + 1 == len(windows) or windows[index + 1][1] != epoch
+        if pending[1] >= chunk or last_of_epoch:
+            curve.append([step, epoch, pending[0] / pending[1]])
+            pending = [0.0, 0]
+    epochs = [{"epoch": e + 1, "loss": s / n} for e, (s, n) in sorted(per_epoch.items()) if n]
+    steps = max([row["step"] for row in evals] + [w[0] for w in windows] + [0])
+    return {"eval": evals, "train_loss": curve, "train_loss_epoch": epochs, "steps": steps}
 
 
 def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
@@ -293,6 +307,11 @@ def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str
             part = read_run(workdir)
     finally:
         seconds = _add_wall(workdir, time.monotonic() - start)
+        # Each run jits its own step functions: drop them, so a long grid does not grow.
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
     part["wall_minutes"] = seconds / 60.0
     return part
 

