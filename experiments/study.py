@@ -25,12 +25,12 @@ whole, with one `write` under a lock, and a cell already recorded is never appen
 Each line (`record`): study, cell, tier, kind ("run" | "pretrained"), status ("ok" | "failed",
 with `error`), fields (every grid axis's value, plus task/method/seed), seed, config_hash
 (SHA-256 of the config without `study_recipe.NON_RUN_FIELDS`), config, git_commit, git_dirty
-(tracked changes outside experiments/results/), sweep, baseline, metric (the task's `score`:
-the GLUE metric, or the mean of two), eval (one dict per dev evaluation, from `metrics.jsonl`:
-epoch, step, split and every metric/isotropy key the loop records), train_loss ([last step,
-epoch, mean loss] over chunks of 10 steps within an epoch), train_loss_epoch (the mean
-training loss of each epoch, see `read_run`), steps,
-wall_minutes (all attempts of the cell), finished (UTC time).
+(tracked changes outside experiments/results/), device (`device_name`), sweep, baseline,
+metric (the task's `score`: the GLUE metric, or the mean of two), eval (one dict per dev
+evaluation, from `metrics.jsonl`: epoch, step, split and every metric/isotropy key the loop
+records), train_loss ([last step, epoch, mean loss] over chunks of 10 steps within an epoch),
+train_loss_epoch (the mean training loss of each epoch, see `read_run`), steps, wall_minutes
+(all attempts of the cell), finished (UTC time).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import itertools
 import json
 import os
 import pathlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -223,6 +224,15 @@ def git_state() -> tuple[str, bool]:
     return commit, bool(dirty)
 
 
+def device_name() -> str:
+    """`backend kind xcount`, e.g. "cpu cpu x1" or "gpu NVIDIA H200 x1": runs on other devices
+    time (and round) differently."""
+    import jax
+
+    devices = jax.devices()
+    return f"{jax.default_backend()} {devices[0].device_kind} x{len(devices)}"
+
+
 # ----------------------------------------------------------------------------------------------
 # One cell.
 # ----------------------------------------------------------------------------------------------
@@ -329,30 +339,36 @@ def _folder_config_matches(workdir: pathlib.Path, config, recipe) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
-def epoch_minutes(records: list[dict], task: str, method: str, recipe) -> float:
-    """Measured minutes per epoch: the median over ok runs of (task, method), else of the
-    task, else `study_recipe.EPOCH_MINUTES_PRIOR`."""
+def epoch_minutes(records: list[dict], task: str, method: str, recipe, device: str = "") -> float:
+    """Measured minutes per epoch (a run's wall minutes over its evaluated epochs): the median
+    over ok runs on `device` of (task, method), else of the task; else the same on any device;
+    else `study_recipe.EPOCH_MINUTES_PRIOR`."""
 
     def per_epoch(rows):
-        return [
-            r["wall_minutes"] / max(1, r["config"]["num_epochs"])
-            for r in rows
-            if r["status"] == "ok" and r["kind"] == "run" and r["wall_minutes"] > 0
-        ]
+        out = []
+        for r in rows:
+            epochs = max([e["epoch"] for e in r["eval"]] + [0])
+            if r["status"] == "ok" and r["kind"] == "run" and r["wall_minutes"] > 0 and epochs:
+                out.append(r["wall_minutes"] / epochs)
+        return out
 
     same_task = [r for r in records if r["fields"]["task"] == task]
-    for rows in ([r for r in same_task if r["fields"]["method"] == method], same_task):
-        measured = per_epoch(rows)
-        if measured:
-            return statistics.median(measured)
+    here = [r for r in same_task if r.get("device") == device]
+    for pool in (here, same_task):
+        for rows in ([r for r in pool if r["fields"]["method"] == method], pool):
+            measured = per_epoch(rows)
+            if measured:
+                return statistics.median(measured)
     return recipe.EPOCH_MINUTES_PRIOR.get(task, max(recipe.EPOCH_MINUTES_PRIOR.values()))
 
 
-def estimate_minutes(cell: Cell, config, records: list[dict], recipe, workdir) -> float:
+def estimate_minutes(
+    cell: Cell, config, records: list[dict], recipe, workdir, device: str = ""
+) -> float:
     """Minutes left for `cell`: epochs x `epoch_minutes`, less the part a resumed folder has
     done (its last evaluated epoch); a step-0 evaluation counts as 1/10 epoch."""
     task, method = cell.values["task"], cell.values["method"]
-    minutes = epoch_minutes(records, task, method, recipe)
+    minutes = epoch_minutes(records, task, method, recipe, device)
     if method == PRETRAINED:
         return 0.1 * minutes
     done = max([row["epoch"] for row in read_run(workdir)["eval"]] + [0])
@@ -420,13 +436,15 @@ def run_grid(
                 f"the grid now gives {hashes[cell.name]}: a changed recipe needs a new study name"
             )
 
+    device = device_name()
+
     def todo(cell: Cell) -> bool:
         old = by_cell.get(cell.name)
         return old is None or (retry_failed and old["status"] == "failed")
 
     def left_minutes() -> float:
         return sum(
-            estimate_minutes(c, configs[c.name], records, recipe, study_dir / c.name)
+            estimate_minutes(c, configs[c.name], records, recipe, study_dir / c.name, device)
             for c in cells
             if todo(c)
         )
@@ -441,7 +459,7 @@ def run_grid(
     if dry_run:
         for cell in pending:
             minutes = estimate_minutes(
-                cell, configs[cell.name], records, recipe, study_dir / cell.name
+                cell, configs[cell.name], records, recipe, study_dir / cell.name, device
             )
             log(f"  tier {cell.tier} {cell.name}: ~{minutes:.1f} min")
         return _counts(cells, by_cell, ran=0)
@@ -475,6 +493,7 @@ def run_grid(
             "config": json.loads(config.to_json()),
             "git_commit": commit,
             "git_dirty": dirty,
+            "device": device,
             "sweep": grid.get("sweep", ""),
             "baseline": dict(grid.get("baseline", ())),
             "metric": "score",
@@ -512,6 +531,12 @@ def _counts(cells: list[Cell], by_cell: dict, *, ran: int) -> dict:
             "left": len(cells) - done}  # fmt: skip
 
 
+def _terminate(signum, frame) -> None:
+    """SIGTERM (a session's end) -> SystemExit: the cell's wall time is saved, no line is
+    written, and its checkpoints let the next call resume it."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("grid", help="grid file, e.g. experiments/configs/study_normalizers.py")
@@ -522,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and estimate only")
     parser.add_argument("--retry-failed", action="store_true", help="rerun cells recorded failed")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     run_grid(
         args.grid,
         tier=args.tier,

@@ -48,7 +48,7 @@ def get_config(arg=None):
 
 RECORD_KEYS = {
     "study", "cell", "tier", "kind", "status", "error", "fields", "seed", "config_hash", "config",
-    "git_commit", "git_dirty", "sweep", "baseline", "metric", "eval", "train_loss",
+    "git_commit", "git_dirty", "device", "sweep", "baseline", "metric", "eval", "train_loss",
     "train_loss_epoch", "steps", "wall_minutes", "finished",
 }  # fmt: skip
 ISOTROPY_KEYS = {
@@ -205,6 +205,23 @@ def test_read_run_gives_exact_epoch_losses_and_a_chunked_curve(tmp_path):
     assert [row[:2] for row in run["train_loss"]] == [[10, 0], [12, 0], [22, 1], [25, 1]]
     for (step, _, value), lo in zip(run["train_loss"], (0, 10, 12, 22), strict=True):
         assert value == pytest.approx(loss[lo:step].mean(), abs=1e-12)
+
+
+def test_estimates_use_measured_minutes_per_epoch_on_the_same_device():
+    import study_recipe
+
+    def rec(task, method, minutes, device, epochs=3):
+        evals = [{"epoch": e + 1} for e in range(epochs)]
+        return {"fields": {"task": task, "method": method}, "status": "ok", "kind": "run",
+                "wall_minutes": minutes, "eval": evals, "device": device}  # fmt: skip
+
+    records = [rec("rte", "none", 9.0, "cpu"), rec("rte", "none", 12.0, "cpu"),
+               rec("rte", "isobn", 15.0, "cpu"), rec("rte", "none", 0.3, "gpu")]  # fmt: skip
+    assert study.epoch_minutes(records, "rte", "none", study_recipe, "cpu") == 3.5
+    assert study.epoch_minutes(records, "rte", "isobn", study_recipe, "cpu") == 5.0
+    assert study.epoch_minutes(records, "rte", "istar", study_recipe, "cpu") == 4.0
+    assert study.epoch_minutes(records, "rte", "istar", study_recipe, "gpu") == pytest.approx(0.1)
+    assert study.epoch_minutes(records, "cola", "none", study_recipe, "cpu") == 3.6  # the prior
 
 
 def test_write_record_refuses_duplicates_and_torn_lines(tmp_path):

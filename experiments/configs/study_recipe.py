@@ -64,6 +64,7 @@ FIELDS = {
     "buckets": "buckets",
     "num_epochs": "num_epochs",
     "log_every": "log_every",
+    "checkpoint_every": "checkpoint_every",
     "lr": "optimizer.learning_rate",
     "istar.weight": "istar.weight",
     "istar.zeta": "istar.zeta",
@@ -71,7 +72,10 @@ FIELDS = {
 }
 # Config fields that do not change a run (paths of this machine, display): left out of the
 # cell's config hash.
-NON_RUN_FIELDS = ("data_dir", "tfds_data_dir", "progress", "tensorboard", "log_every")
+NON_RUN_FIELDS = (
+    "data_dir", "tfds_data_dir", "progress", "tensorboard", "log_every", "checkpoint_every",
+    "keep_checkpoints",
+)  # fmt: skip
 
 
 def _path(name: str) -> str:
@@ -113,6 +117,8 @@ def base_config() -> ml_collections.ConfigDict:
             "num_epochs": 3,
             "lr": 1e-4,
             "log_every": 1,  # exact per-epoch training loss (study.read_run)
+            # A killed cell loses at most 60 steps (1-3 CPU minutes), not a whole epoch.
+            "checkpoint_every": 60,
             "istar.zeta": 0.2,
         },
     )
