@@ -479,15 +479,18 @@ def run_grid(
             f"[{index + 1}/{len(pending)}] {cell.name} (tier {cell.tier}); grid left "
             f"~{_clock(left_minutes())}, {elapsed:.1f} min into this call"
         )
+        kind = PRETRAINED if cell.values["method"] == PRETRAINED else "run"
+        # Every axis with the cell's value (a pre-trained row has only task, method and seed).
+        fields = {
+            a: cell.values.get(a, None if kind == PRETRAINED else recipe.get_field(config, a))
+            for a in axes
+        }
         record = {
             "study": study,
             "cell": cell.name,
             "tier": cell.tier,
-            "kind": PRETRAINED if cell.values["method"] == PRETRAINED else "run",
-            "fields": {
-                a: cell.values.get(a, recipe.get_field(config, a)) for a in axes if a != "method"
-            }
-            | {"method": cell.values["method"]},
+            "kind": kind,
+            "fields": fields,
             "seed": recipe.get_field(config, "seed"),
             "config_hash": hashes[cell.name],
             "config": json.loads(config.to_json()),

@@ -169,6 +169,7 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
         assert record["eval"][-1]["score"] == final["score"]
     assert records["rte-none-s1"]["config_hash"] != records["rte-isobn-s1"]["config_hash"]
     pre = records["rte-pretrained"]
+    assert pre["fields"] == {"task": "rte", "method": "pretrained", "seed": 1, "lr": None}
     assert pre["kind"] == "pretrained" and pre["steps"] == 0 and pre["eval"][0]["epoch"] == 0
     assert ISOTROPY_KEYS <= set(pre["eval"][0])
     failed = records["rte-none-lr=-1-s1"]
