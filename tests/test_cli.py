@@ -22,15 +22,20 @@ def run(capsys, argv):
     [
         (["--task", "sst9"], "'sst9'"),
         (["--method", "isobnx"], "'isobnx'"),
-        (["--istar-zeta", "1.5"], "istar.zeta 1.5"),
-        (["--set", "istar.zeta=-0.1"], "istar.zeta -0.1"),
-        (["--isobn-momentum", "1.0"], "isobn.momentum 1.0"),
-        (["--set", "isobn.momentum=0"], "isobn.momentum 0"),
+        (["--set", "istar.zeta=1.5"], "istar.zeta: zeta must lie in [0, 1], got 1.5"),
+        (["--set", "istar.zeta=-0.1"], "got -0.1"),
+        (["--set", "isobn.momentum=1.0"], "isobn: momentum 1.0 not in (0, 1)"),
+        (["--set", "istar.stabilizer.momentum=0"], "istar.stabilizer: momentum 0.0 not in"),
         (["--set", "istar.zetta=0.5"], "'istar.zetta'"),
         (["--set", "batch_size=big"], "batch_size='big'"),
-        (["--isobn-momentum", "high"], "'high'"),
-        (["--preset", "bert"], "'bert'"),
-        (["--set", "preset=istar"], "--preset"),
+        (["--seed", "high"], "'high'"),
+        (["--config", "bert"], "'bert' is neither a preset (isobn, istar) nor a file"),
+        # Old spellings name the new one.
+        (["--istar-zeta", "0.4"], "--istar-zeta was removed: use --set istar.zeta=VALUE"),
+        (["--preset", "istar"], "--preset was removed: use --config isobn or --config istar"),
+        (["--max-steps", "2"], "--max-steps was removed: use --set max_steps=N"),
+        (["--set", "preset=istar"], "'preset' was renamed: use --config isobn|istar"),
+        (["--set", "istar.stabilizer_window=5"], "use istar.stabilizer.window"),
     ],
 )
 def test_finetune_rejects_bad_values_with_one_line_and_status_2(capsys, tmp_path, flags, bad):
@@ -58,7 +63,7 @@ def test_bench_lists_the_benchmark_scripts(capsys):
     assert {line.split()[0] for line in out.strip().splitlines()} == names
 
 
-def test_config_precedence_file_then_preset_then_flags_then_set(capsys, tmp_path):
+def test_config_precedence_file_then_flags_then_set(capsys, tmp_path):
     config_file = tmp_path / "my_config.py"
     config_file.write_text(
         "import ml_collections\n"
@@ -70,23 +75,33 @@ def test_config_precedence_file_then_preset_then_flags_then_set(capsys, tmp_path
         "    return c\n"
     )
     argv = ["finetune", "--workdir", str(tmp_path / "run"), "--print-config"]
-    argv += ["--config", f"{config_file}:mrpc", "--preset", "istar", "--istar-zeta", "0.4"]
+    argv += ["--config", f"{config_file}:mrpc", "--task", "rte", "--seed", "7"]
     argv += ["--set", "istar.weight=-2", "--set", "buckets=(16, 48)", "--set", "fsdp=true"]
+    argv += ["--set", "max_steps=None", "--set", "optimizer.clip_norm=none"]
     code, out, err = run(capsys, argv)
     assert code == 0, err
     config = json.loads(out)
-    assert config["task"] == "mrpc"  # from the file
-    assert config["max_length"] == 256  # the preset overrides the file
-    assert config["method"] == "istar" and config["optimizer"]["learning_rate"] == 1e-5
-    assert config["istar"]["zeta"] == 0.4  # the flag overrides the preset
+    assert config["max_length"] == 96 and config["istar"]["zeta"] == 0.3  # from the file
+    assert config["num_epochs"] == 3  # a field the file leaves out keeps its default
+    assert (config["task"], config["seed"]) == ("rte", 7)  # the flags override the file
     assert config["istar"]["weight"] == -2  # --set overrides everything
     assert config["buckets"] == [16, 48] and config["fsdp"] is True
+    assert config["max_steps"] is None and config["optimizer"]["clip_norm"] is None
+
+
+def test_packaged_presets_are_configs(capsys, tmp_path):
+    argv = ["finetune", "--workdir", str(tmp_path), "--print-config", "--config", "istar"]
+    code, out, err = run(capsys, [*argv, "--task", "mrpc", "--set", "istar.zeta=0.4"])
+    assert code == 0, err
+    config = json.loads(out)
+    assert (config["method"], config["task"], config["istar"]["weight"]) == ("istar", "mrpc", -5)
+    assert config["istar"]["zeta"] == 0.4 and config["optimizer"]["learning_rate"] == 1e-5
 
 
 def test_finetune_tiny_model_end_to_end(capsys, tmp_path, glue_dir):
     workdir = tmp_path / "run"
     argv = ["finetune", "--config", f"{FINETUNE_CONFIG}:rte,isobn,tiny", "--workdir", str(workdir)]
-    argv += ["--data-dir", str(glue_dir), "--max-steps", "1"]
+    argv += ["--data-dir", str(glue_dir), "--set", "max_steps=1"]
     code, out, err = run(capsys, argv)
     assert code == 0, err
     results = json.loads((workdir / "results.json").read_text())
