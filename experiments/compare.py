@@ -19,7 +19,8 @@ import pathlib
 import sys
 import time
 
-from isojax import analysis, train
+from isojax import analysis, build, train
+from isojax import config as config_lib
 from isojax.data import glue
 
 
@@ -34,7 +35,7 @@ def pretrained_row(config) -> dict:
     """Isotropy of the pre-trained encoder's sentence vectors on the dev split."""
     module, params, tokenizer = _pretrained(config)
     task = glue.get_task(config.task)
-    examples = train.load_examples(config, task.dev_splits[0])
+    examples = build.load_examples(config, task.dev_splits[0])
     rep = analysis.analyze_encoder(
         module, params, tokenizer, examples, max_length=config.max_length,
         batch_size=config.eval_batch_size, buckets=tuple(config.buckets) or None,
@@ -49,11 +50,7 @@ def pretrained_row(config) -> dict:
 
 
 def _pretrained(config):
-    from isojax import models
-
-    pretrained = models.load_pretrained(config.model)
-    tokenizer = train.load_tokenizer(config.tokenizer) if config.tokenizer else pretrained.tokenizer
-    return pretrained.module, pretrained.params, tokenizer
+    return build.load_encoder(config.model, config.tokenizer, max_length=config.max_length)
 
 
 COLUMNS = (
@@ -90,7 +87,7 @@ def main(argv=None) -> int:
     methods = [m for m in args.methods.split(",") if m]
     configs = {method: get_config(method) for method in methods}
     for config in configs.values():
-        train.validate_config(config)  # every run's config is checked before the first starts
+        config_lib.validate_config(config)  # every run's config is checked before the first starts
 
     first = configs[methods[0]]
     split = glue.get_task(first.task).dev_splits[0]

@@ -60,12 +60,16 @@ class SentenceStats(NamedTuple):
     Attributes:
       moments: count ``[]``, mean ``[d]``, centred second moment ``[d, d]`` (float32).
       unit_sum: ``[d]`` sum of the unit vectors ``x / ‖x‖`` (zero vectors add 0).
-      nonzero: ``[]`` number of non-zero vectors, ``Σ ‖x̂_i‖²``.
+      unit_sq: ``[]`` ``Σ ‖x̂_i‖²``, the number of non-zero vectors up to rounding.
+
+    `isotropy.unit_vector_sums` computes the sums; the mean cosine is
+    `isotropy.mean_cosine_from_sums(unit_sum, unit_sq, moments.count)`. The dev evaluation of
+    the training loop (`steps.eval_step`) accumulates its sentence vectors in the same state.
     """
 
     moments: stats.MomentState
     unit_sum: jax.Array
-    nonzero: jax.Array
+    unit_sq: jax.Array
 
 
 class AnalysisState(NamedTuple):
@@ -90,7 +94,7 @@ def sentence_stats_init(d: int) -> SentenceStats:
     return SentenceStats(
         moments=stats.moments_init(d),
         unit_sum=jnp.zeros((d,), jnp.float32),
-        nonzero=jnp.zeros((), jnp.float32),
+        unit_sq=jnp.zeros((), jnp.float32),
     )
 
 
@@ -101,13 +105,11 @@ def sentence_stats_update(
     points = jnp.asarray(points)
     x = points.astype(stats.stats_dtype(points.dtype)).astype(state.unit_sum.dtype)  # [n, d]
     w = jnp.ones(x.shape[:1], x.dtype) if mask is None else jnp.asarray(mask).astype(x.dtype)
-    norm = jnp.sqrt(jnp.sum(x**2, axis=-1))  # [n]
-    nonzero = (norm > 0) * w
-    unit = x / jnp.where(norm > 0, norm, 1)[:, None] * nonzero[:, None]  # [n, d]
+    unit_sum, unit_sq, _ = isotropy.unit_vector_sums(x, w)
     return SentenceStats(
         moments=stats.moments_update(state.moments, x, w),
-        unit_sum=state.unit_sum + jnp.sum(unit, axis=0),
-        nonzero=state.nonzero + jnp.sum(nonzero),
+        unit_sum=state.unit_sum + unit_sum,
+        unit_sq=state.unit_sq + unit_sq,
     )
 
 
@@ -169,13 +171,6 @@ def correlation(cov: jax.typing.ArrayLike) -> jax.Array:
     return jnp.where(outer > 0, cov / jnp.where(outer > 0, outer, 1), 0)
 
 
-def mean_cosine_from_sums(unit_sum: jax.Array, nonzero: jax.Array, count: jax.Array) -> jax.Array:
-    r"""Mean off-diagonal cosine ``(‖Σ x̂‖² − Σ‖x̂‖²)/(n(n − 1))`` from streamed sums; 0 if n < 2."""
-    pairs = count * (count - 1)
-    off_diagonal = jnp.sum(unit_sum**2) - nonzero
-    return jnp.where(pairs > 0, off_diagonal / jnp.where(pairs > 0, pairs, 1), 0)
-
-
 @jax.jit
 def sentence_report(state: SentenceStats) -> dict[str, jax.Array]:
     """Isotropy of one kind of sentence embedding (sample covariance, ``ddof=1``).
@@ -193,7 +188,7 @@ def sentence_report(state: SentenceStats) -> dict[str, jax.Array]:
         "ev_ratio": ratio,
         "isoscore": isotropy.isoscore_from_cov(moments.cov),
         "participation_ratio": isotropy.participation_ratio(moments.cov),
-        "mean_cosine": mean_cosine_from_sums(state.unit_sum, state.nonzero, moments.count),
+        "mean_cosine": isotropy.mean_cosine_from_sums(state.unit_sum, state.unit_sq, moments.count),
         "std": moments.std,
         "abs_corr": jnp.abs(correlation(moments.cov)),
     }

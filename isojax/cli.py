@@ -1,20 +1,22 @@
 """The `isojax` command: fine-tune, analyse isotropy, run the benchmarks.
 
     isojax finetune --task rte --method isobn --data-dir glue_data --workdir runs/rte-isobn
+    isojax finetune --config istar --task rte --workdir runs/x --set istar.weight=-2
     isojax finetune --config experiments/configs/finetune.py:rte,istar --workdir runs/x \\
-        --set istar.weight=-5 --set optimizer.learning_rate=1e-5
+        --set optimizer.learning_rate=1e-5 --set istar.stabilizer.kind=ema
     isojax analyze --task rte --data-dir glue_data --out runs/analysis
-    isojax bench                      # lists experiments/bench/*.py
+    isojax bench                      # lists experiments/bench/*.py (a source checkout)
     isojax bench data_speed [ARGS]    # runs one, printing its output
 
 `finetune` builds its configuration in this order, each step overriding the previous ones:
-`train.default_config()`; the `--config` file's `get_config(arg)` (`FILE:ARG`, STYLE.md §21;
-fields it leaves out keep their defaults; a file that names a preset applies it itself);
-`--preset` (the papers' reference settings, `train.apply_preset`); the named flags
-(`--method`, `--istar-zeta`, ...); `--set key.path=value`. The result is checked by
-`train.validate_config` before anything is loaded: an unknown task or method, or a
-hyperparameter out of range (zeta outside [0, 1], momentum outside (0, 1)), is one line on
-stderr and exit status 2.
+`isojax.config.default_config()`; `--config NAME[:ARG]`, a preset of `isojax.configs`
+(`isobn`, `istar`: the papers' reference recipes) or a Python file's `get_config(ARG)`
+(STYLE.md §21; fields it leaves out keep their defaults); the flags typed every time
+(`--task --method --model --data-dir --seed`); `--set key.path=value`, for every other field.
+The result is checked by `isojax.config.validate_config` before anything is loaded: an unknown
+task or method, or a hyperparameter out of range (zeta outside [0, 1], momentum outside
+(0, 1)), is one line on stderr and exit status 2. So is a flag of the older, longer command
+line (`--istar-zeta`, `--preset`, ...): the message names its replacement.
 """
 
 from __future__ import annotations
@@ -32,32 +34,36 @@ import ml_collections
 PROG = "isojax"
 BENCH_DIR = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "bench"
 
-# Named flags of `finetune`: (flag, config key, type, help). Unset flags leave the config alone.
+# The flags of `finetune` besides --config/--set: (flag, config key, type, help).
 FINETUNE_FLAGS = (
     ("--task", "task", str, "GLUE task: cola sst2 mrpc stsb qqp mnli qnli rte"),
-    ("--model", "model", str, "model folder, weights package, or tiny-bert (tests)"),
-    ("--tokenizer", "tokenizer", str, "tokenizer folder (default: the model's own)"),
     ("--method", "method", str, "none recenter batchnorm layernorm isobn istar cosreg"),
-    ("--sentence", "sentence", str, "sentence vector: pooled | cls"),
+    ("--model", "model", str, "model folder, weights package, or tiny-bert (tests)"),
     ("--data-dir", "data_dir", str, "glue_data folder (<TASK>/{train,dev}.tsv); unset: tfds"),
-    ("--tfds-data-dir", "tfds_data_dir", str, "tensorflow-datasets data folder"),
-    ("--isobn-momentum", "isobn.momentum", float, "IsoBN running-average momentum, in (0, 1)"),
-    ("--isobn-beta", "isobn.beta", float, "IsoBN gain exponent beta >= 0"),
-    ("--isobn-epsilon", "isobn.epsilon", float, "IsoBN epsilon > 0"),
-    ("--istar-weight", "istar.weight", float, "I-STAR lambda (< 0: less isotropy)"),
-    ("--istar-zeta", "istar.zeta", float, "I-STAR shrinkage zeta, in [0, 1]"),
-    ("--cosreg-weight", "cosreg.weight", float, "CosReg lambda"),
-    ("--learning-rate", "optimizer.learning_rate", float, "peak learning rate"),
-    ("--batch-size", "batch_size", int, "global training batch size"),
-    ("--eval-batch-size", "eval_batch_size", int, "evaluation batch size"),
-    ("--max-length", "max_length", int, "tokens per row, special tokens included"),
-    ("--epochs", "num_epochs", int, "training epochs"),
-    ("--max-steps", "max_steps", int, "stop after this many updates (-1: epochs)"),
-    ("--max-train-examples", "max_train_examples", int, "first N training rows (0: all)"),
-    ("--max-eval-examples", "max_eval_examples", int, "first N dev rows (0: all)"),
-    ("--policy", "policy", str, 'precision policy, e.g. "p=f32,c=bf16,o=f32"'),
     ("--seed", "seed", int, "random seed"),
 )
+# Flags of the older command line -> what to type instead.
+REMOVED_FLAGS = {
+    "--preset": "--config isobn or --config istar",
+    "--tokenizer": "--set tokenizer=PATH",
+    "--sentence": "--set sentence=pooled|cls",
+    "--tfds-data-dir": "--set tfds_data_dir=PATH",
+    "--isobn-momentum": "--set isobn.momentum=VALUE",
+    "--isobn-beta": "--set isobn.beta=VALUE",
+    "--isobn-epsilon": "--set isobn.epsilon=VALUE",
+    "--istar-weight": "--set istar.weight=VALUE",
+    "--istar-zeta": "--set istar.zeta=VALUE",
+    "--cosreg-weight": "--set cosreg.weight=VALUE",
+    "--learning-rate": "--set optimizer.learning_rate=VALUE",
+    "--batch-size": "--set batch_size=N",
+    "--eval-batch-size": "--set eval_batch_size=N",
+    "--max-length": "--set max_length=N",
+    "--epochs": "--set num_epochs=N",
+    "--max-steps": "--set max_steps=N",
+    "--max-train-examples": "--set max_train_examples=N",
+    "--max-eval-examples": "--set max_eval_examples=N",
+    "--policy": "--set policy=p=f32,c=bf16,o=f32",
+}
 
 
 class UsageError(Exception):
@@ -71,17 +77,31 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
+class _Removed(argparse.Action):
+    """A flag of the older command line: refused with the spelling that replaced it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise UsageError(f"{option_string} was removed: use {REMOVED_FLAGS[option_string]}")
+
+
 # ----------------------------------------------------------------------------------------------
-# Configuration: file, preset, flags, --set.
+# Configuration: --config, flags, --set.
 # ----------------------------------------------------------------------------------------------
 
 
-def load_config_file(spec: str) -> ml_collections.ConfigDict:
-    """`FILE[:ARG]` -> `get_config(ARG)` of the Python file FILE (ARG None when absent)."""
+def load_config(spec: str) -> ml_collections.ConfigDict:
+    """`NAME[:ARG]` -> `get_config(ARG)` of the preset `isojax.configs.NAME`, or of the Python
+    file NAME (ARG None when absent)."""
+    from isojax import configs
+
     path, _, arg = spec.partition(":")
+    if path in configs.PRESETS:
+        return configs.load(path, arg or None)
     file = pathlib.Path(path)
     if not file.is_file():
-        raise UsageError(f"--config: no such file {path!r}")
+        raise UsageError(
+            f"--config: {path!r} is neither a preset ({', '.join(configs.PRESETS)}) nor a file"
+        )
     module_spec = importlib.util.spec_from_file_location(f"_isojax_config_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
@@ -93,18 +113,13 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
     return config
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def set_value(config: ml_collections.ConfigDict, key: str, value, source: str) -> None:
-    """`config[key.path] = value`, type-checked by ConfigDict; errors name the key."""
+    """`config[key.path] = value`, type-checked by ConfigDict; errors name the key (and the
+    new spelling of a renamed one)."""
+    from isojax.config import RENAMED
+
+    if key in RENAMED:
+        raise UsageError(f"{source}: config field {key!r} was renamed: use {RENAMED[key]}")
     *parents, leaf = key.split(".")
     node = config
     for i, part in enumerate(parents):
@@ -134,18 +149,12 @@ def parse_value(text: str):
 
 def finetune_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
     """The run's configuration from the parsed `finetune` arguments (validated)."""
-    from isojax import train
+    from isojax import config as config_lib
 
-    config = train.default_config()
+    config = config_lib.default_config()
     if args.config:
-        for key, value in _flatten(load_config_file(args.config).to_dict()).items():
+        for key, value in config_lib.flatten(load_config(args.config).to_dict()).items():
             set_value(config, key, value, f"--config {args.config}")
-    if args.preset is not None:
-        config.preset = args.preset
-        try:
-            train.apply_preset(config)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
     for flag, key, _, _ in FINETUNE_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
@@ -154,11 +163,9 @@ def finetune_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
         key, sep, text = item.partition("=")
         if not sep:
             raise UsageError(f"--set {item!r}: expected key.path=value")
-        if key.strip() == "preset":
-            raise UsageError("--set preset=...: use --preset, which applies the preset's values")
         set_value(config, key.strip(), parse_value(text), "--set")
     try:
-        train.validate_config(config)
+        config_lib.validate_config(config)
     except ValueError as err:
         raise UsageError(str(err)) from None
     return config
@@ -192,29 +199,6 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_encoder(model: str, tokenizer: str | None, *, max_length: int, seed: int):
-    """(module, params, tokenizer) of a pre-trained encoder, or of a random `tiny-bert`."""
-    import jax
-
-    from isojax import models, train
-
-    if model == train.TINY_MODEL:
-        if not tokenizer:
-            raise UsageError("--model tiny-bert needs --tokenizer (a folder with a tokenizer)")
-        tok = train.load_tokenizer(tokenizer)
-        cfg = models.VARIANTS["tiny"].replace(
-            vocab_size=tok.get_vocab_size(with_added_tokens=True),
-            max_position_embeddings=max(64, max_length),
-        )
-        module = models.Encoder(cfg)
-        return module, models.init_params(module, jax.random.key(seed)), tok
-    pretrained = models.load_pretrained(model)
-    tok = train.load_tokenizer(tokenizer) if tokenizer else pretrained.tokenizer
-    if tok is None:
-        raise UsageError(f"model {model!r} has no tokenizer: pass --tokenizer")
-    return pretrained.module, pretrained.params, tok
-
-
 def cmd_analyze(args: argparse.Namespace) -> int:
     from isojax import analysis
     from isojax.data import glue
@@ -231,9 +215,18 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     split = args.split or task.dev_splits[0]
     if split not in task.splits:
         raise UsageError(f"--split {split!r}: task {task.name} has {list(task.splits)}")
-    module, params, tokenizer = load_encoder(
-        args.model, args.tokenizer, max_length=args.max_length, seed=args.seed
-    )
+    import jax
+
+    from isojax import build, models
+
+    try:
+        module, params, tokenizer = build.load_encoder(
+            args.model, args.tokenizer, max_length=args.max_length
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if params is None:  # tiny-bert: random weights
+        params = models.init_params(module, jax.random.key(args.seed))
     if args.data_dir:
         examples = glue.load_tsv(args.data_dir, task, split)
     else:
@@ -275,7 +268,11 @@ def list_benchmarks() -> dict[str, str]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if not BENCH_DIR.is_dir():
-        raise UsageError(f"no benchmark folder {BENCH_DIR} (bench needs a source checkout)")
+        raise UsageError(
+            f"the benchmarks are scripts in a source checkout's experiments/bench/, which an "
+            f"installed isojax does not include (looked in {BENCH_DIR}): run `isojax bench` "
+            "from a clone of the repository with it on PYTHONPATH"
+        )
     available = list_benchmarks()
     if not args.name:
         width = max((len(name) for name in available), default=0)
@@ -295,17 +292,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Isotropy-aware fine-tuning of BERT encoders.")
+    parser = _Parser(
+        prog=PROG, description="Isotropy-aware fine-tuning of BERT encoders.", allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    ft = sub.add_parser("finetune", help="fine-tune on a GLUE task, evaluating each epoch")
+    ft = sub.add_parser(
+        "finetune", help="fine-tune on a GLUE task, evaluating each epoch", allow_abbrev=False
+    )
     ft.add_argument("--workdir", required=True, help="run folder (resumed if it has checkpoints)")
-    ft.add_argument("--config", help="FILE[:ARG]: a Python file with get_config(arg)")
-    ft.add_argument("--preset", help="reference settings: isobn | istar")
+    ft.add_argument(
+        "--config", help="NAME[:ARG]: a preset (isobn, istar) or a Python file with get_config"
+    )
     for flag, key, kind, text in FINETUNE_FLAGS:
         ft.add_argument(flag, type=kind, default=None, help=f"{text} [{key}]")
+    for flag in REMOVED_FLAGS:
+        ft.add_argument(flag, action=_Removed, nargs="?", help=argparse.SUPPRESS)
     ft.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override"
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="any config field"
     )
     ft.add_argument("--print-config", action="store_true", help="print the config and exit")
     ft.set_defaults(run=cmd_finetune)

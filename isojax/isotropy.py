@@ -165,9 +165,11 @@ def isoscore_star(
       \lVert C_\zeta\rVert_F^2 = (1-\zeta)^2\lVert C\rVert_F^2
         + 2\zeta(1-\zeta)\langle C, C_0\rangle + \zeta^2\lVert C_0\rVert_F^2
 
-    ``cov`` is the unbiased covariance (``torch.cov``, as in the reference). When there
-    are fewer points than dimensions (m < d), ``‖C‖_F²`` and ``⟨C, C₀⟩`` come from the
-    ``[m, m]`` Gram matrix and ``[m, d]`` products instead of a ``[d, d]`` covariance.
+    ``cov`` is the unbiased covariance (``torch.cov``, as in the reference). With at least as
+    many points as dimensions the score is :func:`isoscore_star_from_cov` of
+    :func:`isojax.stats.batch_moments` (the one implementation, which the I-STAR train step
+    runs); with fewer (m < d), ``‖C‖_F²`` and ``⟨C, C₀⟩`` come from the ``[m, m]`` Gram matrix
+    and ``[m, d]`` products instead of a ``[d, d]`` covariance (the expansion above).
 
     Args:
       points: ``[..., d]`` embeddings (leading axes flattened), any float dtype.
@@ -186,24 +188,21 @@ def isoscore_star(
     _check_zeta(zeta)
     y, count = _centred_points(points, mask)  # [m, d]
     m, d = y.shape
-    if c0 is not None:
-        c0 = jnp.asarray(c0)
-        if c0.shape != (d, d):
-            raise ValueError(
-                f"c0 has shape {c0.shape} but the points {jnp.shape(points)} have d={d}: "
-                f"expected ({d}, {d})"
-            )
-    c0 = jnp.eye(d, dtype=y.dtype) if c0 is None else c0.astype(y.dtype)
+    if c0 is not None and jnp.shape(c0) != (d, d):
+        raise ValueError(
+            f"c0 has shape {jnp.shape(c0)} but the points {jnp.shape(points)} have d={d}: "
+            f"expected ({d}, {d})"
+        )
+    if m >= d:  # the covariance route, as the train step runs it
+        cov = stats.batch_moments(points, mask, ddof=1).cov
+        return isoscore_star_from_cov(cov, c0=c0, zeta=zeta)
+    # The Gram route: ‖C‖_F² and ⟨C, C₀⟩ from [m, m] and [m, d] products, never [d, d].
+    c0 = jnp.eye(d, dtype=y.dtype) if c0 is None else jnp.asarray(c0).astype(y.dtype)
     scale = 1 / jnp.maximum(count - 1, 1)  # unbiased covariance, as torch.cov
     tr_c = jnp.sum(y**2) * scale
-    if m < d:
-        gram = stats.contract("md,nd->mn", y, y)  # [m, m]
-        fro2_c = jnp.sum(gram**2) * scale**2
-        inner = jnp.sum(jnp.einsum("md,de->me", y, c0, precision=HIGHEST) * y) * scale
-    else:
-        cov = stats.contract("md,me->de", y, y) * scale  # [d, d]
-        fro2_c = jnp.sum(cov**2)
-        inner = jnp.sum(cov * c0)
+    gram = stats.contract("md,nd->mn", y, y)  # [m, m]
+    fro2_c = jnp.sum(gram**2) * scale**2
+    inner = jnp.sum(jnp.einsum("md,de->me", y, c0, precision=HIGHEST) * y) * scale
     tr = (1 - zeta) * tr_c + zeta * jnp.trace(c0)
     fro2 = (1 - zeta) ** 2 * fro2_c + 2 * zeta * (1 - zeta) * inner + zeta**2 * jnp.sum(c0**2)
     return _score_from_trace_and_frobenius(tr, fro2, d)
@@ -258,11 +257,28 @@ def mean_cosine_similarity(
       Scalar float32 at least, in ``[-1, 1]``.
     """
     x, w = stats._flatten(points, mask)
-    norm = jnp.sqrt(jnp.sum(x**2, axis=-1))
-    nonzero = norm > 0
-    unit = x / jnp.where(nonzero, norm, 1)[:, None] * (w * nonzero)[:, None]  # [m, d]
-    total = jnp.sum(unit, axis=0)  # [d]
-    n = jnp.sum(w)
-    pairs = n * (n - 1)
-    off_diagonal = jnp.sum(total**2) - jnp.sum(unit**2)
+    unit_sum, unit_sq, n = unit_vector_sums(x, w)
+    return mean_cosine_from_sums(unit_sum, unit_sq, n)
+
+
+def unit_vector_sums(x: jax.Array, weight: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    r"""``(Σ x̂_i [d], Σ ‖x̂_i‖² [], n [])`` over the kept points, ``x̂ = x/‖x‖`` (0 for x = 0).
+
+    The sufficient statistics of the mean cosine and of CosReg, summed over every leading axis
+    of ``x [..., d]``; ``weight [...]`` keeps a point where > 0. The norm is ``rsqrt`` of the
+    squared norm, guarded at the dtype's smallest normal (a zero vector adds nothing).
+    """
+    sq_norm = jnp.sum(x * x, axis=-1, keepdims=True)  # [..., 1]
+    tiny = jnp.finfo(x.dtype).tiny
+    unit = jnp.where(sq_norm > tiny, x * lax.rsqrt(jnp.maximum(sq_norm, tiny)), 0.0)
+    keep = jnp.where(weight > 0, 1.0, 0.0)  # [...]
+    unit = unit * keep[..., None]  # dropped points contribute nothing
+    axes = tuple(range(x.ndim - 1))
+    return jnp.sum(unit, axis=axes), jnp.sum(unit * unit), jnp.sum(keep)
+
+
+def mean_cosine_from_sums(unit_sum: jax.Array, unit_sq: jax.Array, count: jax.Array) -> jax.Array:
+    r"""Mean off-diagonal cosine ``(‖Σ x̂‖² − Σ‖x̂‖²)/(n(n − 1))`` from streamed sums; 0 if n < 2."""
+    pairs = count * (count - 1)
+    off_diagonal = jnp.sum(unit_sum**2) - unit_sq
     return jnp.where(pairs > 0, off_diagonal / jnp.where(pairs > 0, pairs, 1), 0)

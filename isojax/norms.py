@@ -31,11 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from isojax import stats
-
-NORMALIZERS = ("none", "recenter", "batchnorm", "layernorm", "isobn")
-
-_STATS_DTYPE = jnp.float32
+from isojax import running, stats
+from isojax.running import STATS_DTYPE
 
 
 def isobn_gain(
@@ -75,7 +72,7 @@ def isobn_gain(
     """
     cov = jnp.asarray(cov)
     std = jnp.asarray(std)
-    dtype = jnp.promote_types(jnp.result_type(cov, std), _STATS_DTYPE)
+    dtype = stats.stats_dtype(jnp.result_type(cov, std))
     cov, std = cov.astype(dtype), std.astype(dtype)
     outer = std[:, None] * std[None, :]  # [d, d]
     nonzero = outer > 0
@@ -86,49 +83,6 @@ def isobn_gain(
     var = jnp.diagonal(cov)  # [d]
     keep_total = jnp.sqrt(jnp.sum(var) / (jnp.sum(var * gain**2) + epsilon))
     return keep_total * gain
-
-
-def _check_feature_size(module: nn.Module, name: str, have: tuple, want: tuple, x_shape: tuple):
-    """Raises at trace time when existing running state does not fit the input's features."""
-    if tuple(have) != tuple(want):
-        raise ValueError(
-            f"{type(module).__name__}: input of shape {tuple(x_shape)} (feature size "
-            f"{x_shape[-1]}) needs batch_stats[{name!r}] of shape {tuple(want)}, but the "
-            f"existing state has shape {tuple(have)}"
-        )
-
-
-def _batch_ok(count: jax.Array, *arrays: jax.Array, min_count: int) -> jax.Array:
-    """Scalar bool: enough points and every statistic finite (the guard on an update)."""
-    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in arrays]))
-    return finite & (count >= min_count)
-
-
-def guarded_update(
-    module: nn.Module,
-    pairs: list[tuple[nn.Variable, jax.Array]],
-    counters: tuple[nn.Variable, nn.Variable],
-    ok: jax.Array,
-) -> None:
-    """Writes new values of running statistics only where `ok`; counts and sows a skipped batch."""
-    for variable, new in pairs:
-        variable.value = jnp.where(ok, new.astype(variable.value.dtype), variable.value)
-    count, skipped = counters
-    count.value = count.value + ok.astype(jnp.int32)
-    skipped.value = skipped.value + (~ok).astype(jnp.int32)
-    module.sow("intermediates", "skipped_batch", ~ok)
-
-
-def skip_counters(module: nn.Module) -> tuple[nn.Variable, nn.Variable]:
-    """The `count` (updates applied) and `skipped` (batches refused) counters, int32 scalars."""
-    count = module.variable("batch_stats", "count", jnp.zeros, (), jnp.int32)
-    skipped = module.variable("batch_stats", "skipped", jnp.zeros, (), jnp.int32)
-    return count, skipped
-
-
-def _ema(momentum: float, running: jax.Array, batch: jax.Array) -> jax.Array:
-    """Flax-form moving average: `momentum * running + (1 - momentum) * batch`."""
-    return momentum * running + (1.0 - momentum) * batch
 
 
 def _mean_var(
@@ -147,7 +101,7 @@ def _mean_var(
     Returns:
         `(count [], mean [d], var [d])`, float32 (float64 for float64 input).
     """
-    dtype = jnp.promote_types(x.dtype, _STATS_DTYPE)
+    dtype = stats.stats_dtype(x.dtype)
     x = x.astype(dtype).reshape(-1, x.shape[-1])  # [n, d]
     if mask is None:
         w = jnp.ones(x.shape[:1], dtype)
@@ -164,6 +118,44 @@ def _mean_var(
     dev = jnp.where(keep, x - mean, 0.0)  # [n, d]
     var = total(jnp.sum(w[:, None] * dev**2, axis=0)) / denom  # [d]
     return count, mean, var
+
+
+def _running_mean_var(
+    module: nn.Module,
+    x: jax.Array,
+    mask: jax.Array | None,
+    use_running_average: bool,
+    *,
+    min_count: int,
+    with_var: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """`(x in float32, mean [d], var [d] or None)` of `Recenter` and `BatchNorm`.
+
+    Training: the batch's masked mean and biased variance (`_mean_var`), and the running
+    ``batch_stats['mean']`` (zeros) and ``['var']`` (ones, `with_var`) moved towards them by
+    `running.ema` under the bad-batch guard (`min_count` unmasked rows). Evaluation: the
+    running ones.
+    """
+    d = x.shape[-1]
+    ra_mean = module.variable("batch_stats", "mean", jnp.zeros, (d,), STATS_DTYPE)
+    ra_var = (
+        module.variable("batch_stats", "var", jnp.ones, (d,), STATS_DTYPE) if with_var else None
+    )
+    counters = running.skip_counters(module)
+    running.check_state_shape(module, "mean", ra_mean.value.shape, (d,), x.shape)
+    x32 = x.astype(stats.stats_dtype(x.dtype))
+    if use_running_average:
+        return x32, ra_mean.value, ra_var.value if with_var else None
+    initializing = module.is_initializing()
+    count, mean, var = _mean_var(x32, mask, None if initializing else module.axis_name)
+    if not initializing:
+        pairs = [(ra_mean, mean)] + ([(ra_var, var)] if with_var else [])
+        ok = running.batch_ok(count, *(new for _, new in pairs), min_count=min_count)
+        moved = [
+            (v, running.ema(module.momentum, v.value, lax.stop_gradient(new))) for v, new in pairs
+        ]
+        running.guarded_update(module, moved, counters, ok)
+    return x32, mean, var if with_var else None
 
 
 class IsoBN(nn.Module):
@@ -230,21 +222,21 @@ class IsoBN(nn.Module):
             "use_running_average", self.use_running_average, use_running_average
         )
         d = x.shape[-1]
-        cov = self.variable("batch_stats", "cov", jnp.zeros, (d, d), _STATS_DTYPE)
-        std = self.variable("batch_stats", "std", jnp.zeros, (d,), _STATS_DTYPE)
-        counters = skip_counters(self)
+        cov = self.variable("batch_stats", "cov", jnp.zeros, (d, d), STATS_DTYPE)
+        std = self.variable("batch_stats", "std", jnp.zeros, (d,), STATS_DTYPE)
+        counters = running.skip_counters(self)
         count = counters[0]
-        _check_feature_size(self, "cov", cov.value.shape, (d, d), x.shape)
-        _check_feature_size(self, "std", std.value.shape, (d,), x.shape)
+        running.check_state_shape(self, "cov", cov.value.shape, (d, d), x.shape)
+        running.check_state_shape(self, "std", std.value.shape, (d,), x.shape)
 
         if not use_running_average and not self.is_initializing():
             batch = stats.batch_moments(lax.stop_gradient(x), mask, axis_name=self.axis_name)
-            ok = _batch_ok(batch.count, batch.cov, batch.std, min_count=2)
-            guarded_update(
+            ok = running.batch_ok(batch.count, batch.cov, batch.std, min_count=2)
+            running.guarded_update(
                 self,
                 [
-                    (cov, _ema(self.momentum, cov.value, batch.cov)),
-                    (std, _ema(self.momentum, std.value, batch.std)),
+                    (cov, running.ema(self.momentum, cov.value, batch.cov)),
+                    (std, running.ema(self.momentum, std.value, batch.std)),
                 ],
                 counters,
                 ok,
@@ -252,18 +244,24 @@ class IsoBN(nn.Module):
 
         running_cov, running_std = cov.value, std.value
         if self.debias:
-            correction = 1.0 - self.momentum ** count.value.astype(_STATS_DTYPE)
+            correction = 1.0 - self.momentum ** count.value.astype(STATS_DTYPE)
             correction = jnp.where(count.value > 0, correction, 1.0)
             running_cov, running_std = running_cov / correction, running_std / correction
         gain = isobn_gain(running_cov, running_std, beta=self.beta, epsilon=self.epsilon)
         gain = lax.stop_gradient(jnp.where(count.value > 0, gain, jnp.ones_like(gain)))
         out_dtype = self.dtype or x.dtype
-        y = x.astype(jnp.promote_types(x.dtype, _STATS_DTYPE)) * gain
+        y = x.astype(stats.stats_dtype(x.dtype)) * gain
         return y.astype(out_dtype)
 
 
 class Recenter(nn.Module):
     """Subtracts a mean: the batch mean in training, the running mean in evaluation.
+
+    SPEC.md §2 describes re-centring as "subtract the running mean". isojax keeps batch norm's
+    convention instead, and this is the one behaviour: in training the *batch* mean is
+    subtracted (so the gradient flows through it, as in batch normalisation, and the output
+    is centred from the first step, before a zero-initialised running mean has warmed up);
+    the running mean is what evaluation subtracts.
 
     Running mean ``batch_stats['mean']`` `[d]` float32 (zero-initialised), updated as Flax's
     `BatchNorm`: `mean ← m · mean + (1 − m) · batch_mean`; plus the ``count``/``skipped``
@@ -297,21 +295,7 @@ class Recenter(nn.Module):
         use_running_average = nn.merge_param(
             "use_running_average", self.use_running_average, use_running_average
         )
-        d = x.shape[-1]
-        ra_mean = self.variable("batch_stats", "mean", jnp.zeros, (d,), _STATS_DTYPE)
-        counters = skip_counters(self)
-        _check_feature_size(self, "mean", ra_mean.value.shape, (d,), x.shape)
-        x32 = x.astype(jnp.promote_types(x.dtype, _STATS_DTYPE))
-        if use_running_average:
-            mean = ra_mean.value
-        else:
-            initializing = self.is_initializing()
-            axis_name = None if initializing else self.axis_name
-            count, mean, _ = _mean_var(x32, mask, axis_name)
-            if not initializing:
-                ok = _batch_ok(count, mean, min_count=1)
-                new = _ema(self.momentum, ra_mean.value, lax.stop_gradient(mean))
-                guarded_update(self, [(ra_mean, new)], counters, ok)
+        x32, mean, _ = _running_mean_var(self, x, mask, use_running_average, min_count=1)
         return (x32 - mean).astype(self.dtype or x.dtype)
 
 
@@ -354,27 +338,9 @@ class BatchNorm(nn.Module):
             "use_running_average", self.use_running_average, use_running_average
         )
         d = x.shape[-1]
-        ra_mean = self.variable("batch_stats", "mean", jnp.zeros, (d,), _STATS_DTYPE)
-        ra_var = self.variable("batch_stats", "var", jnp.ones, (d,), _STATS_DTYPE)
-        counters = skip_counters(self)
-        _check_feature_size(self, "mean", ra_mean.value.shape, (d,), x.shape)
-        x32 = x.astype(jnp.promote_types(x.dtype, _STATS_DTYPE))
-        if use_running_average:
-            mean, var = ra_mean.value, ra_var.value
-        else:
-            initializing = self.is_initializing()
-            count, mean, var = _mean_var(x32, mask, None if initializing else self.axis_name)
-            if not initializing:
-                ok = _batch_ok(count, mean, var, min_count=2)
-                guarded_update(
-                    self,
-                    [
-                        (ra_mean, _ema(self.momentum, ra_mean.value, lax.stop_gradient(mean))),
-                        (ra_var, _ema(self.momentum, ra_var.value, lax.stop_gradient(var))),
-                    ],
-                    counters,
-                    ok,
-                )
+        x32, mean, var = _running_mean_var(
+            self, x, mask, use_running_average, min_count=2, with_var=True
+        )
         y = (x32 - mean) * lax.rsqrt(var + self.epsilon)
         if self.use_scale:
             y = y * self.param("scale", self.scale_init, (d,), self.param_dtype)
@@ -410,7 +376,7 @@ class LayerNorm(nn.Module):
     ) -> jax.Array:
         """`[batch, d]` -> layer-normalised `[batch, d]`, dtype `self.dtype` or `x.dtype`."""
         del use_running_average, mask  # per-example statistics: nothing runs or is masked
-        x32 = x.astype(jnp.promote_types(x.dtype, _STATS_DTYPE))
+        x32 = x.astype(stats.stats_dtype(x.dtype))
         mean = jnp.mean(x32, axis=-1, keepdims=True)
         var = jnp.mean((x32 - mean) ** 2, axis=-1, keepdims=True)
         y = (x32 - mean) * lax.rsqrt(var + self.epsilon)
@@ -438,6 +404,9 @@ class Identity(nn.Module):
         return x if self.dtype is None else x.astype(self.dtype)
 
 
+# The registry: a normaliser's name (a `config.method`, `isojax finetune --method NAME`) -> its
+# class. A new one is a module with the common call signature plus one line here
+# (ARCHITECTURE.md, "Adding a normaliser").
 _CLASSES = {
     "none": Identity,
     "recenter": Recenter,
@@ -445,6 +414,31 @@ _CLASSES = {
     "layernorm": LayerNorm,
     "isobn": IsoBN,
 }
+NORMALIZERS = tuple(_CLASSES)
+
+
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)} - {"parent"}
+
+
+def check_hparams(name: str, **hparams) -> None:
+    """Raises ValueError (one line) for an unknown normaliser, an unknown hyper-parameter of it,
+    or a value out of range: momentum in (0, 1), beta >= 0, epsilon > 0."""
+    if name not in _CLASSES:
+        raise ValueError(f"unknown normalizer {name!r}; known: {', '.join(NORMALIZERS)}")
+    unknown = sorted(set(hparams) - _fields(_CLASSES[name]))
+    if unknown:
+        raise ValueError(
+            f"normalizer {name!r} has no hyper-parameter(s) {unknown}; "
+            f"it takes {sorted(_fields(_CLASSES[name]))}"
+        )
+    momentum, beta = hparams.get("momentum", 0.5), hparams.get("beta", 0.0)
+    if not 0.0 < momentum < 1.0:
+        raise ValueError(f"momentum {momentum} not in (0, 1)")
+    if beta < 0.0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if hparams.get("epsilon", 1.0) <= 0.0:
+        raise ValueError(f"epsilon must be > 0, got {hparams['epsilon']}")
 
 
 def make_normalizer(
@@ -484,15 +478,8 @@ def make_normalizer(
         >>> sorted(variables["batch_stats"])
         ['count', 'cov', 'skipped', 'std']
     """
-    if name not in _CLASSES:
-        raise ValueError(f"unknown normalizer {name!r}; known: {', '.join(NORMALIZERS)}")
-    cls = _CLASSES[name]
-    fields = {f.name for f in dataclasses.fields(cls)} - {"parent"}
-    unknown = sorted(set(hparams) - fields)
-    if unknown:
-        raise ValueError(
-            f"normalizer {name!r} has no hyper-parameter(s) {unknown}; it takes {sorted(fields)}"
-        )
+    check_hparams(name, **hparams)
+    fields = _fields(_CLASSES[name])
     common = {"dtype": dtype, "param_dtype": param_dtype, "axis_name": axis_name}
     kwargs = {k: v for k, v in common.items() if k in fields} | hparams
-    return cls(**kwargs)
+    return _CLASSES[name](**kwargs)

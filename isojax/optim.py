@@ -71,6 +71,34 @@ def decay_mask(params: Any) -> Any:
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+def check_hparams(
+    *,
+    learning_rate: float,
+    schedule: str = "linear",
+    warmup_fraction: float = 0.0,
+    weight_decay: float = 0.0,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    adam_eps: float = 1e-8,
+    clip_norm: float | None = None,
+) -> None:
+    """Raises ValueError (one line naming the value) for a setting `make_optimizer` refuses."""
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown learning-rate schedule {schedule!r}; known: {SCHEDULES}")
+    if not 0.0 <= warmup_fraction < 1.0:
+        raise ValueError(f"warmup_fraction {warmup_fraction} not in [0, 1)")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+        raise ValueError(f"b1 and b2 must be in [0, 1), got {b1}, {b2}")
+    if not adam_eps > 0:
+        raise ValueError(f"adam_eps must be > 0, got {adam_eps}")
+    if clip_norm is not None and not clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0 (None disables clipping), got {clip_norm}")
+
+
 def make_optimizer(
     *,
     learning_rate: float,
@@ -81,28 +109,36 @@ def make_optimizer(
     b1: float = 0.9,
     b2: float = 0.999,
     adam_eps: float = 1e-8,
-    clip_norm: float = 0.0,
+    clip_norm: float | None = None,
 ) -> optax.GradientTransformation:
-    """AdamW with the schedule above; clip by global norm first when `clip_norm > 0`.
+    """AdamW with the schedule above; clip by global norm first unless `clip_norm` is None.
 
     Args:
       learning_rate, total_steps, warmup_fraction, schedule: see `learning_rate_schedule`.
       weight_decay: decoupled decay coefficient (multiplied by the scheduled rate, as torch
         AdamW), applied to `decay_mask` leaves only.
       b1, b2, adam_eps: Adam's moment decays and epsilon (outside the square root).
-      clip_norm: global-norm clipping threshold; 0 disables.
+      clip_norm: global-norm clipping threshold (> 0); None disables.
 
     Returns:
       An `optax.GradientTransformation`; its state is a pytree of float32 moments.
     """
+    check_hparams(
+        learning_rate=learning_rate,
+        schedule=schedule,
+        warmup_fraction=warmup_fraction,
+        weight_decay=weight_decay,
+        b1=b1,
+        b2=b2,
+        adam_eps=adam_eps,
+        clip_norm=clip_norm,
+    )
     rate = learning_rate_schedule(
         learning_rate, total_steps, warmup_fraction=warmup_fraction, kind=schedule
     )
     adamw = optax.adamw(
         rate, b1=b1, b2=b2, eps=adam_eps, weight_decay=weight_decay, mask=decay_mask
     )
-    if clip_norm < 0:
-        raise ValueError(f"clip_norm must be >= 0 (0 disables clipping), got {clip_norm}")
-    if clip_norm > 0:
+    if clip_norm is not None:
         return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
     return adamw

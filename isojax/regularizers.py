@@ -2,8 +2,9 @@
 
 The train step adds `weight * penalty` to the task loss (weight > 0 pushes towards isotropy for
 both penalties here, weight < 0 away from it). The stabiliser `C0` is estimated by a pure
-accumulate-then-finalise pass (`stabilizer_init` / `stabilizer_update` / `stabilizer_finalize`)
-over batches in eval mode; its state is a `stats.MomentState` pytree, so it can be carried in
+accumulate-then-finalise pass (`stabilizer_init` / `stabilizer_update` / `stabilizer_finalize`,
+driven by `estimate_stabilizer`, the one C0 pass the training loop runs) over batches in eval
+mode; its state is a `stats.MomentState` pytree, so it can be carried in
 (and checkpointed with) the train state, and `C0` itself is a plain `[d, d]` array, never a
 parameter.
 
@@ -20,24 +21,30 @@ from jax import lax
 
 from isojax import isotropy, stats
 
-_STATS_DTYPE = jnp.float32
 
-
-def _stack_layers(
-    hidden_states: Sequence[jax.Array] | jax.Array,
+def stack_layers(
+    hidden_states: Sequence[jax.Array] | jax.Array, *, ndim: int | None = 4
 ) -> jax.Array:
-    """L arrays `[batch, len, d]`, or one `[L, batch, len, d]` -> `[L, batch, len, d]`."""
+    """L arrays `[batch, len, d]` -> one stacked `[L, batch, len, d]`; an array passes through.
+
+    Args:
+        hidden_states: a sequence of layers of one shape, or one array.
+        ndim: the rank the result must have (4: `[L, batch, len, d]`); None accepts any
+            `[..., d]` with at least 2 axes (`stabilizer.IsoScoreStar`).
+    """
     if isinstance(hidden_states, list | tuple):
         if not hidden_states:
             raise ValueError("hidden_states is empty: need at least one layer [batch, len, d]")
         shapes = [tuple(h.shape) for h in hidden_states]
-        if any(len(s) != 3 for s in shapes) or len(set(shapes)) != 1:
+        if len(set(shapes)) != 1 or (ndim is not None and any(len(s) != ndim - 1 for s in shapes)):
             raise ValueError(
                 f"hidden_states must be layers of one shape [batch, len, d]; got shapes {shapes}"
             )
         return jnp.stack(hidden_states)
     hidden_states = jnp.asarray(hidden_states)
-    if hidden_states.ndim != 4:
+    if ndim is None and hidden_states.ndim < 2:
+        raise ValueError(f"hidden_states must be [..., d], got shape {hidden_states.shape}")
+    if ndim is not None and hidden_states.ndim != ndim:
         raise ValueError(
             "hidden_states must be a sequence of [batch, len, d] arrays or one stacked "
             f"[layers, batch, len, d] array; got an array of shape {hidden_states.shape}"
@@ -66,7 +73,7 @@ def _layer_tokens(
     include_padding: bool,
 ) -> tuple[jax.Array, jax.Array | None]:
     """`([L, batch, len, d] points, [L, batch, len] mask or None)` for statistics over tokens."""
-    points = _stack_layers(hidden_states)  # [L, b, t, d]
+    points = stack_layers(hidden_states)  # [L, b, t, d]
     token_mask = _token_mask(mask, points.shape[1:3], include_padding)
     if token_mask is not None:
         token_mask = jnp.broadcast_to(token_mask, points.shape[:3])  # [L, b, t]
@@ -112,7 +119,7 @@ def istar_penalty(
     """
     points, token_mask = _layer_tokens(hidden_states, mask, include_padding)
     d = points.shape[-1]
-    dtype = jnp.promote_types(points.dtype, _STATS_DTYPE)
+    dtype = stats.stats_dtype(points.dtype)
     if c0 is not None:
         c0 = jnp.asarray(c0)
         if tuple(c0.shape) != (d, d):
@@ -156,24 +163,18 @@ def cosreg_penalty(
         raise ValueError(
             f"cosreg_penalty takes the last layer [batch, len, d]; got shape {hidden.shape}"
         )
-    dtype = jnp.promote_types(hidden.dtype, _STATS_DTYPE)
+    dtype = stats.stats_dtype(hidden.dtype)
     x = hidden.astype(dtype)
     token_mask = _token_mask(mask, hidden.shape[:2], include_padding)
     weight = jnp.ones(hidden.shape[:2], dtype) if token_mask is None else token_mask.astype(dtype)
-    weight = jnp.where(weight > 0, 1.0, 0.0)  # [b, t]
-    sq_norm = jnp.sum(x * x, axis=-1, keepdims=True)  # [b, t, 1]
-    tiny = jnp.finfo(dtype).tiny
-    unit = jnp.where(sq_norm > tiny, x * lax.rsqrt(jnp.maximum(sq_norm, tiny)), 0.0)
-    unit = unit * weight[..., None]  # masked tokens contribute nothing
-    total = jnp.sum(unit, axis=(0, 1))  # [d]
-    n = jnp.sum(weight)
-    off_diagonal = jnp.sum(total * total) - jnp.sum(unit * unit)
+    total, unit_sq, n = isotropy.unit_vector_sums(x, weight)  # [d], [], []
+    off_diagonal = jnp.sum(total * total) - unit_sq
     return jnp.where(n > 0, off_diagonal / jnp.maximum(n, 1.0) ** 2, 0.0)
 
 
 def stabilizer_init(d: int) -> stats.MomentState:
     """Empty accumulator for I-STAR's `C0` over `d` features (float32 `stats.MomentState`)."""
-    return stats.moments_init(d, _STATS_DTYPE)
+    return stats.moments_init(d)
 
 
 def stabilizer_update(
@@ -221,34 +222,32 @@ def stabilizer_finalize(state: stats.MomentState) -> jax.Array:
 
 
 def estimate_stabilizer(
-    hidden_fn: Callable[[dict], tuple[Sequence[jax.Array] | jax.Array, jax.Array]],
+    update_fn: Callable[[stats.MomentState, dict], stats.MomentState],
     batches: Iterable[dict],
-    d: int,
+    state: stats.MomentState,
     *,
     num_points: int = 250_000,
-    include_padding: bool = False,
-) -> tuple[jax.Array, stats.MomentState]:
-    """Runs the `C0` pass: accumulate tokens over `batches` until `num_points`, then finalise.
+) -> stats.MomentState:
+    """The `C0` pass (SPEC.md §4): accumulate batches until `num_points` token vectors.
 
-    The reference rebuilds `C0` at the start of every epoch (and before the first update) from
-    at least 250 000 token vectors of the training set, in eval mode without gradients.
+    The reference rebuilds `C0` before every epoch (and so before the first update) from at
+    least 250 000 token vectors of the training set, in eval mode without gradients. The
+    count is `state.count`: the unmasked token vectors of every layer (L per token); the batch
+    that reaches `num_points` is included whole, and the pass stops there. The training loop
+    runs it with `steps.stabilizer_step` over the epoch's training batches in order.
 
     Args:
-        hidden_fn: `batch -> (hidden_states, attention_mask)`, the encoder in eval mode
-            (deterministic, `use_running_average=True`); jit it yourself.
+        update_fn: `(state, batch) -> state`, adding one batch's eval-mode tokens of every
+            layer (`stabilizer_update` of the encoder's hidden states); jit it yourself.
         batches: iterable of batches (e.g. `isojax.data.batching.batches(...)`).
-        d: hidden size.
-        num_points: stop once this many tokens (over all layers) have been accumulated.
-        include_padding: keep padding positions, as the reference does.
+        state: the starting accumulator, `stabilizer_init(d)` (placed where you want it).
+        num_points: stop once this many token vectors have been accumulated.
 
     Returns:
-        `(c0 [d, d], state)`; carry `state` in the train state to checkpoint the pass.
+        The accumulated state; `stabilizer_finalize(state)` is `C0`.
     """
-    update = jax.jit(stabilizer_update, static_argnames=("include_padding",))
-    state = stabilizer_init(d)
     for batch in batches:
-        hidden_states, mask = hidden_fn(batch)
-        state = update(state, hidden_states, mask, include_padding=include_padding)
+        state = update_fn(state, batch)
         if float(state.count) >= num_points:
             break
-    return stabilizer_finalize(state), state
+    return state

@@ -22,10 +22,9 @@ Dropout key: the run key `rng` is stored as raw key data (`[2]` uint32 for three
 XLA's RngBitGenerator (the usual choice on accelerators); its split / fold_in are still
 threefry's, and its bits do not depend on the sharding (tested).
 
-Devices: a one-axis mesh ("data") over every device of every process; batches are sharded
-along it, parameters replicated or sharded FSDP-style. Under `jax.jit` with global arrays,
-every statistic (IsoBN's moments, IsoScore*, C0, the dev-set moments) is over the global
-batch, with no explicit collective.
+Devices (`isojax.distributed`): `jit_steps` compiles the three steps for a one-axis mesh;
+under `jax.jit` with global arrays, every statistic (IsoBN's moments, IsoScore*, C0, the
+dev-set moments) is over the global batch, with no explicit collective.
 
 References:
   flax `examples/imagenet/train.py` (TrainState with batch_stats and a loss scale);
@@ -35,25 +34,18 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 from collections.abc import Callable
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from isojax import isotropy, precision, regularizers, stats
+from isojax import analysis, distributed, isotropy, precision, regularizers, stats
 from isojax import stabilizer as stabilizer_lib
-
-DATA_AXIS = "data"
-# Batch keys the steps read (`idx` stays on the host).
-BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "example_mask")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +59,8 @@ class Objective:
       zeta: I-STAR shrinkage towards C0.
       include_padding: padding tokens of real examples enter the penalty and C0 (reference
         parity); filler rows never do.
-      stabilizer: I-STAR's C0: "pass" (explicit pass per epoch, `train.estimate_c0`),
+      stabilizer: I-STAR's C0: "pass" (explicit pass per epoch, `stabilizer_step` driven by
+        `regularizers.estimate_stabilizer`),
         "epoch" or "ema" (running, `isojax.stabilizer.IsoScoreStar`).
       stabilizer_kwargs: the other `IsoScoreStar` fields as a hashable tuple of pairs, e.g.
         `(("window", 250_000), ("window_unit", "tokens"))`.
@@ -243,27 +236,22 @@ class EvalAccumulator:
     """Sufficient statistics of the dev set's embeddings (float32), summed batch by batch.
 
     Attributes:
-      sentence: moments of the sentence vectors `[b, h]` (before the normaliser).
+      sentence: the sentence vectors `[b, h]` before the normaliser (moments and unit-vector
+        sums for the mean cosine: `analysis.SentenceStats`, as `isojax analyze` keeps them).
       pre_logits: moments of the normalised sentence vectors (what the classifier sees).
       tokens: moments of every token of every layer (padding excluded).
-      unit_sum: `[h]` sum of the unit-normalised sentence vectors; unit_sq: sum of their
-        squared norms (1 per non-zero vector), for the mean cosine similarity.
     """
 
-    sentence: stats.MomentState
+    sentence: analysis.SentenceStats
     pre_logits: stats.MomentState
     tokens: stats.MomentState
-    unit_sum: jax.Array
-    unit_sq: jax.Array
 
 
 def eval_accumulator_init(hidden_size: int) -> EvalAccumulator:
     return EvalAccumulator(
-        sentence=stats.moments_init(hidden_size),
+        sentence=analysis.sentence_stats_init(hidden_size),
         pre_logits=stats.moments_init(hidden_size),
         tokens=stats.moments_init(hidden_size),
-        unit_sum=jnp.zeros([hidden_size], jnp.float32),
-        unit_sq=jnp.zeros([], jnp.float32),
     )
 
 
@@ -278,19 +266,13 @@ def eval_step(state: TrainState, batch: dict, acc: EvalAccumulator) -> tuple[Eva
         example_mask=batch["example_mask"],
     )
     real = batch["example_mask"]  # [b]
-    sentence = out["sentence"].astype(jnp.float32)  # [b, h]
     hidden = jnp.stack(out["encoder"].hidden_states)  # [L, b, t, h]
     token_mask = batch["attention_mask"] * real[:, None]  # [b, t]
     token_mask = jnp.broadcast_to(token_mask, hidden.shape[:-1])  # [L, b, t]
-    norm = jnp.linalg.norm(sentence, axis=-1, keepdims=True)  # [b, 1]
-    unit = jnp.where(norm > 0, sentence / jnp.where(norm > 0, norm, 1.0), 0.0)
-    unit = unit * real[:, None].astype(jnp.float32)
     acc = EvalAccumulator(
-        sentence=stats.moments_update(acc.sentence, sentence, real),
+        sentence=analysis.sentence_stats_update(acc.sentence, out["sentence"], real),
         pre_logits=stats.moments_update(acc.pre_logits, out["pre_logits"], real),
         tokens=stats.moments_update(acc.tokens, hidden, token_mask),
-        unit_sum=acc.unit_sum + jnp.sum(unit, axis=0),
-        unit_sq=acc.unit_sq + jnp.sum(unit**2),
     )
     outputs = {
         "logits": logits.astype(jnp.float32),
@@ -311,14 +293,13 @@ def isotropy_metrics(
     `tokens_isoscore_star` (IsoScore* of the tokens shrunk towards the run's C0 by `zeta`).
     """
     out = {}
-    for name, moments_state in (("sentence", acc.sentence), ("pre_logits", acc.pre_logits)):
+    for name, moments_state in (("sentence", acc.sentence.moments), ("pre_logits", acc.pre_logits)):
         cov = stats.moments_finalize(moments_state).cov
         out[f"{name}_ev1"] = isotropy.explained_variance(cov, 1)
         out[f"{name}_ev3"] = isotropy.explained_variance(cov, 3)
         out[f"{name}_isoscore"] = isotropy.isoscore_from_cov(cov)
-    n = acc.sentence.count
-    out["sentence_mean_cosine"] = jnp.where(
-        n > 1, (jnp.sum(acc.unit_sum**2) - acc.unit_sq) / jnp.maximum(n * (n - 1), 1.0), 0.0
+    out["sentence_mean_cosine"] = isotropy.mean_cosine_from_sums(
+        acc.sentence.unit_sum, acc.sentence.unit_sq, acc.sentence.moments.count
     )
     token_cov = stats.moments_finalize(acc.tokens, ddof=1).cov
     out["tokens_isoscore"] = isotropy.isoscore_star_from_cov(token_cov)
@@ -327,11 +308,9 @@ def isotropy_metrics(
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), out)
 
 
-def stabilizer_step(
-    state: TrainState, batch: dict, acc: stats.MomentState
-) -> tuple[stats.MomentState, jax.Array]:
-    """Adds one batch's tokens (all layers, eval mode, no gradient) to the C0 accumulator;
-    also returns the number of token vectors added (all layers, global)."""
+def stabilizer_step(state: TrainState, batch: dict, acc: stats.MomentState) -> stats.MomentState:
+    """Adds one batch's tokens (all layers, eval mode, no gradient) to the C0 accumulator
+    (`regularizers.stabilizer_update`; `acc.count` counts the token vectors of all layers)."""
     _, out = state.apply_fn(
         {"params": state.params, "batch_stats": state.batch_stats},
         *_model_inputs(batch),
@@ -341,73 +320,14 @@ def stabilizer_step(
     )
     hidden = out["encoder"].hidden_states
     mask = penalty_mask(batch, state.objective.include_padding)  # [b, t]
-    acc = regularizers.stabilizer_update(acc, hidden, mask)
-    return acc, (len(hidden) * jnp.sum(mask)).astype(jnp.float32)
-
-
-# ----------------------------------------------------------------------------------------------
-# Devices: mesh, shardings, global batches.
-# ----------------------------------------------------------------------------------------------
-
-
-def initialize_distributed() -> bool:
-    """`jax.distributed.initialize` when this process was launched as one of several.
-
-    Reads `JAX_COORDINATOR_ADDRESS` (host:port of process 0), `JAX_NUM_PROCESSES` and
-    `JAX_PROCESS_ID`; does nothing when they are unset or JAX is initialised already. Call
-    it before any other JAX work. Returns True when it initialised.
-    """
-    address = os.environ.get("JAX_COORDINATOR_ADDRESS")
-    count = os.environ.get("JAX_NUM_PROCESSES")
-    index = os.environ.get("JAX_PROCESS_ID")
-    if not (address and count and index) or jax.distributed.is_initialized():
-        return False
-    jax.distributed.initialize(address, num_processes=int(count), process_id=int(index))
-    return True
-
-
-def make_mesh(devices: list | None = None) -> jax.sharding.Mesh:
-    """A one-axis ("data") mesh over `devices` (default: every device of every process)."""
-    devices = jax.devices() if devices is None else list(devices)
-    return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
-
-
-def _fsdp_spec(shape: tuple[int, ...], n: int, min_size: int = 1024) -> P:
-    """Shard the largest axis divisible by `n` (leaves under `min_size` elements replicated)."""
-    if n == 1 or math.prod(shape) < min_size:
-        return P()
-    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
-        if shape[axis] % n == 0:
-            spec = [None] * len(shape)
-            spec[axis] = DATA_AXIS
-            return P(*spec)
-    return P()
-
-
-def state_sharding(state: Any, mesh: jax.sharding.Mesh, *, fsdp: bool = False) -> Any:
-    """NamedShardings for every leaf of `state`: replicated, or FSDP-sharded with `fsdp`."""
-    n = mesh.shape[DATA_AXIS]
-
-    def spec(x):
-        return NamedSharding(mesh, _fsdp_spec(np.shape(x), n) if fsdp else P())
-
-    return jax.tree.map(spec, state)
-
-
-def global_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
-    """This process's rows of a batch -> global arrays sharded over the mesh's data axis."""
-    sharding = NamedSharding(mesh, P(DATA_AXIS))
-    return {
-        key: jax.make_array_from_process_local_data(sharding, np.asarray(batch[key]))
-        for key in BATCH_KEYS
-    }
+    return regularizers.stabilizer_update(acc, hidden, mask)
 
 
 def jit_steps(state: TrainState, mesh: jax.sharding.Mesh, *, fsdp: bool = False):
     """`(train_step, eval_step, stabilizer_step)` compiled for `mesh`; the state is donated
     to `train_step`, and its sharding is kept from step to step."""
-    shardings = state_sharding(state, mesh, fsdp=fsdp)
-    data = NamedSharding(mesh, P(DATA_AXIS))
+    shardings = distributed.state_sharding(state, mesh, fsdp=fsdp)
+    data = NamedSharding(mesh, P(distributed.DATA_AXIS))
     replicated = NamedSharding(mesh, P())
     train = jax.jit(
         train_step,
@@ -424,7 +344,7 @@ def jit_steps(state: TrainState, mesh: jax.sharding.Mesh, *, fsdp: bool = False)
     stabilize = jax.jit(
         stabilizer_step,
         in_shardings=(shardings, data, replicated),
-        out_shardings=(replicated, replicated),
+        out_shardings=replicated,
         donate_argnums=2,
     )
     return train, evaluate, stabilize

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tokenizers
 
-from isojax import analysis
+from isojax import analysis, isotropy
 from isojax.data import glue
 from isojax.models import config as config_lib
 from isojax.models import encoder as encoder_lib
@@ -70,7 +70,7 @@ def test_sentence_report_matches_numpy_float64():
 def test_mean_cosine_counts_zero_vectors_as_zero():
     x = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 0.0]], np.float32)
     state = analysis.sentence_stats_update(analysis.sentence_stats_init(2), x)
-    got = analysis.mean_cosine_from_sums(state.unit_sum, state.nonzero, state.moments.count)
+    got = isotropy.mean_cosine_from_sums(state.unit_sum, state.unit_sq, state.moments.count)
     np.testing.assert_allclose(got, 2.0 / 6.0, rtol=1e-6)  # one pair of cosine 1, both ways
 
 

@@ -89,13 +89,14 @@ _CHILD = textwrap.dedent(
     """
     import os, signal, sys
     from isojax import checkpointing, train
+    from isojax import config as config_lib
 
     mode, workdir, glue_dir, tokenizer = sys.argv[1:]
-    config = train.default_config()
+    config = config_lib.default_config()
     config.update_from_flattened_dict({
         "data_dir": glue_dir, "model": "tiny-bert", "tokenizer": tokenizer, "task": "rte",
-        "method": "istar", "istar.weight": 0.5, "istar.stabilizer": "epoch",
-        "istar.stabilizer_window_unit": "steps", "istar.stabilizer_window": 5,
+        "method": "istar", "istar.weight": 0.5, "istar.stabilizer.kind": "epoch",
+        "istar.stabilizer.unit": "steps", "istar.stabilizer.window": 5,
         "max_train_examples": 24, "max_eval_examples": 8, "batch_size": 8,
         "eval_batch_size": 8, "max_length": 32, "buckets": (), "num_epochs": 2,
         "checkpoint_every": 2, "log_every": 1, "progress": False, "tensorboard": False,

@@ -1,7 +1,11 @@
 """isojax.cli: one-line usage errors with exit status 2, config precedence, end-to-end runs."""
 
 import json
+import os
 import pathlib
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -22,15 +26,20 @@ def run(capsys, argv):
     [
         (["--task", "sst9"], "'sst9'"),
         (["--method", "isobnx"], "'isobnx'"),
-        (["--istar-zeta", "1.5"], "istar.zeta 1.5"),
-        (["--set", "istar.zeta=-0.1"], "istar.zeta -0.1"),
-        (["--isobn-momentum", "1.0"], "isobn.momentum 1.0"),
-        (["--set", "isobn.momentum=0"], "isobn.momentum 0"),
+        (["--set", "istar.zeta=1.5"], "istar.zeta: zeta must lie in [0, 1], got 1.5"),
+        (["--set", "istar.zeta=-0.1"], "got -0.1"),
+        (["--set", "isobn.momentum=1.0"], "isobn: momentum 1.0 not in (0, 1)"),
+        (["--set", "istar.stabilizer.momentum=0"], "istar.stabilizer: momentum 0.0 not in"),
         (["--set", "istar.zetta=0.5"], "'istar.zetta'"),
         (["--set", "batch_size=big"], "batch_size='big'"),
-        (["--isobn-momentum", "high"], "'high'"),
-        (["--preset", "bert"], "'bert'"),
-        (["--set", "preset=istar"], "--preset"),
+        (["--seed", "high"], "'high'"),
+        (["--config", "bert"], "'bert' is neither a preset (isobn, istar) nor a file"),
+        # Old spellings name the new one.
+        (["--istar-zeta", "0.4"], "--istar-zeta was removed: use --set istar.zeta=VALUE"),
+        (["--preset", "istar"], "--preset was removed: use --config isobn or --config istar"),
+        (["--max-steps", "2"], "--max-steps was removed: use --set max_steps=N"),
+        (["--set", "preset=istar"], "'preset' was renamed: use --config isobn|istar"),
+        (["--set", "istar.stabilizer_window=5"], "use istar.stabilizer.window"),
     ],
 )
 def test_finetune_rejects_bad_values_with_one_line_and_status_2(capsys, tmp_path, flags, bad):
@@ -58,7 +67,7 @@ def test_bench_lists_the_benchmark_scripts(capsys):
     assert {line.split()[0] for line in out.strip().splitlines()} == names
 
 
-def test_config_precedence_file_then_preset_then_flags_then_set(capsys, tmp_path):
+def test_config_precedence_file_then_flags_then_set(capsys, tmp_path):
     config_file = tmp_path / "my_config.py"
     config_file.write_text(
         "import ml_collections\n"
@@ -70,23 +79,33 @@ def test_config_precedence_file_then_preset_then_flags_then_set(capsys, tmp_path
         "    return c\n"
     )
     argv = ["finetune", "--workdir", str(tmp_path / "run"), "--print-config"]
-    argv += ["--config", f"{config_file}:mrpc", "--preset", "istar", "--istar-zeta", "0.4"]
+    argv += ["--config", f"{config_file}:mrpc", "--task", "rte", "--seed", "7"]
     argv += ["--set", "istar.weight=-2", "--set", "buckets=(16, 48)", "--set", "fsdp=true"]
+    argv += ["--set", "max_steps=None", "--set", "optimizer.clip_norm=none"]
     code, out, err = run(capsys, argv)
     assert code == 0, err
     config = json.loads(out)
-    assert config["task"] == "mrpc"  # from the file
-    assert config["max_length"] == 256  # the preset overrides the file
-    assert config["method"] == "istar" and config["optimizer"]["learning_rate"] == 1e-5
-    assert config["istar"]["zeta"] == 0.4  # the flag overrides the preset
+    assert config["max_length"] == 96 and config["istar"]["zeta"] == 0.3  # from the file
+    assert config["num_epochs"] == 3  # a field the file leaves out keeps its default
+    assert (config["task"], config["seed"]) == ("rte", 7)  # the flags override the file
     assert config["istar"]["weight"] == -2  # --set overrides everything
     assert config["buckets"] == [16, 48] and config["fsdp"] is True
+    assert config["max_steps"] is None and config["optimizer"]["clip_norm"] is None
+
+
+def test_packaged_presets_are_configs(capsys, tmp_path):
+    argv = ["finetune", "--workdir", str(tmp_path), "--print-config", "--config", "istar"]
+    code, out, err = run(capsys, [*argv, "--task", "mrpc", "--set", "istar.zeta=0.4"])
+    assert code == 0, err
+    config = json.loads(out)
+    assert (config["method"], config["task"], config["istar"]["weight"]) == ("istar", "mrpc", -5)
+    assert config["istar"]["zeta"] == 0.4 and config["optimizer"]["learning_rate"] == 1e-5
 
 
 def test_finetune_tiny_model_end_to_end(capsys, tmp_path, glue_dir):
     workdir = tmp_path / "run"
     argv = ["finetune", "--config", f"{FINETUNE_CONFIG}:rte,isobn,tiny", "--workdir", str(workdir)]
-    argv += ["--data-dir", str(glue_dir), "--max-steps", "1"]
+    argv += ["--data-dir", str(glue_dir), "--set", "max_steps=1"]
     code, out, err = run(capsys, argv)
     assert code == 0, err
     results = json.loads((workdir / "results.json").read_text())
@@ -109,3 +128,56 @@ def test_analyze_tiny_model_writes_report(capsys, tmp_path, glue_dir, minilm_dir
     assert f"{summary['cls']['EV_3']:.4f}" in out
     for name in ("ev_curve", "std_histogram", "abs_correlation", "layer_isoscore"):
         assert (tmp_path / f"{name}.png").stat().st_size > 2000
+
+
+def test_bench_runs_one_benchmark_with_its_arguments(capfd, glue_dir):
+    """`isojax bench NAME ARGS` runs experiments/bench/NAME.py with ARGS (a tiny setting)."""
+    argv = ["bench", "data_speed", "--glue_dir", str(glue_dir), "--batch_size", "8"]
+    code = cli.main([*argv, "--max_length", "32", "--repeats", "1"])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    table = out[out.index("task   max_len") :].splitlines()[1:]  # the padding table
+    rows = [line.split() for line in table if line.strip()]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("mrpc", "128"), ("mrpc", "256"), ("cola", "128"), ("cola", "256")
+    ], out  # fmt: skip
+    assert all(0.0 < float(row[2]) < 1.0 for row in rows)  # padding fractions
+
+
+@pytest.mark.slow
+def test_wheel_without_the_source_tree_runs_a_packaged_preset(tmp_path):
+    """A wheel built from the repository, installed away from it, carries the presets: `isojax
+    finetune --config isobn --print-config` works, and `isojax bench` says why it cannot."""
+    src = tmp_path / "src"  # the files the wheel is built from, without build/ leftovers
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    shutil.copytree(REPO / "isojax", src / "isojax", ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    dist, site = tmp_path / "dist", tmp_path / "site"
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", dist, src], check=True
+    )
+    wheel = next(dist.glob("isojax-*.whl"))
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "--target", site, wheel], check=True
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def run_installed(*argv):
+        return subprocess.run(argv, cwd=elsewhere, env=env, capture_output=True, text=True)
+
+    where = run_installed(sys.executable, "-c", "import isojax; print(isojax.__file__)")
+    assert where.stdout.strip().startswith(str(site)), where
+    script = str(site / "bin" / "isojax")
+    out = run_installed(
+        script, "finetune", "--config", "isobn", "--workdir", "run", "--print-config"
+    )
+    assert out.returncode == 0, out.stderr
+    config = json.loads(out.stdout)
+    assert (config["method"], config["optimizer"]["learning_rate"]) == ("isobn", 5e-5)
+    bench = run_installed(script, "bench")
+    assert bench.returncode == 2 and len(bench.stderr.strip().splitlines()) == 1, bench.stderr
+    assert "an installed isojax does not include" in bench.stderr

@@ -16,17 +16,18 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from isojax import steps, train
+from isojax import config as config_lib
+from isojax import distributed, steps, train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def tiny_config(glue_dir, minilm_dir, **overrides):
-    config = train.default_config()
+    config = config_lib.default_config()
     config.update_from_flattened_dict(
         {
             "data_dir": str(glue_dir),
-            "model": train.TINY_MODEL,
+            "model": config_lib.TINY_MODEL,
             "tokenizer": str(minilm_dir),
             "task": "mrpc",
             "method": "isobn",
@@ -64,22 +65,22 @@ def test_sharded_step_equals_single_device_step(glue_dir, minilm_dir):
     RngBitGenerator), whose masks must not depend on the sharding either; the default
     threefry keys: test_two_processes_match_one_process."""
     config = tiny_config(glue_dir, minilm_dir, rng_impl="rbg")
-    single = train.setup(config, mesh=steps.make_mesh(jax.devices()[:1]))
+    single = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     host_state = jax.device_get(single.state)
-    batches = list(train._train_batches(single.train_encoded, config, 0))
+    batches = list(train.train_batches(single.train_encoded, config, 0))
     assert len(batches) == 2
 
     def two_steps(state, train_fn, mesh):
         for batch in batches:
-            state, m = train_fn(state, steps.global_batch(batch, mesh))
+            state, m = train_fn(state, distributed.global_batch(batch, mesh))
         return jax.device_get((state.params, state.batch_stats)), float(m["loss"])
 
     want, want_loss = two_steps(single.state, single.train_fn, single.mesh)
     assert int(want[1]["norm"]["count"]) == 2
-    mesh = steps.make_mesh()
+    mesh = distributed.make_mesh()
     assert mesh.size == 4
     for fsdp in (False, True):
-        shardings = steps.state_sharding(host_state, mesh, fsdp=fsdp)
+        shardings = distributed.state_sharding(host_state, mesh, fsdp=fsdp)
         state = jax.device_put(host_state, shardings)
         embedding = state.params["encoder"]["embeddings"]["word"]["embedding"]
         assert embedding.sharding.spec == (P(None, "data") if fsdp else P())
@@ -92,14 +93,15 @@ def test_sharded_step_equals_single_device_step(glue_dir, minilm_dir):
 _CHILD = textwrap.dedent(
     """
     import sys
-    from isojax import train
+    from isojax import distributed, train
+    from isojax import config as config_lib
 
-    assert train.initialize_distributed()
+    assert distributed.initialize_distributed()
     import jax
 
     workdir, glue_dir, tokenizer = sys.argv[1:]
     assert (jax.process_count(), jax.device_count(), jax.local_device_count()) == (2, 4, 2)
-    config = train.default_config()
+    config = config_lib.default_config()
     config.update_from_flattened_dict({
         "data_dir": glue_dir, "model": "tiny-bert", "tokenizer": tokenizer, "task": "mrpc",
         "method": "isobn", "max_train_examples": 16, "max_eval_examples": 8, "batch_size": 8,

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from isojax import precision
+from isojax import config as config_lib
+from isojax import distributed, precision
 
 
 @pytest.mark.parametrize(
@@ -94,13 +95,13 @@ def test_all_finite_and_select_tree():
 
 
 def _tiny_run(glue_dir, minilm_dir, policy, **overrides):
-    from isojax import steps, train
+    from isojax import train
 
-    config = train.default_config()
+    config = config_lib.default_config()
     config.update_from_flattened_dict(
         {
             "data_dir": str(glue_dir),
-            "model": train.TINY_MODEL,
+            "model": config_lib.TINY_MODEL,
             "tokenizer": str(minilm_dir),
             "task": "rte",
             "method": "isobn",
@@ -116,10 +117,10 @@ def _tiny_run(glue_dir, minilm_dir, policy, **overrides):
             **overrides,
         }
     )
-    run = train.setup(config, mesh=steps.make_mesh(jax.devices()[:1]))
+    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     batches = [
-        steps.global_batch(batch, run.mesh)
-        for batch in train._train_batches(run.train_encoded, config, 0)
+        distributed.global_batch(batch, run.mesh)
+        for batch in train.train_batches(run.train_encoded, config, 0)
     ]
     return run, batches
 
@@ -135,7 +136,7 @@ def test_float16_overflow_step_keeps_params_opt_state_and_running_stats(
     """A healthy float16 step moves params, optimizer state and the running statistics (IsoBN's
     batch_stats, or I-STAR's "ema" stabiliser); an overflowed one keeps all of them."""
     run, batches = _tiny_run(
-        glue_dir, minilm_dir, "p=f32,c=f16,o=f32", method=method, **{"istar.stabilizer": "ema"}
+        glue_dir, minilm_dir, "p=f32,c=f16,o=f32", method=method, **{"istar.stabilizer.kind": "ema"}
     )
     state = run.state
     assert isinstance(state.loss_scale, precision.DynamicLossScale)

@@ -253,17 +253,20 @@ def test_stabilizer_state_is_a_checkpointable_pytree_and_empty_gives_identity():
 
 
 def test_estimate_stabilizer_stops_after_num_points():
+    """The C0 pass counts every layer's unmasked tokens and stops after the batch that reaches
+    `num_points` (the training loop's use of it: test_train.py)."""
     batches = [hidden_and_mask(seed=s) for s in range(5)]
     tokens_per_batch = [int(m.sum()) * L for _, m in batches]
     calls = []
 
-    def hidden_fn(batch):
+    def update_fn(state, batch):
         calls.append(1)
-        return jnp.asarray(batch[0], jnp.float32), batch[1]
+        return regularizers.stabilizer_update(state, jnp.asarray(batch[0], jnp.float32), batch[1])
 
-    c0, state = regularizers.estimate_stabilizer(
-        hidden_fn, batches, D, num_points=tokens_per_batch[0] + 1
+    state = regularizers.estimate_stabilizer(
+        update_fn, batches, regularizers.stabilizer_init(D), num_points=tokens_per_batch[0] + 1
     )
+    c0 = regularizers.stabilizer_finalize(state)
     assert len(calls) == 2 and int(state.count) == sum(tokens_per_batch[:2])
     tokens = np.concatenate([h[:, m.astype(bool)].reshape(-1, D) for h, m in batches[:2]])
     np.testing.assert_allclose(c0, np.cov(tokens, rowvar=False), rtol=1e-5, atol=1e-6)

@@ -342,7 +342,8 @@ def test_half_precision_input_gives_float32_statistics_without_overflow(dtype):
     assert np.abs(x).max() > 250
     xh = jnp.asarray(x, dtype)
     for mode in ("epoch", "ema"):
-        model = stabilizer.IsoScoreStar(stabilizer=mode, window=1, window_unit="steps", momentum=0)
+        # A one-step window, or the debiased EMA (the default): C0 = cov(first batch).
+        model = stabilizer.IsoScoreStar(stabilizer=mode, window=1, window_unit="steps")
         bs = _init(model, xh, mask)["batch_stats"]
         score, bs = _train_step(model)({"batch_stats": bs}, xh, mask)
         assert score.dtype == jnp.float32
@@ -394,6 +395,7 @@ def test_bad_configuration_raises():
         (dict(window_unit="epochs"), "window_unit"),
         (dict(window=0), "window"),
         (dict(stabilizer="ema", momentum=1.0), "momentum"),
+        (dict(stabilizer="ema", momentum=0.0), r"momentum 0.0 not in \(0, 1\)"),
     ]:
         with pytest.raises(ValueError, match=match):
             _init(stabilizer.IsoScoreStar(**kwargs), x.astype(np.float32), mask)
@@ -403,5 +405,5 @@ def test_bad_configuration_raises():
         stabilizer.make_isoscore_star("swa")
     model = stabilizer.IsoScoreStar()
     bs = _init(model, x.astype(np.float32), mask)["batch_stats"]
-    with pytest.raises(ValueError, match="d=4"):
+    with pytest.raises(ValueError, match=r"feature size 4\).*\(4, 4\)"):
         model.apply({"batch_stats": bs}, jnp.ones((3, 5, 4)), use_running_average=True)

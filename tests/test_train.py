@@ -14,14 +14,16 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from isojax import isotropy, optim, regularizers, steps, train
+from isojax import config as config_lib
+from isojax import configs, distributed, isotropy, optim, regularizers, resume, steps, train
+from isojax import stabilizer as stabilizer_lib
 from isojax.data import batching
 
 
 def tiny_config(glue_dir, minilm_dir, **overrides):
-    config = train.default_config()
+    config = config_lib.default_config()
     config.data_dir = str(glue_dir)
-    config.model = train.TINY_MODEL
+    config.model = config_lib.TINY_MODEL
     config.tokenizer = str(minilm_dir)
     config.max_train_examples = config.max_eval_examples = 16
     config.batch_size = config.eval_batch_size = 8
@@ -31,7 +33,7 @@ def tiny_config(glue_dir, minilm_dir, **overrides):
     config.log_every = 1
     config.progress = False
     config.tensorboard = False
-    config.istar.stabilizer_tokens = 256
+    config.istar.stabilizer.tokens = 256
     for key, value in overrides.items():
         config.update_from_flattened_dict({key: value})
     return config
@@ -45,35 +47,45 @@ def tiny_config(glue_dir, minilm_dir, **overrides):
 @pytest.mark.parametrize(
     "key, value, match",
     [
-        ("task", "squad", "unknown task 'squad'"),
+        ("task", "squad", "config: task: unknown GLUE task 'squad'"),
         ("method", "whitening", "unknown method 'whitening'"),
-        ("istar.zeta", 1.5, r"istar.zeta 1.5 not in \[0, 1\]"),
-        ("isobn.momentum", 1.0, r"isobn.momentum 1.0 not in \(0,1\)"),
-        ("istar.stabilizer", "running", "istar.stabilizer 'running' not supported"),
-        ("istar.stabilizer_momentum", 1.0, r"istar.stabilizer_momentum 1.0 not in \(0,1\)"),
-        ("istar.stabilizer_momentum", 0.0, r"istar.stabilizer_momentum 0.0 not in \(0,1\)"),
-        ("istar.stabilizer_window_unit", "epochs", "istar.stabilizer_window_unit 'epochs'"),
+        ("istar.zeta", 1.5, r"istar.zeta: zeta must lie in \[0, 1\], got 1.5"),
+        ("isobn.momentum", 1.0, r"isobn: momentum 1.0 not in \(0, 1\)"),
+        ("isobn.epsilon", 0.0, r"isobn: epsilon must be > 0"),
+        ("istar.stabilizer.kind", "running", "istar.stabilizer: unknown stabilizer 'running'"),
+        ("istar.stabilizer.momentum", 1.0, r"istar.stabilizer: momentum 1.0 not in \(0, 1\)"),
+        ("istar.stabilizer.momentum", 0.0, r"istar.stabilizer: momentum 0.0 not in \(0, 1\)"),
+        ("istar.stabilizer.unit", "epochs", "istar.stabilizer: window_unit must be one of"),
+        ("istar.stabilizer.tokens", 2**25, r"istar.stabilizer: a token window above 2\*\*24"),
         ("rng_impl", "philox", "rng_impl 'philox' not in"),
-        ("optimizer.warmup_fraction", 1.0, "warmup_fraction"),
-        ("policy", "p=f32,c=int4", "unknown dtype 'int4'"),
+        ("optimizer.warmup_fraction", 1.0, r"optimizer: warmup_fraction 1.0 not in \[0, 1\)"),
+        ("optimizer.clip_norm", 0.0, "optimizer: clip_norm must be > 0 .None disables"),
+        ("policy", "p=f32,c=int4", "config: policy: unknown dtype 'int4'"),
         ("sentence", "mean", "sentence must be"),
-        ("max_steps", 0, "max_steps must be -1 or >= 1"),
+        ("max_steps", 0, "max_steps must be None or >= 1, got 0"),
+        ("max_train_examples", 0, "max_train_examples must be None or >= 1"),
     ],
 )
 def test_validate_config_names_the_bad_field(key, value, match):
-    config = train.default_config()
+    """Each value is checked by the module that owns it; the config adds the field's path."""
+    config = config_lib.default_config()
     config.update_from_flattened_dict({key: value})
     with pytest.raises(ValueError, match=match) as info:
-        train.validate_config(config)
+        config_lib.validate_config(config)
     assert "\n" not in str(info.value)
 
 
+def test_the_config_and_the_module_share_one_rule_for_the_stabilizer_momentum():
+    """IsoScoreStar refuses what the config refuses (momentum 0 used to pass the module)."""
+    for momentum in (0.0, 1.0):
+        with pytest.raises(ValueError, match=r"momentum .* not in \(0, 1\)"):
+            stabilizer_lib.make_isoscore_star("ema", momentum=momentum)
+
+
 def test_default_config_is_valid_and_presets_set_the_references():
-    train.validate_config(train.default_config())
-    config = train.default_config()
-    config.preset = "isobn"
-    train.apply_preset(config)
-    train.validate_config(config)
+    config_lib.validate_config(config_lib.default_config())
+    config = configs.load("isobn")
+    config_lib.validate_config(config)
     assert (config.method, config.batch_size, config.max_length, config.num_epochs) == (
         "isobn",
         16,
@@ -82,14 +94,14 @@ def test_default_config_is_valid_and_presets_set_the_references():
     )
     assert (config.optimizer.learning_rate, config.optimizer.adam_eps) == (5e-5, 1e-6)
     assert (config.optimizer.warmup_fraction, config.optimizer.weight_decay) == (0.06, 0.0)
-    config = train.default_config()
-    config.preset = "istar"
-    train.apply_preset(config)
+    assert config.optimizer.clip_norm is None
+    config = configs.load("istar")
+    config_lib.validate_config(config)
     assert (config.method, config.istar.zeta, config.istar.weight) == ("istar", 0.2, -5.0)
     assert (config.optimizer.learning_rate, config.optimizer.schedule) == (1e-5, "constant")
-    config.preset = "nope"
+    assert (config.istar.stabilizer.kind, config.istar.stabilizer.tokens) == ("pass", 250_000)
     with pytest.raises(ValueError, match="unknown preset"):
-        train.apply_preset(config)
+        configs.load("nope")
 
 
 def test_schedule_matches_transformers_linear_warmup():
@@ -121,7 +133,7 @@ def test_weight_decay_skips_biases_and_norm_scales():
 
 def test_clipping_sees_the_global_norm():
     tx = optim.make_optimizer(
-        learning_rate=1.0, total_steps=1, clip_norm=1.0, b1=0.0, b2=0.0, adam_eps=0.0
+        learning_rate=1.0, total_steps=1, clip_norm=1.0, b1=0.0, b2=0.0, adam_eps=1e-8
     )
     assert len(tx.init({"w": jnp.ones(2)})) == 2  # clip_by_global_norm, then adamw
 
@@ -167,7 +179,7 @@ def _train_mode_tokens(run, state, batch) -> np.ndarray:
 
 # "recenter" takes the path of "batchnorm" (a head normaliser with batch_stats; the normalisers
 # themselves: test_norms.py).
-STEP_CASES = [(method, "pass") for method in train.METHODS if method != "recenter"] + [
+STEP_CASES = [(method, "pass") for method in config_lib.METHODS if method != "recenter"] + [
     ("istar", "epoch"),
     ("istar", "ema"),
 ]
@@ -179,7 +191,9 @@ def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, me
     state's collections are what the method needs, and the step counter advances. A running
     I-STAR stabiliser is checked against the covariance of the tokens of the model's own
     forward passes: "epoch" (window of 2 steps) keeps C0 until the window closes, then holds
-    the unbiased covariance of the window's tokens; "ema" holds m I + (1 - m) cov(batch)."""
+    the unbiased covariance of the window's tokens; "ema" (debiased, the default) starts at
+    zero, so C0 after step t is the debiased average of the batch covariances: cov(batch 1)
+    after the first step, at the hidden states' scale."""
     config = tiny_config(
         glue_dir,
         minilm_dir,
@@ -187,15 +201,18 @@ def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, me
         dropout_rate=0.0,
         **{"optimizer.learning_rate": 5e-3, "optimizer.warmup_fraction": 0.0},
         **{"optimizer.schedule": "constant", "istar.weight": 0.5, "cosreg.weight": 0.5},
-        **{"istar.stabilizer": stabilizer, "istar.stabilizer_window_unit": "steps"},
-        **{"istar.stabilizer_window": 2, "istar.stabilizer_momentum": 0.75},
+        **{"istar.stabilizer.kind": stabilizer, "istar.stabilizer.unit": "steps"},
+        **{"istar.stabilizer.window": 2, "istar.stabilizer.momentum": 0.75},
     )
-    run = train.setup(config, mesh=steps.make_mesh(jax.devices()[:1]))
-    batch = steps.global_batch(next(train._train_batches(run.train_encoded, config, 0)), run.mesh)
+    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    batch = distributed.global_batch(
+        next(train.train_batches(run.train_encoded, config, 0)), run.mesh
+    )
     state = run.state
     assert (state.stabilizer is not None) == (method == "istar")
     assert bool(state.batch_stats) == (method in ("recenter", "batchnorm", "isobn"))
     want = np.eye(run.hidden_size)  # C0 before any update
+    ema = np.zeros_like(want)
     losses, tokens = [], []
     for i in range(10):
         if i < 2 and stabilizer != "pass":
@@ -206,7 +223,12 @@ def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, me
         if i < 2 and stabilizer != "pass":
             c0 = np.asarray(state.stabilizer["c0"])
             if stabilizer == "ema":
-                want = 0.75 * want + 0.25 * np.cov(tokens[-1], rowvar=False)
+                ema = 0.75 * ema + 0.25 * np.cov(tokens[-1], rowvar=False)
+                want = ema / (1 - 0.75 ** (i + 1))
+                if i == 0:  # the first C0 is the first batch's covariance
+                    np.testing.assert_allclose(
+                        want, np.cov(tokens[0], rowvar=False), rtol=1e-12, atol=1e-15
+                    )
             elif i == 1:  # the window of 2 steps closes
                 want = np.cov(np.concatenate(tokens), rowvar=False)
                 assert int(state.stabilizer["steps_in_window"]) == (i + 1) % 2
@@ -267,8 +289,8 @@ def test_filler_rows_never_enter_the_penalty_or_c0(method, stabilizer, include_p
         )
         penalty, new_stabilizer = steps._penalty(state, out, batch)
         inputs = batch | {"input_ids": None, "token_type_ids": None}
-        acc, count = steps.stabilizer_step(state, inputs, regularizers.stabilizer_init(8))
-        results.append((penalty, new_stabilizer, acc, count))
+        acc = steps.stabilizer_step(state, inputs, regularizers.stabilizer_init(8))
+        results.append((penalty, new_stabilizer, acc, acc.count))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
@@ -295,7 +317,7 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
     logits_all = []
     apply = jax.jit(run.model.apply)
     for batch in batching.batches(run.dev_encoded["dev"], batch_size=8, buckets=None):
-        acc, out = run.eval_fn(state, steps.global_batch(batch, run.mesh), acc)
+        acc, out = run.eval_fn(state, distributed.global_batch(batch, run.mesh), acc)
         logits, direct = apply(
             {"params": state.params, "batch_stats": state.batch_stats},
             batch["input_ids"],
@@ -322,7 +344,7 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
     )
     t = np.concatenate(tokens).astype(np.float64)
     np.testing.assert_allclose(got["tokens_isoscore"], isotropy.isoscore(t), rtol=1e-4)
-    assert int(acc.sentence.count) == 12
+    assert int(acc.sentence.moments.count) == 12
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,10 +371,12 @@ def test_two_steps_end_to_end(glue_dir, minilm_dir, tmp_path, task, method, stab
         task=task,
         method=method,
         max_steps=2,
-        **{"istar.stabilizer": stabilizer},
+        **{"istar.stabilizer.kind": stabilizer},
     )
     config.tensorboard = task == "rte"
-    result = train.train_and_evaluate(config, tmp_path, mesh=steps.make_mesh(jax.devices()[:1]))
+    result = train.train_and_evaluate(
+        config, tmp_path, mesh=distributed.make_mesh(jax.devices()[:1])
+    )
     assert (result["step"], result["epoch"]) == (2, 1)
     dev = result["dev"]
     metric = {"cola": "matthews_correlation", "mrpc": "f1", "rte": "accuracy", "stsb": "pearson"}
@@ -380,11 +404,87 @@ def test_two_steps_end_to_end(glue_dir, minilm_dir, tmp_path, task, method, stab
 
 
 def test_resume_refuses_a_config_that_changes_the_run(tmp_path):
-    config = train.default_config()
+    config = config_lib.default_config()
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "config.json").write_text(config.to_json())
     config.log_every, config.progress = 7, False  # harmless
-    train._check_same_run(config, tmp_path)
+    resume.check_same_run(config, tmp_path)
     config.method, config.optimizer.learning_rate = "isobn", 1e-3
     with pytest.raises(ValueError, match=r"another config \(method, optimizer.learning_rate"):
-        train._check_same_run(config, tmp_path)
+        resume.check_same_run(config, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The C0 pass that training runs (method "istar", stabilizer kind "pass").
+# ---------------------------------------------------------------------------------------------
+
+
+def _eval_tokens(run, state, batch) -> np.ndarray:
+    """float64 `[n, d]`: every layer's real tokens of `batch` in eval mode (dropout off)."""
+    _, out = jax.jit(run.model.apply, static_argnames=("deterministic", "use_running_average"))(
+        {"params": state.params, "batch_stats": state.batch_stats},
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["token_type_ids"],
+        deterministic=True,
+        use_running_average=True,
+    )
+    hidden = np.stack([np.asarray(h, np.float64) for h in out["encoder"].hidden_states])
+    real = (batch["attention_mask"] * batch["example_mask"][:, None]).astype(bool)
+    return hidden[:, real].reshape(-1, hidden.shape[-1])
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
+    glue_dir, minilm_dir, extra
+):
+    """`train.c0_pass` reads the epoch's training batches in order until
+    `istar.stabilizer.tokens` token vectors (every layer's real tokens counted), the batch
+    that reaches the count included whole, and its C0 is the float64 unbiased covariance of
+    those eval-mode tokens."""
+    config = tiny_config(glue_dir, minilm_dir, method="istar", max_train_examples=24)
+    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    batches = list(train.train_batches(run.train_encoded, config, 0))
+    assert len(batches) == 3
+    tokens = [_eval_tokens(run, run.state, b) for b in batches]
+    config.istar.stabilizer.tokens = len(tokens[0]) + extra  # 1 batch, or 1 token more: 2
+    calls = []
+
+    def counting(state, batch, acc):
+        calls.append(1)
+        return run.stabilize_fn(state, batch, acc)
+
+    state = train.c0_pass(run._replace(stabilize_fn=counting), run.state, config, 0)
+    used = 1 + extra
+    assert len(calls) == used
+    want = np.cov(np.concatenate(tokens[:used]), rowvar=False)
+    c0 = np.asarray(state.stabilizer["c0"])
+    np.testing.assert_allclose(c0, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    assert not np.allclose(c0, np.cov(np.concatenate(tokens), rowvar=False), rtol=1e-3)
+
+
+def test_c0_pass_is_rebuilt_before_each_epoch_from_the_updated_parameters(
+    glue_dir, minilm_dir, tmp_path, monkeypatch
+):
+    """Two epochs: the loop runs the pass before each, over that epoch's batches and the
+    parameters trained so far; the second C0 differs from the first."""
+    config = tiny_config(
+        glue_dir, minilm_dir, method="istar", num_epochs=2, **{"optimizer.learning_rate": 1e-3}
+    )
+    config.istar.stabilizer.tokens = 10**6  # every batch of the epoch
+    passes = []
+    original = train.c0_pass
+
+    def recording(run, state, config, epoch):
+        new_state = original(run, state, config, epoch)
+        passes.append((run, jax.device_get(state), epoch, np.asarray(new_state.stabilizer["c0"])))
+        return new_state
+
+    monkeypatch.setattr(train, "c0_pass", recording)
+    train.train_and_evaluate(config, tmp_path, mesh=distributed.make_mesh(jax.devices()[:1]))
+    assert [(int(s.step), epoch) for _, s, epoch, _ in passes] == [(0, 0), (2, 1)]
+    for run, state, epoch, c0 in passes:
+        batches = train.train_batches(run.train_encoded, config, epoch)
+        want = np.cov(np.concatenate([_eval_tokens(run, state, b) for b in batches]), rowvar=False)
+        np.testing.assert_allclose(c0, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    assert np.abs(passes[1][3] - passes[0][3]).max() > 1e-3 * np.abs(passes[0][3]).max()

