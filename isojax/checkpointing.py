@@ -112,7 +112,9 @@ class Checkpointer:
           RuntimeError: checkpoints exist but none of them can be read.
         """
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-        wanted = _array_specs(ocp.tree.to_flat_dict(ocp.tree.serialize_tree(target)))
+        wanted = _array_specs(
+            ocp.tree.to_flat_dict(ocp.tree.serialize_tree(target, keep_empty_nodes=True))
+        )
         steps = self.all_steps()
         for i, step in enumerate(reversed(steps)):
             try:

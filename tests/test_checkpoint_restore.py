@@ -5,15 +5,19 @@ import pathlib
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from isojax import checkpointing
 
 
 def _state(value: float, **changes) -> dict:
+    params = {"w": jnp.full((4, 3), value), "b": jnp.zeros(3)}
     state = {
-        "params": {"w": jnp.full((4, 3), value), "b": jnp.zeros(3)},
+        "params": params,
+        "opt_state": optax.chain(optax.clip(1.0), optax.adamw(1e-3)).init(params),  # empty nodes
         "batch_stats": {},
+        "stabilizer": None,
         "step": jnp.asarray(int(value), jnp.int32),
     }
     state["params"].update(changes)
