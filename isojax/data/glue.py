@@ -27,6 +27,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import pathlib
@@ -363,12 +364,13 @@ def load_tsv(
 
 
 def _probe_download(url: str, timeout: float = 20.0) -> None:
-    """One request for `url` (HEAD); raises OSError at once if it cannot be fetched.
+    """One request for the first byte of `url`; raises OSError at once if it cannot be fetched.
 
     TFDS retries a failed download for minutes (ten attempts with back-off, after its own
     GCS look-ups); this single attempt tells an offline machine apart in seconds.
     """
-    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+    request = urllib.request.Request(url, headers={"Range": "bytes=0-0"})
+    with urllib.request.urlopen(request, timeout=timeout):
         pass
 
 
@@ -426,8 +428,17 @@ def load_tfds(
             + _how_to_supply(task, split, data_dir)
         ) from None
 
-    builder = tfds.builder(f"glue/{task.name}", data_dir=data_dir)
-    if not builder.is_prepared():
+    # TFDS logs (absl WARNING) about a half-written dataset folder while it looks; the one-line
+    # error below names that folder instead.
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        builder = tfds.builder(f"glue/{task.name}", data_dir=data_dir)
+        prepared = builder.is_prepared()
+    finally:
+        absl_logger.setLevel(level)
+    if not prepared:
         looked = f"{builder.data_dir_root} (looked for {builder.data_dir})"
         if not download:
             raise GlueDataNotFound(
