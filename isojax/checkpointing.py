@@ -8,8 +8,12 @@ Atomic: orbax's `CheckpointManager` writes each step into a temporary folder and
 once complete (`commit_success`), so a run killed while saving leaves the previous checkpoint
 as the newest one. A newest checkpoint that exists but cannot be read (a truncated file, a
 disk error) is reported with a `RuntimeWarning` and renamed `<step>.unreadable` (orbax then
-ignores it), and the one before it is used. `train_and_evaluate` refuses beforehand to
-resume with a config that changes the run, so a mismatch is never mistaken for damage.
+ignores it), and the one before it is used.
+
+A checkpoint that reads fine but holds another train state (a code or config change added,
+removed, reshaped or retyped an array) is not damage: `restore` raises `CheckpointMismatch`,
+naming each differing array, and leaves every file where it is. The check compares the saved
+metadata (names, shapes, dtypes) with the requested state before any array is read.
 """
 
 from __future__ import annotations
@@ -21,6 +25,38 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+
+class CheckpointMismatch(ValueError):
+    """A readable checkpoint whose arrays differ from the requested train state."""
+
+
+def _array_specs(flat: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+    """`{"params.w": (shape, dtype name)}` of the array leaves of an orbax flat dict."""
+    return {
+        ".".join(map(str, key)): (tuple(leaf.shape), str(jax.numpy.dtype(leaf.dtype)))
+        for key, leaf in flat.items()
+        if hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+    }
+
+
+def _differences(saved: dict, wanted: dict) -> list[str]:
+    """One line per array that is missing, extra, or of another shape or dtype."""
+    lines = [
+        f"{name}: in the checkpoint, not in the train state"
+        for name in saved.keys() - wanted.keys()
+    ]
+    lines += [
+        f"{name}: in the train state, not in the checkpoint"
+        for name in wanted.keys() - saved.keys()
+    ]
+    for name in saved.keys() & wanted.keys():
+        (s_shape, s_dtype), (w_shape, w_dtype) = saved[name], wanted[name]
+        if s_shape != w_shape or s_dtype != w_dtype:
+            lines.append(
+                f"{name}: saved {s_dtype}{list(s_shape)}, train state {w_dtype}{list(w_shape)}"
+            )
+    return sorted(lines)
 
 
 class Checkpointer:
@@ -62,16 +98,39 @@ class Checkpointer:
     def restore(self, abstract_state: Any) -> tuple[Any, dict] | None:
         """The newest readable checkpoint as `(state, position)`, or None if there is none.
 
+        Only a read or format error of a checkpoint's files (truncated, empty, unparsable)
+        sets that checkpoint aside and falls back to the one before it.
+
         Args:
           abstract_state: a pytree like the saved state whose leaves are arrays or
             `jax.ShapeDtypeStruct`s with the wanted sharding (`ocp.utils.to_shape_dtype_struct`).
 
         Raises:
+          CheckpointMismatch: the newest readable checkpoint holds other arrays (names,
+            shapes or dtypes) than `abstract_state`; the message lists each difference, and
+            no file is moved.
           RuntimeError: checkpoints exist but none of them can be read.
         """
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+        wanted = _array_specs(
+            ocp.tree.to_flat_dict(ocp.tree.serialize_tree(target, keep_empty_nodes=True))
+        )
         steps = self.all_steps()
         for i, step in enumerate(reversed(steps)):
+            try:
+                saved = self._saved_specs(step)
+            except Exception as err:  # noqa: BLE001 - unreadable metadata: the files are damaged
+                self._fall_back(steps, i, err)
+                continue
+            differences = _differences(saved, wanted)
+            if differences:
+                raise CheckpointMismatch(
+                    f"checkpoint step {step} in {self.directory} does not hold this train state "
+                    f"(a code or config change?); {len(differences)} difference(s): "
+                    + "; ".join(differences[:20])
+                    + ("; ..." if len(differences) > 20 else "")
+                    + ". No file was moved."
+                )
             try:
                 restored = self._manager.restore(
                     step,
@@ -79,21 +138,32 @@ class Checkpointer:
                         state=ocp.args.StandardRestore(target), position=ocp.args.JsonRestore()
                     ),
                 )
-            except Exception as err:  # noqa: BLE001 - any read error means: fall back
-                older = steps[-2 - i] if i + 1 < len(steps) else None
-                warnings.warn(
-                    f"checkpoint step {step} in {self.directory} cannot be restored "
-                    f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
-                    + (f"falling back to step {older}" if older is not None else "none left"),
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                self._set_aside(step)
+            except Exception as err:  # noqa: BLE001 - the arrays match: a read error remains
+                self._fall_back(steps, i, err)
                 continue
             return restored.state, dict(restored.position)
         if steps:
             raise RuntimeError(f"no checkpoint in {self.directory} can be restored")
         return None
+
+    def _saved_specs(self, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Names, shapes and dtypes of the arrays saved at `step`, from its metadata file."""
+        with ocp.StandardCheckpointer() as reader:
+            metadata = reader.metadata(self.directory / str(step) / "state")
+        return _array_specs(ocp.tree.to_flat_dict(metadata.item_metadata.tree))
+
+    def _fall_back(self, steps: list[int], i: int, err: Exception) -> None:
+        """Warns that the `i`-th newest step cannot be read, and sets it aside."""
+        step = steps[-1 - i]
+        older = steps[-2 - i] if i + 1 < len(steps) else None
+        warnings.warn(
+            f"checkpoint step {step} in {self.directory} cannot be restored "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}); "
+            + (f"falling back to step {older}" if older is not None else "none left"),
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self._set_aside(step)
 
     def _set_aside(self, step: int) -> None:
         """Renames an unreadable step folder to `<step>.unreadable[-k]` (kept for inspection,

@@ -338,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `isojax` console script; returns the exit status."""
+    from isojax.data.glue import GlueDataNotFound
+
     parser = build_parser()
     args = None
     try:
@@ -346,6 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         command = getattr(args, "command", None)
         print(f"{PROG}{' ' + command if command else ''}: error: {err}", file=sys.stderr)
+        return 2
+    except GlueDataNotFound as err:  # no glue_data folder and no usable tfds copy: one line
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 2
     except SystemExit as exit_:  # --help
         return exit_.code if isinstance(exit_.code, int) else 0

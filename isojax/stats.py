@@ -5,9 +5,15 @@ input dtype (bfloat16/float16 in, float32 out; float64 stays float64), and runs 
 covariance matmuls at ``precision=HIGHEST`` (float32 ``DEFAULT`` is TF32 on A100/H100
 and bfloat16 passes on TPU).
 
-Points are ``[..., d]``: the leading axes are flattened into one axis of ``m`` points,
-so hidden states ``[layers, batch, len, d]`` with a ``[batch, len]`` attention mask
-(broadcast to ``[layers, batch, len]``) are one cloud of tokens.
+Points are ``[..., d]``: the leading axes are flattened into one axis of ``m`` points.
+A mask is aligned with those leading axes from the left: its axis ``i`` is the points' axis
+``i``, and it repeats over the leading axes it lacks. A ``[batch]`` mask on ``[batch, len, d]``
+token vectors keeps or drops whole examples; a ``[batch, len]`` attention mask on
+``[batch, len, d]`` keeps single tokens. Hidden states of several layers ``[layers, batch,
+len, d]`` take a ``[layers, batch, len]`` mask (``jnp.broadcast_to(attention_mask,
+hidden.shape[:-1])``); a ``[batch, len]`` mask there is an error, never silently aligned with
+``[len]`` or ``[layers]`` (NumPy broadcasting, which aligns from the right, would pair a
+``[batch]`` mask with the ``len`` axis of ``[batch, len, d]`` whenever batch == len).
 
 The covariance is centred on the batch mean before the outer product (two passes over
 the batch), never formed as ``E[xxᵀ] − μμᵀ``: that difference loses every digit when
@@ -60,8 +66,31 @@ def stats_dtype(dtype: jax.typing.DTypeLike) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def _leading_aligned(mask: jax.Array, lead: tuple[int, ...], shape: tuple[int, ...]) -> jax.Array:
+    """`mask` over the first `mask.ndim` of the `lead` axes, repeated over the rest -> `lead`.
+
+    Each mask axis has the size of the points' axis it covers, or 1.
+
+    Raises:
+      ValueError: more mask axes than leading axes, or an axis of another size; the message
+        names both shapes.
+    """
+    k = mask.ndim
+    if k > len(lead) or any(m not in (1, n) for m, n in zip(mask.shape, lead, strict=False)):
+        raise ValueError(
+            f"mask of shape {mask.shape} does not cover the leading axes {lead} of the points "
+            f"{shape}: a mask's axes are the points' first axes (size equal or 1), e.g. "
+            f"[batch] or [batch, len] for [batch, len, d]; for [layers, batch, len, d] "
+            f"broadcast the attention mask to [layers, batch, len] first"
+        )
+    return jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (len(lead) - k)), lead)
+
+
 def _flatten(points: jax.typing.ArrayLike, mask: jax.typing.ArrayLike | None):
-    """`[..., d]` points, mask over `[...]` -> `[m, d]` points (stats dtype), `[m]` weights."""
+    """`[..., d]` points, mask over leading `[...]` -> `[m, d]` points (stats dtype), `[m]` weights.
+
+    The mask is aligned with the points' leading axes from the left (`_leading_aligned`).
+    """
     points = jnp.asarray(points)
     if points.ndim < 2:
         raise ValueError(f"points must be [..., d] with at least 2 dims, got shape {points.shape}")
@@ -72,15 +101,7 @@ def _flatten(points: jax.typing.ArrayLike, mask: jax.typing.ArrayLike | None):
     if mask is None:
         w = jnp.ones(x.shape[:1], x.dtype)
     else:
-        mask = jnp.asarray(mask)
-        try:
-            w = jnp.broadcast_to(mask, lead)
-        except ValueError:
-            raise ValueError(
-                f"mask of shape {mask.shape} does not broadcast to the points' leading "
-                f"shape {lead} (points {points.shape})"
-            ) from None
-        w = w.reshape(-1).astype(x.dtype)
+        w = _leading_aligned(jnp.asarray(mask), lead, points.shape).reshape(-1).astype(x.dtype)
         # Dropped points are zeroed, not only weighted by 0: NaN * 0 is NaN, and a NaN in a
         # padding row must not poison the moments of the real ones.
         x = jnp.where(w[:, None] > 0, x, 0)
@@ -146,8 +167,9 @@ def batch_moments(
 
     Args:
       points: ``[..., d]`` points, any float dtype.
-      mask: optional weights over ``points.shape[:-1]`` (or broadcastable to it); 1 keeps a
-        point, 0 drops it (token padding).
+      mask: optional weights over the leading axes ``points.shape[:-1]``, aligned from the
+        left (``[batch]`` on ``[batch, len, d]`` covers the examples; see the module
+        docstring); 1 keeps a point, 0 drops it (token padding).
       ddof: 0 for the biased covariance (IsoBN, SPEC.md §1), 1 for the unbiased one
         (``torch.cov``, I-STAR, SPEC.md §4).
       axis_name: a mapped axis (``shard_map``/``pmap``) to reduce over, so that the
@@ -194,7 +216,8 @@ def moments_update(
     *,
     axis_name: str | None = None,
 ) -> MomentState:
-    """Add a batch of ``[..., d]`` points (masked, global over ``axis_name``) to ``state``."""
+    """Add a batch of ``[..., d]`` points (masked as in `batch_moments`, global over
+    ``axis_name``) to ``state``."""
     x, w = _flatten(points, mask)
     if x.shape[-1] != state.mean.shape[-1]:
         raise ValueError(

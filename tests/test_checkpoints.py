@@ -108,7 +108,8 @@ def test_random_encoder_export_loads_in_transformers(family, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "family, normalizer", [("bert", "none"), ("roberta", "isobn"), ("albert", "batchnorm")]
+    "family, normalizer",
+    [("bert", "none"), ("roberta", "isobn"), ("albert", "batchnorm"), ("bert", "recenter")],
 )
 def test_fine_tuned_classifier_served_by_transformers(family, normalizer, tmp_path):
     """A head whose normaliser is affine at inference exports as <Family>ForSequenceClassification
@@ -148,17 +149,39 @@ def test_fine_tuned_classifier_served_by_transformers(family, normalizer, tmp_pa
     jax.tree.map(np.testing.assert_array_equal, again.params, variables["params"]["encoder"])
 
 
-def test_unservable_heads_are_refused(tmp_path):
+@pytest.mark.parametrize(
+    "normalizer, sentence, reason",
+    [("layernorm", "pooled", r"'layernorm' is not affine"), ("none", "cls", r"sentence='cls'")],
+)
+def test_unservable_heads_export_their_encoder_and_say_so(tmp_path, normalizer, sentence, reason):
     cfg = config_lib.EncoderConfig.from_hf(test_models.TINY_HF["bert"])
-    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=2, normalizer="layernorm")
+    head = models.SequenceClassifier(
+        models.Encoder(cfg), num_labels=2, normalizer=normalizer, sentence=sentence
+    )
     variables = heads.init_variables(head, jax.random.key(0))
-    with pytest.raises(ValueError, match="'layernorm' is not affine"):
-        models.export_pretrained(tmp_path / "a", head, variables)
-    cls_head = models.SequenceClassifier(models.Encoder(cfg), num_labels=2, sentence="cls")
-    with pytest.raises(ValueError, match="sentence='cls'"):
-        models.export_pretrained(
-            tmp_path / "b", cls_head, heads.init_variables(cls_head, jax.random.key(0))
-        )
+    with pytest.warns(
+        checkpoints.EncoderOnlyExport, match=rf"encoder alone \(BertModel\).*{reason}"
+    ):
+        folder = models.export_pretrained(tmp_path / "enc", head, variables)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["BertModel"] and "num_labels" not in config
+    reference = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    assert type(reference).__name__ == "BertModel"
+    ids, mask, types = test_models.batch(cfg)
+    with torch.no_grad():
+        ref = reference(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            token_type_ids=torch.tensor(types),
+        ).last_hidden_state.numpy()
+    encoder = models.Encoder(cfg)
+    out = encoder.apply({"params": variables["params"]["encoder"]}, ids, mask, types)
+    np.testing.assert_allclose(out.hidden_states[-1], ref, rtol=1e-5, atol=1e-5)
+    loaded = models.load_pretrained(folder)
+    assert loaded.report.missing == () and loaded.report.unexpected == ()
+    jax.tree.map(np.testing.assert_array_equal, loaded.params, variables["params"]["encoder"])
+    with pytest.raises(checkpoints.UnservableHead, match=reason):  # the classifier alone: refused
+        checkpoints.classifier_state_dict(head, variables)
 
 
 def _tiny_folder(tmp_path, family="bert"):

@@ -1,7 +1,10 @@
 """GLUE registry and sources: the real TSVs, a TFDS round trip, and broken files."""
 
 import collections
+import os
 import statistics
+import sys
+import urllib.error
 
 import numpy as np
 import pytest
@@ -63,8 +66,12 @@ def test_registry_is_complete():
     }  # fmt: skip
     assert glue.get_task("STS-B") is glue.TASKS["stsb"] and glue.TASKS["stsb"].is_regression
     mnli = glue.get_task("mnli")
-    assert mnli.splits == ("train", "dev_matched", "dev_mismatched")
+    assert mnli.labelled_splits == ("train", "dev_matched", "dev_mismatched")
+    assert mnli.splits == (*mnli.labelled_splits, "test_matched", "test_mismatched")
     assert mnli.tfds_split("dev_mismatched") == "validation_mismatched"
+    assert mnli.tfds_split("test_matched") == "test_matched"
+    assert all(glue.get_task(t).test_splits == ("test",) for t in glue.TASKS if t != "mnli")
+    assert glue.get_task("rte").tfds_split("test") == "test"
     assert glue.get_task("rte").tfds_split("dev") == "validation"
     assert glue.tsv_path("g", "mnli", "dev_matched").as_posix() == "g/MNLI/dev_matched.tsv"
     assert glue.get_task("mrpc").metrics == ("f1", "accuracy")
@@ -125,9 +132,14 @@ def _write(tmp_path, task, text, split="dev"):
     return path
 
 
-def test_missing_file_names_the_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"RTE/train\.tsv"):
+def test_missing_file_names_the_path_and_both_ways_to_supply_glue(tmp_path):
+    with pytest.raises(glue.GlueDataNotFound, match=r"RTE/train\.tsv") as caught:
         glue.load_tsv(tmp_path, "rte", "train")
+    assert isinstance(caught.value, FileNotFoundError)
+    message = str(caught.value)
+    assert (
+        "\n" not in message and "glue_data folder" in message and "tensorflow-datasets" in message
+    )
 
 
 def test_missing_column_names_file_line_and_column(tmp_path):
@@ -179,11 +191,102 @@ def test_unknown_task_lists_known_ones(tmp_path):
         glue.load("rte", "dev", source="hub")
 
 
+# --- test splits: unlabelled examples of GLUE's leaderboard sets. ------------------------------
+
+# SOURCE.md of ../shared/data/glue: test rows, and the first row's sentences.
+TEST_SETS = {
+    "cola": (1063, ("Bill whistled past the house.", None)),
+    "mrpc": (1725, ("PCCW 's chief operating officer , Mike Butcher , and Alex Arena , the chief "
+                    "financial officer , will report directly to Mr So .",
+                    "Current Chief Operating Officer Mike Butcher and Group Chief Financial "
+                    "Officer Alex Arena will report to So .")),
+    "rte": (3000, ("Mangla was summoned after Madhumita's sister Nidhi Shukla, who was the first "
+                   "witness in the case.", "Shukla is related to Mangla.")),
+    "stsb": (1379, ("A girl is styling her hair.", "A girl is brushing her hair.")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("task", sorted(TEST_SETS))
+def test_test_split_rows_are_unlabelled(glue_dir, task):
+    rows, first = TEST_SETS[task]
+    examples = glue.load_tsv(glue_dir, task, "test")
+    assert len(examples) == rows
+    assert [e.idx for e in examples] == list(range(rows))
+    assert all(e.label is None for e in examples)
+    assert (examples[0].text_a, examples[0].text_b) == first
+    pair = glue.get_task(task).is_pair
+    assert all((e.text_b is not None) == pair and e.text_a for e in examples)
+
+
+@pytest.mark.parametrize("source", ["tsv", "tfds"])
+def test_training_and_evaluation_refuse_a_test_split(tmp_path, glue_dir, source):
+    data_dir = glue_dir if source == "tsv" else tmp_path
+    with pytest.raises(ValueError, match=r"rte split 'test' has no labels.*\['train', 'dev'\]"):
+        glue.load("rte", "test", source=source, data_dir=data_dir, labelled=True)
+    with pytest.raises(ValueError, match=r"'test_mismatched' has no labels.*'dev_matched'"):
+        glue.load("mnli", "test_mismatched", source=source, data_dir=data_dir, labelled=True)
+    assert glue.load_tsv(glue_dir, "rte", "dev", labelled=True)[0].label == 1
+
+
+# The header and a row of the standard GLUE test files of the tasks not held locally.
+STANDARD_TEST_FILES = {
+    ("sst2", "test"): ("index\tsentence", "0\tuneasy mishmash .", ("uneasy mishmash .", None)),
+    ("qqp", "test"): ("id\tquestion1\tquestion2", "0\tHow?\tWhy \"so?", ("How?", 'Why "so?')),
+    ("qnli", "test"): ("index\tquestion\tsentence", "0\tWhat?\tThis.", ("What?", "This.")),
+    ("mnli", "test_matched"): (
+        "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+        "sentence1_parse\tsentence2_parse\tsentence1\tsentence2",
+        "0\t31493\t31493\ttravel\t( a )\t( b )\t(ROOT a)\t(ROOT b)\tHierbas, ans seco.\tThe drink.",
+        ("Hierbas, ans seco.", "The drink."),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("task, split", sorted(STANDARD_TEST_FILES))
+def test_standard_test_files_of_tasks_not_held_locally(tmp_path, task, split):
+    header, row, (text_a, text_b) = STANDARD_TEST_FILES[(task, split)]
+    _write(tmp_path, task, f"{header}\n{row}\n", split=split)
+    assert glue.load_tsv(tmp_path, task, split) == [glue.Example(text_a, text_b, None, 0)]
+
+
+def test_bad_test_file_names_file_and_line(tmp_path):
+    path = _write(tmp_path, "rte", "index\tsentence1\tsentence2\n0\ta\tb\n1\ta\n", split="test")
+    with pytest.raises(ValueError, match=rf"{path}:3: 2 tab-separated fields, expected 3"):
+        glue.load_tsv(tmp_path, "rte", "test")
+    path = _write(tmp_path, "cola", "index\ttext\n0\ta\n", split="test")  # CoLA test has a header
+    with pytest.raises(ValueError, match=rf"{path}:1: header lacks column 'sentence'"):
+        glue.load_tsv(tmp_path, "cola", "test")
+    with pytest.raises(glue.GlueDataNotFound, match=r"MNLI/test_matched\.tsv"):
+        glue.load_tsv(tmp_path, "mnli", "test_matched")
+
+
 # --- tensorflow-datasets: registry against TFDS's GLUE builder, then a real round trip. ----------
 
 
 def _tfds():
+    """tensorflow_datasets; a skip where it is not installed, but a failure under CI=true, where
+    the `tfds` extra is installed and a broken TensorFlow must not turn these tests into skips."""
+    if os.environ.get("CI", "").lower() == "true":
+        import tensorflow_datasets
+
+        return tensorflow_datasets
     return pytest.importorskip("tensorflow_datasets")
+
+
+def test_missing_tfds_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # import raises ImportError
+    monkeypatch.setenv("CI", "true")
+    try:
+        _tfds()
+    except pytest.skip.Exception:
+        pytest.fail("under CI=true a missing tensorflow_datasets skipped instead of failing")
+    except ImportError:
+        pass
+    else:
+        pytest.fail("tensorflow_datasets imported although it is blocked")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        _tfds()
 
 
 @pytest.mark.parametrize("name", sorted(glue.TASKS))
@@ -204,48 +307,51 @@ def test_registry_matches_tfds_features(name):
         assert config.label_column == task.label_column
 
 
-def _tfds_examples(tfds, glue_dir, name, split):
-    """(key, example) pairs from the local files, parsed by TFDS's own GLUE builder code."""
-    builder = tfds.builder(f"glue/{name}")
-    if name == "mrpc":  # As TFDS does: from msr_paraphrase_train.txt and dev_ids.tsv.
-        source = glue_dir / "MRPC" / "_source"
-        files = {"train": source / "msr_paraphrase_train.txt", "dev_ids": source / "dev_ids.tsv"}
-        return builder._generate_examples(data_file=None, split=split, mrpc_files=files)
-    task = glue.get_task(name)
-    return builder._generate_examples(data_file=glue.tsv_path(glue_dir, task, split), split=split)
-
-
 @pytest.fixture(scope="module")
 def tfds_dir(tmp_path_factory, glue_dir):
-    """A TFDS data_dir with glue/{rte,mrpc,cola,stsb} 2.0.0 written by TFDS's builder API."""
+    """A TFDS data_dir with glue/{rte,mrpc,cola,stsb} prepared by TFDS's own builder
+    (`download_and_prepare`, the public API), its downloads served from the local files:
+    the task folders of glue_data as the extracted GLUE zips, and for MRPC the SentEval files
+    TFDS builds train and dev from (`_source/`) and the test TSV."""
     tfds = _tfds()
     data_dir = tmp_path_factory.mktemp("tfds")
-    for name, splits in [("rte", ("train", "dev")), ("mrpc", ("train", "dev")),
-                         ("cola", ("dev",)), ("stsb", ("dev",))]:  # fmt: skip
-        tfds.dataset_builders.store_as_tfds_dataset(
-            name="glue",
-            config=name,
-            version="2.0.0",
-            features=tfds.builder(f"glue/{name}").info.features,
-            split_datasets={
-                glue.get_task(name).tfds_split(s): _tfds_examples(tfds, glue_dir, name, s)
-                for s in splits
-            },
-            data_dir=data_dir,
-        )
+    mrpc = glue_dir / "MRPC"
+    local = {
+        "train": mrpc / "_source" / "msr_paraphrase_train.txt",
+        "dev_ids": mrpc / "_source" / "dev_ids.tsv",
+        "test": mrpc / "test.tsv",  # TFDS reads its "#1 String" and "#2 String" columns only
+    }
+
+    def download(self, urls):  # MRPC: {"dev_ids": url, "train": url, "test": url}
+        return {key: os.fspath(local[key]) for key in urls}
+
+    def download_and_extract(self, url):  # the GLUE zip of a task, extracted: <TASK>/*.tsv
+        assert url.startswith("https://dl.fbaipublicfiles.com/glue/data/"), url
+        return os.fspath(glue_dir)
+
+    config = tfds.download.DownloadConfig(
+        try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tfds.download.DownloadManager, "download", download)
+        patch.setattr(tfds.download.DownloadManager, "download_and_extract", download_and_extract)
+        for name in ("rte", "mrpc", "cola", "stsb"):
+            tfds.builder(f"glue/{name}", data_dir=data_dir).download_and_prepare(
+                download_config=config
+            )
     return data_dir
 
 
 @pytest.mark.parametrize(
     "name, split",
-    [("rte", "train"), ("rte", "dev"), ("mrpc", "train"), ("mrpc", "dev"), ("cola", "dev"),
-     ("stsb", "dev")],
+    [("rte", "train"), ("rte", "dev"), ("rte", "test"), ("mrpc", "train"), ("mrpc", "dev"),
+     ("mrpc", "test"), ("cola", "dev"), ("cola", "test"), ("stsb", "dev"), ("stsb", "test")],
 )  # fmt: skip
 def test_tfds_source_equals_tsv_source(tfds_dir, glue_dir, name, split):
     from_tfds = glue.load_tfds(name, split, data_dir=tfds_dir, download=False)
     from_tsv = glue.load_tsv(glue_dir, name, split)
     assert len(from_tfds) == len(from_tsv)
-    if name == "stsb":  # TFDS stores the score as float32.
+    if name == "stsb" and split != "test":  # TFDS stores the score as float32.
         from_tsv = [e._replace(label=float(np.float32(e.label))) for e in from_tsv]
     assert from_tfds == from_tsv
 
@@ -253,3 +359,64 @@ def test_tfds_source_equals_tsv_source(tfds_dir, glue_dir, name, split):
 def test_load_dispatches_to_tfds(tfds_dir, glue_dir):
     loaded = glue.load("rte", "dev", source="tfds", data_dir=tfds_dir, download=False)
     assert loaded == glue.load("rte", "dev", source="tsv", data_dir=glue_dir)
+
+
+# --- GLUE nowhere: one line naming both ways to supply it, and no minutes of retries. ----------
+
+
+def test_unprepared_tfds_offline_names_the_folder_and_both_ways(tmp_path):
+    _tfds()
+    with pytest.raises(glue.GlueDataNotFound) as caught:
+        glue.load_tfds("rte", "dev", data_dir=tmp_path, download=False)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"not prepared in {tmp_path}" in message
+    assert "glue_data folder holding RTE/dev.tsv" in message and "--tfds-data-dir" in message
+
+
+def test_failed_download_says_so_after_one_attempt(tmp_path, monkeypatch):
+    tfds = _tfds()
+    attempts = []
+
+    def offline(request, timeout=None):
+        attempts.append(request.full_url)
+        raise urllib.error.URLError("Temporary failure in name resolution")
+
+    def no_tfds_download(*args, **kwargs):
+        pytest.fail("tfds.load was called: it would retry the download for minutes")
+
+    monkeypatch.setattr(glue.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(tfds, "load", no_tfds_download)
+    for task, url in [("rte", "glue/data/RTE.zip"), ("mrpc", "msr_paraphrase_")]:
+        attempts.clear()
+        with pytest.raises(
+            glue.GlueDataNotFound, match=rf"download of \S*{url}\S* failed"
+        ) as caught:
+            glue.load_tfds(task, "train", data_dir=tmp_path)
+        assert len(attempts) == 1
+        assert "name resolution" in str(caught.value) and "glue_data folder" in str(caught.value)
+        assert str(tmp_path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("command", ["analyze", "finetune"])
+def test_cli_without_glue_prints_one_line_and_exits_2(
+    tmp_path, monkeypatch, capsys, minilm_dir, command
+):
+    from isojax import cli
+
+    tfds = _tfds()
+    monkeypatch.setattr(
+        glue.urllib.request,
+        "urlopen",
+        lambda *a, **k: (_ for _ in ()).throw(urllib.error.URLError("no network")),
+    )
+    monkeypatch.setattr(tfds, "load", lambda *a, **k: pytest.fail("tfds.load was called"))
+    common = ["--task", "rte", "--model", "tiny-bert", "--tokenizer", str(minilm_dir),
+              "--tfds-data-dir", str(tmp_path)]  # fmt: skip
+    if command == "analyze":
+        argv = ["analyze", *common, "--out", str(tmp_path / "out")]
+    else:
+        argv = ["finetune", *common, "--workdir", str(tmp_path / "run")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "glue_data folder" in err and str(tmp_path) in err, err

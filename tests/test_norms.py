@@ -415,3 +415,28 @@ def test_isobn_under_vmap_over_an_ensemble_axis():
         chex.assert_trees_all_close(
             jax.tree.map(lambda v, e=e: v[e], updates), upd, rtol=1e-5, atol=1e-7
         )
+
+
+@pytest.mark.parametrize("beta, epsilon", [(0.25, 1e-3), (1.0, 1e-3), (0.5, 1e-5), (1.0, 1e-5)])
+def test_isobn_non_default_beta_and_epsilon_match_reference(beta, epsilon):
+    """β and ε reach the gain as SPEC.md §1 writes them: `(γ σ + ε)^-β` and the trace
+    rescaling's `+ ε`, over 10 training batches and an evaluation batch. The batches are
+    small (std ~ 1e-3 to 0.1), so that ε weighs in both places."""
+    batches = [x * 0.01 for x in correlated_batches(11, 32, seed=3)]
+    ref = ReferenceIsoBN(D, eps=epsilon, beta=beta)
+    default = ReferenceIsoBN(D)
+    model = norms.IsoBN(momentum=0.95, beta=beta, epsilon=epsilon)
+    variables = model.init(jax.random.key(0), jnp.zeros((2, D)), use_running_average=True)
+    train, evaluate = train_and_eval_fns(model)
+    for x in batches[:10]:
+        expected = ref(x, training=True)
+        default(x, training=True)
+        y, updates = train(variables, jnp.asarray(x, jnp.float32))
+        variables = {**variables, **updates}
+        np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    x_eval = batches[10]
+    expected = ref(x_eval, training=False)
+    y = evaluate(variables, jnp.asarray(x_eval, jnp.float32))
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    # The setting matters: the default β = 0.5, ε = 1e-3 gives another output.
+    assert not np.allclose(expected, default(x_eval, training=False), rtol=1e-4, atol=0)

@@ -47,11 +47,47 @@ def test_nan_in_a_masked_point_does_not_poison_the_moments():
     np.testing.assert_allclose(got.cov, np.cov(x[mask], rowvar=False), rtol=1e-4, atol=1e-5)
 
 
-def test_mask_broadcasts_over_layers():
+def test_mask_over_layers_is_given_whole():
     x = _cloud(2, 3 * 2 * 5, 6).reshape(3, 2, 5, 6)  # [layers, batch, len, d]
     mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])  # [batch, len]
-    got = stats.batch_moments(jnp.asarray(x, jnp.float32), jnp.asarray(mask))
+    layer_mask = np.broadcast_to(mask, x.shape[:-1])  # [layers, batch, len]
+    got = stats.batch_moments(jnp.asarray(x, jnp.float32), jnp.asarray(layer_mask))
     subset = x[:, mask.astype(bool)].reshape(-1, 6)
+    np.testing.assert_allclose(got.cov, np.cov(subset, rowvar=False, ddof=0), rtol=1e-4, atol=1e-5)
+    # A [batch, len] mask is aligned with [layers, batch]: an error, never a silent guess.
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 5\) does not cover .*\(3, 2, 5\)"):
+        stats.batch_moments(jnp.asarray(x, jnp.float32), jnp.asarray(mask))
+
+
+@pytest.mark.parametrize("update", [False, True])
+def test_example_mask_covers_the_batch_axis_when_batch_equals_len(update):
+    # [batch, len, d] with batch == len: a [batch] mask keeps whole examples. NumPy's
+    # right-aligned broadcasting would pair it with the len axis and keep token positions.
+    x = _cloud(9, 4 * 4, 5).reshape(4, 4, 5)
+    example_mask = np.array([1, 0, 1, 1])
+    points = jnp.asarray(x, jnp.float32)
+    if update:
+        state = stats.moments_update(stats.moments_init(5), points, jnp.asarray(example_mask))
+        got = stats.moments_finalize(state, ddof=1)
+    else:
+        got = stats.batch_moments(points, jnp.asarray(example_mask), ddof=1)
+    subset = x[example_mask.astype(bool)].reshape(-1, 5)  # the 3 kept examples' 12 tokens
+    assert float(got.count) == 12
+    np.testing.assert_allclose(got.mean, subset.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.cov, np.cov(subset, rowvar=False), rtol=1e-4, atol=1e-5)
+    # The same [batch, 1] and [batch, len] masks say the same thing.
+    full = np.broadcast_to(example_mask[:, None], (4, 4))
+    for mask in (example_mask[:, None], full):
+        again = stats.batch_moments(points, jnp.asarray(mask), ddof=1)
+        np.testing.assert_allclose(again.cov, got.cov, rtol=1e-6, atol=1e-7)
+
+
+def test_example_mask_on_tokens_of_another_length():
+    # batch != len: a [batch] mask used to fail to broadcast; it now covers the examples.
+    x = _cloud(10, 3 * 7, 4).reshape(3, 7, 4)
+    example_mask = np.array([0, 1, 1])
+    got = stats.batch_moments(jnp.asarray(x, jnp.float32), jnp.asarray(example_mask))
+    subset = x[1:].reshape(-1, 4)
     np.testing.assert_allclose(got.cov, np.cov(subset, rowvar=False, ddof=0), rtol=1e-4, atol=1e-5)
 
 
@@ -136,6 +172,8 @@ def test_moments_trace_once():
     [
         (np.ones(5), None, r"shape \(5,\)"),
         (np.ones((4, 3)), np.ones(5), r"mask of shape \(5,\)"),
+        (np.ones((4, 2, 3)), np.ones(2), r"mask of shape \(2,\) does not cover .*\(4, 2\)"),
+        (np.ones((4, 2, 3)), np.ones((4, 2, 1)), r"mask of shape \(4, 2, 1\)"),
         (np.ones((4, 3), np.int32), None, "floating point"),
     ],
 )

@@ -3,14 +3,21 @@
 Both sources return the same `Example`s in file order (`idx` = 0-based data row, as in TFDS):
 
     task = glue.get_task("rte")
-    train = glue.load_tsv("glue_data", task, "train")         # glue_data/RTE/train.tsv
+    train = glue.load_tsv("glue_data", task, "train", labelled=True)   # glue_data/RTE/train.tsv
     dev = glue.load_tfds(task, "dev", data_dir="~/tensorflow_datasets")   # glue/rte validation
+    test = glue.load_tsv("glue_data", task, "test")   # unlabelled: every label is None
 
-The TSVs are the files of the usual `download_glue_data.py` (`glue_data/<TASK>/{train,dev}.tsv`).
-They are split on tabs with no quote handling, as the TFDS GLUE builder reads them
-(`csv.QUOTE_NONE`): some fields hold unbalanced `"`. A UTF-8 BOM (MRPC) is dropped; CoLA has no
-header. Label names and their order are those of TFDS (`tfds.builder("glue/<task>")`), so a
-label id means the same thing from either source (RTE: entailment = 0, not_entailment = 1).
+The TSVs are the files of the usual `download_glue_data.py` (`glue_data/<TASK>/{train,dev,
+test}.tsv`; MNLI `dev_matched.tsv`, `test_matched.tsv`, ...). They are split on tabs with no
+quote handling, as the TFDS GLUE builder reads them (`csv.QUOTE_NONE`): some fields hold
+unbalanced `"`. A UTF-8 BOM (MRPC) is dropped; CoLA's train and dev files have no header (its
+test file has one). Label names and their order are those of TFDS (`tfds.builder("glue/<task>")`),
+so a label id means the same thing from either source (RTE: entailment = 0, not_entailment = 1).
+The test splits (GLUE's leaderboard sets) carry no labels: their `Example.label` is None, and
+`labelled=True` (training, evaluation) refuses them.
+
+When neither source has the data (no TSV file; tfds not installed, not prepared offline, or its
+download fails) the loaders raise `GlueDataNotFound`, one line naming both ways to supply GLUE.
 
 References:
   Wang et al., `GLUE: A Multi-Task Benchmark and Analysis Platform for Natural Language
@@ -20,11 +27,17 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import pathlib
+import urllib.request
 from collections.abc import Iterator
 from typing import NamedTuple
+
+
+class GlueDataNotFound(FileNotFoundError):
+    """No source holds a GLUE split: no TSV file, and no usable tensorflow-datasets copy."""
 
 
 class Example(NamedTuple):
@@ -32,13 +45,15 @@ class Example(NamedTuple):
 
     text_a: first (or only) sentence.
     text_b: second sentence of a pair task; None for single-sentence tasks.
-    label: class id (int, into `GlueTask.label_names`) or the similarity score (float, STS-B).
-    idx: 0-based data row in its file (header not counted), the TFDS `idx` feature.
+    label: class id (int, into `GlueTask.label_names`), the similarity score (float, STS-B),
+      or None in a test split (GLUE publishes no test labels).
+    idx: 0-based data row in its file (header not counted), the TFDS `idx` feature; in the
+      test files it equals the `index` column that a GLUE submission file repeats.
     """
 
     text_a: str
     text_b: str | None
-    label: int | float
+    label: int | float | None
     idx: int
 
 
@@ -58,7 +73,9 @@ class GlueTask:
       dev_splits: the evaluation split(s) as file stems: ("dev",), or MNLI's matched and
         mismatched pair.
       tfds_text_features: TFDS feature names of the sentence(s), same order as `text_columns`.
-      fieldnames: column names of a header-less file (CoLA); None when the file has a header.
+      fieldnames: column names of the header-less train and dev files (CoLA); None when they
+        have a header. Test files always have one.
+      test_splits: the unlabelled test split(s) as file stems: ("test",), or MNLI's pair.
     """
 
     name: str
@@ -71,6 +88,7 @@ class GlueTask:
     dev_splits: tuple[str, ...]
     tfds_text_features: tuple[str, ...]
     fieldnames: tuple[str, ...] | None = None
+    test_splits: tuple[str, ...] = ("test",)
 
     @property
     def is_regression(self) -> bool:
@@ -86,19 +104,31 @@ class GlueTask:
         return len(self.text_columns) == 2
 
     @property
-    def splits(self) -> tuple[str, ...]:
-        """Every split with labels: "train" then the dev split(s)."""
+    def labelled_splits(self) -> tuple[str, ...]:
+        """The splits with labels: "train" then the dev split(s)."""
         return ("train", *self.dev_splits)
 
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """Every split: the labelled ones, then the unlabelled test split(s)."""
+        return (*self.labelled_splits, *self.test_splits)
+
     def tfds_split(self, split: str) -> str:
-        """TFDS name of a split: "dev" -> "validation", "dev_matched" -> "validation_matched"."""
+        """TFDS name of a split: "dev" -> "validation", "dev_matched" -> "validation_matched";
+        "train" and the test splits keep their names."""
         self._check_split(split)
         return split.replace("dev", "validation", 1) if split.startswith("dev") else split
 
-    def _check_split(self, split: str) -> None:
+    def _check_split(self, split: str, *, labelled: bool = False) -> None:
+        """Raises ValueError for an unknown split, or for a test split when `labelled`."""
         if split not in self.splits:
             raise ValueError(
                 f"GLUE task {self.name!r} has no split {split!r}; known: {list(self.splits)}"
+            )
+        if labelled and split in self.test_splits:
+            raise ValueError(
+                f"GLUE {self.name} split {split!r} has no labels (GLUE keeps the test labels): "
+                f"training and evaluation need one of {list(self.labelled_splits)}"
             )
 
 
@@ -174,6 +204,7 @@ TASKS: dict[str, GlueTask] = {
             metrics=("accuracy",),
             dev_splits=("dev_matched", "dev_mismatched"),
             tfds_text_features=("premise", "hypothesis"),
+            test_splits=("test_matched", "test_mismatched"),
         ),
         GlueTask(
             name="qnli",
@@ -251,6 +282,16 @@ def _parse_label(task: GlueTask, value: str, where: str) -> int | float:
         ) from None
 
 
+def _how_to_supply(task: GlueTask, split: str, tfds_dir: str | os.PathLike | None) -> str:
+    """The two ways to supply GLUE, for the one-line `GlueDataNotFound` messages."""
+    where = f"in {tfds_dir}" if tfds_dir is not None else "in TFDS's data dir"
+    return (
+        f"supply GLUE either as a glue_data folder holding {task.folder}/{split}.tsv "
+        f"(--data-dir), or as tensorflow-datasets glue/{task.name} prepared {where} "
+        f"(--tfds-data-dir; needs isojax[tfds])"
+    )
+
+
 def tsv_path(data_dir: str | os.PathLike, task: str | GlueTask, split: str) -> pathlib.Path:
     """`data_dir/<TASK>/<split>.tsv`, e.g. `glue_data/MNLI/dev_matched.tsv`."""
     task = get_task(task)
@@ -258,38 +299,49 @@ def tsv_path(data_dir: str | os.PathLike, task: str | GlueTask, split: str) -> p
     return pathlib.Path(data_dir).expanduser() / task.folder / f"{split}.tsv"
 
 
-def load_tsv(data_dir: str | os.PathLike, task: str | GlueTask, split: str) -> list[Example]:
+def load_tsv(
+    data_dir: str | os.PathLike, task: str | GlueTask, split: str, *, labelled: bool = False
+) -> list[Example]:
     """Examples of one split from the `glue_data/<TASK>/<split>.tsv` layout, in file order.
 
     Args:
       data_dir: the `glue_data` folder holding one folder per task (`RTE/`, `STS-B/`, ...).
       task: a task name or `GlueTask`.
-      split: "train" or one of `task.dev_splits` ("dev"; MNLI: "dev_matched", "dev_mismatched").
+      split: one of `task.splits`: "train", the dev split(s) ("dev"; MNLI: "dev_matched",
+        "dev_mismatched") or the test split(s) ("test"; MNLI: "test_matched", ...).
+      labelled: require labels (training, evaluation): a test split raises ValueError.
 
     Returns:
-      One `Example` per data row; `idx` counts data rows from 0.
+      One `Example` per data row; `idx` counts data rows from 0. Test splits have no label
+      column: every `label` is None.
 
     Raises:
-      FileNotFoundError: the file is missing (the message names it).
-      ValueError: unknown task or split; a header without a needed column; a row with another
-        number of fields than the header; an unknown or unparsable label. The message names
-        the file and the 1-based line.
+      GlueDataNotFound: the file is missing (a `FileNotFoundError`; the one-line message
+        names the file and both ways to supply GLUE).
+      ValueError: unknown task or split; a test split with `labelled`; a header without a
+        needed column; a row with another number of fields than the header; an unknown or
+        unparsable label. The message names the file and the 1-based line.
     """
     task = get_task(task)
+    task._check_split(split, labelled=labelled)
     path = tsv_path(data_dir, task, split)
     if not path.is_file():
-        raise FileNotFoundError(f"GLUE {task.name} {split} file not found: {path}")
+        raise GlueDataNotFound(
+            f"GLUE {task.name} {split} file not found: {path}; " + _how_to_supply(task, split, None)
+        )
+    test = split in task.test_splits
     rows = _tsv_rows(path)
-    if task.fieldnames is None:
+    if task.fieldnames is None or test:
         _, header = next(rows, (1, [""]))
     else:
         header = list(task.fieldnames)
     columns = {name: i for i, name in enumerate(header)}
-    for name in (*task.text_columns, task.label_column):
+    needed = task.text_columns if test else (*task.text_columns, task.label_column)
+    for name in needed:
         if name not in columns:
             raise ValueError(f"{path}:1: header lacks column {name!r}; header is {header}")
     text_cols = [columns[name] for name in task.text_columns]
-    label_col = columns[task.label_column]
+    label_col = None if test else columns[task.label_column]
 
     examples = []
     for number, fields in rows:
@@ -304,11 +356,28 @@ def load_tsv(data_dir: str | os.PathLike, task: str | GlueTask, split: str) -> l
             Example(
                 text_a=texts[0],
                 text_b=texts[1] if task.is_pair else None,
-                label=_parse_label(task, fields[label_col], where),
+                label=None if label_col is None else _parse_label(task, fields[label_col], where),
                 idx=len(examples),
             )
         )
     return examples
+
+
+def _probe_download(url: str, timeout: float = 20.0) -> None:
+    """One request for the first byte of `url`; raises OSError at once if it cannot be fetched.
+
+    TFDS retries a failed download for minutes (ten attempts with back-off, after its own
+    GCS look-ups); this single attempt tells an offline machine apart in seconds.
+    """
+    request = urllib.request.Request(url, headers={"Range": "bytes=0-0"})
+    with urllib.request.urlopen(request, timeout=timeout):
+        pass
+
+
+def _tfds_download_url(builder) -> str:
+    """A URL the GLUE builder downloads from: the task's zip, or (MRPC) its SentEval file."""
+    url = builder.builder_config.data_url
+    return url or min(u for u in builder.url_infos if "msr_paraphrase" in u)
 
 
 def load_tfds(
@@ -317,37 +386,82 @@ def load_tfds(
     data_dir: str | os.PathLike | None = None,
     *,
     download: bool = True,
+    labelled: bool = False,
 ) -> list[Example]:
     """Examples of one split of tensorflow-datasets `glue/<task>`, sorted by `idx` (file order).
 
     Calls `tfds.load(f"glue/{task}", split=..., data_dir=data_dir, download=download)`: with a
     network it downloads and prepares the dataset as usual; offline, `download=False` reads a
-    copy already prepared under `data_dir`. tensorflow and tensorflow-datasets are imported
-    here only (the optional `tfds` extra).
+    copy already prepared under `data_dir`. Before TFDS downloads, one request checks that the
+    source can be reached, so that a machine without network fails in seconds, not after TFDS's
+    minutes of retries. tensorflow and tensorflow-datasets are imported here only (the optional
+    `tfds` extra).
 
     Args:
       task: a task name or `GlueTask`.
-      split: "train" or one of `task.dev_splits` (mapped to TFDS "validation",
-        "validation_matched", "validation_mismatched").
+      split: one of `task.splits` (dev splits map to TFDS "validation", "validation_matched",
+        "validation_mismatched"; "train" and the test splits keep their names).
       data_dir: TFDS data folder; None for TFDS's default (`~/tensorflow_datasets`).
       download: let TFDS download and prepare a missing dataset.
+      labelled: require labels (training, evaluation): a test split raises ValueError.
 
     Returns:
       The same `Example`s as `load_tsv` gives for the same files, in file order, `idx`
       counting the split's rows from 0 (TFDS's own MRPC `idx` counts rows of the SentEval
-      file, which interleaves train and dev).
+      file, which interleaves train and dev). Test splits (TFDS label -1) have label None.
+
+    Raises:
+      GlueDataNotFound: tensorflow-datasets is not installed; the dataset is not prepared in
+        `data_dir` and `download` is False; or the download fails. One line, naming the
+        folder TFDS looked in and both ways to supply GLUE.
+      ValueError: unknown task or split, or a test split with `labelled`.
     """
     task = get_task(task)
+    task._check_split(split, labelled=labelled)
     tfds_split = task.tfds_split(split)
-    import tensorflow_datasets as tfds  # Slow (imports TensorFlow): only for this source.
+    data_dir = None if data_dir is None else os.fspath(pathlib.Path(data_dir).expanduser())
+    try:
+        import tensorflow_datasets as tfds  # Slow (imports TensorFlow): only for this source.
+    except ImportError as error:
+        raise GlueDataNotFound(
+            f"GLUE {task.name} {split}: tensorflow-datasets cannot be imported ({error}); "
+            + _how_to_supply(task, split, data_dir)
+        ) from None
 
+    # TFDS logs (absl WARNING) about a half-written dataset folder while it looks; the one-line
+    # error below names that folder instead.
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        builder = tfds.builder(f"glue/{task.name}", data_dir=data_dir)
+        prepared = builder.is_prepared()
+    finally:
+        absl_logger.setLevel(level)
+    if not prepared:
+        looked = f"{builder.data_dir_root} (looked for {builder.data_dir})"
+        if not download:
+            raise GlueDataNotFound(
+                f"GLUE {task.name} {split}: tensorflow-datasets glue/{task.name} is not "
+                f"prepared in {looked}; " + _how_to_supply(task, split, builder.data_dir_root)
+            )
+        url = _tfds_download_url(builder)
+        try:
+            _probe_download(url)
+        except OSError as error:
+            raise GlueDataNotFound(
+                f"GLUE {task.name} {split}: download of {url} failed ({error}), and "
+                f"glue/{task.name} is not prepared in {looked}; "
+                + _how_to_supply(task, split, builder.data_dir_root)
+            ) from None
     dataset = tfds.load(
         f"glue/{task.name}",
         split=tfds_split,
-        data_dir=None if data_dir is None else os.fspath(pathlib.Path(data_dir).expanduser()),
+        data_dir=data_dir,
         download=download,
         shuffle_files=False,
     )
+    unlabelled = split in task.test_splits
     first, *second = task.tfds_text_features
     examples = []
     for batch in tfds.as_numpy(dataset.batch(4096)):
@@ -355,11 +469,15 @@ def load_tfds(
         for a, b, label, idx in zip(
             batch[first], texts_b, batch["label"], batch["idx"], strict=True
         ):
+            if unlabelled:
+                label = None
+            else:
+                label = float(label) if task.is_regression else int(label)
             examples.append(
                 Example(
                     text_a=a.decode("utf-8"),
                     text_b=None if b is None else b.decode("utf-8"),
-                    label=float(label) if task.is_regression else int(label),
+                    label=label,
                     idx=int(idx),
                 )
             )
@@ -377,12 +495,16 @@ def load(
     source: str = "tsv",
     data_dir: str | os.PathLike | None = None,
     download: bool = True,
+    labelled: bool = False,
 ) -> list[Example]:
-    """One entry point for both sources: `source="tsv"` (`data_dir` = glue_data) or "tfds"."""
+    """One entry point for both sources: `source="tsv"` (`data_dir` = glue_data) or "tfds".
+
+    `labelled=True` (training, evaluation) refuses a test split with a ValueError.
+    """
     if source == "tsv":
         if data_dir is None:
             raise ValueError("source='tsv' needs data_dir, the glue_data folder")
-        return load_tsv(data_dir, task, split)
+        return load_tsv(data_dir, task, split, labelled=labelled)
     if source == "tfds":
-        return load_tfds(task, split, data_dir, download=download)
+        return load_tfds(task, split, data_dir, download=download, labelled=labelled)
     raise ValueError(f"unknown GLUE source {source!r}; known: ['tsv', 'tfds']")

@@ -7,7 +7,9 @@ linear weights are transposed both ways, everything else is copied.
 
 `model.safetensors` (or a sharded `model.safetensors.index.json`) is read without torch;
 `pytorch_model.bin` needs torch. Export writes `config.json` + `model.safetensors`, which
-transformers' `AutoModel` / `Auto*ForSequenceClassification` load as they are.
+transformers' `AutoModel` / `Auto*ForSequenceClassification` load as they are. A classifier
+head that transformers' classes cannot reproduce (a layer-norm normaliser, or one that reads
+the raw [CLS] vector) exports its encoder alone, with an `EncoderOnlyExport` warning.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import importlib.util
 import json
 import logging
 import pathlib
+import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -30,6 +33,15 @@ from isojax.models import encoder as encoder_lib
 from isojax.models import heads
 
 logger = logging.getLogger(__name__)
+
+
+class UnservableHead(ValueError):
+    """A classifier head that transformers' `<Family>ForSequenceClassification` cannot compute."""
+
+
+class EncoderOnlyExport(UserWarning):
+    """`export_pretrained` wrote a classifier's encoder alone: its head is not servable."""
+
 
 # (transformers module name, isojax module path, kind); {i}: layer, {g}/{j}: ALBERT group/inner.
 # kind "dense": weight [out, in] <-> kernel [in, out], bias; "norm": weight/bias <-> scale/bias;
@@ -385,15 +397,22 @@ def classifier_state_dict(head: heads.SequenceClassifier, variables: Mapping) ->
     `classifier.dense`), so the head exports exactly when it reads the pooled vector. A
     normaliser that is affine at inference (IsoBN's fixed gain, batch norm, re-centring, none)
     is folded into the linear layer: `W' = A^T W`, `b' = W^T c + b` for `norm(x) = A x + c`;
-    a non-affine one (layer norm) cannot be served by those classes and raises ValueError.
+    a non-affine one (layer norm) cannot be served by those classes.
+
+    Raises:
+      UnservableHead: (a `ValueError`) the head reads another vector than the pooler output
+        (raw [CLS], mean), or its normaliser is not affine at inference (layer norm).
     """
     cfg = head.encoder.config
     if head.sentence != "pooled" or not cfg.has_pooler:
-        raise ValueError(
+        raise UnservableHead(
             f"transformers' {cfg.family} sequence classifier reads the pooler output; this head "
-            f"uses sentence={head.sentence!r}: export the encoder alone instead"
+            f"uses sentence={head.sentence!r}"
         )
-    kernel, bias = heads.folded_classifier(head, variables)  # [hidden, labels], [labels]
+    try:
+        kernel, bias = heads.folded_classifier(head, variables)  # [hidden, labels], [labels]
+    except ValueError as err:  # its one documented error: the normaliser is not affine
+        raise UnservableHead(str(err)) from None
     kernel, bias = np.asarray(kernel, np.float32), np.asarray(bias, np.float32)
     params = variables["params"] if "params" in variables else variables
     encoder_sd = state_dict_from_params(cfg, params["encoder"])
@@ -423,13 +442,18 @@ def export_pretrained(
       folder: created if absent.
       module_or_config: an `Encoder` or its `EncoderConfig` (written as `<Family>Model`), or a
         `SequenceClassifier` (written as `<Family>ForSequenceClassification`, see
-        `classifier_state_dict`).
+        `classifier_state_dict`; a head those classes cannot compute, with a layer-norm
+        normaliser or reading raw [CLS], writes its encoder alone as `<Family>Model` and
+        warns `EncoderOnlyExport`, naming the reason).
       params: the `'params'` tree of that module (for a `SequenceClassifier` whose normaliser
         keeps running statistics, its whole variables `{'params', 'batch_stats'}`).
       tokenizer: a transformers tokenizer to save beside the weights, so the folder serves.
 
     Returns:
       The folder.
+
+    Warns:
+      EncoderOnlyExport: the head was left out (see `module_or_config`).
     """
     from safetensors import numpy as safetensors_numpy
 
@@ -437,11 +461,26 @@ def export_pretrained(
     if isinstance(module_or_config, heads.SequenceClassifier):
         head = module_or_config
         cfg = head.encoder.config
-        state_dict, architecture = classifier_state_dict(head, params)
         hf = cfg.to_hf()
-        hf["num_labels"] = head.num_labels  # transformers derives id2label from it
-        hf.pop("id2label", None), hf.pop("label2id", None)
-        hf["problem_type"] = "regression" if head.num_labels == 1 else "single_label_classification"
+        try:
+            state_dict, architecture = classifier_state_dict(head, params)
+        except UnservableHead as why:
+            tree = params["params"] if "params" in params else params
+            state_dict = state_dict_from_params(cfg, tree["encoder"])
+            architecture = _BASE_CLASS[cfg.family]
+            warnings.warn(
+                EncoderOnlyExport(
+                    f"{folder}: exported the encoder alone ({architecture}), without the "
+                    f"classifier head: {why}"
+                ),
+                stacklevel=2,
+            )
+        else:
+            hf["num_labels"] = head.num_labels  # transformers derives id2label from it
+            hf.pop("id2label", None), hf.pop("label2id", None)
+            hf["problem_type"] = (
+                "regression" if head.num_labels == 1 else "single_label_classification"
+            )
     else:
         cfg = getattr(module_or_config, "config", module_or_config)
         if not isinstance(cfg, config_lib.EncoderConfig):
