@@ -25,7 +25,9 @@ from isojax import stabilizer as stabilizer_lib
 from isojax.data import glue
 from isojax.models import heads
 
-METHODS = ("none", "recenter", "batchnorm", "layernorm", "isobn", "istar", "cosreg")
+# The head's normalisers (`norms.NORMALIZERS`: none recenter batchnorm layernorm isobn), then
+# the penalties.
+METHODS = (*norms.NORMALIZERS, "istar", "cosreg")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 LOSS_SCALES = ("auto", "dynamic", "none")
 TINY_MODEL = "tiny-bert"

@@ -34,8 +34,6 @@ from jax import lax
 from isojax import running, stats
 from isojax.running import STATS_DTYPE
 
-NORMALIZERS = ("none", "recenter", "batchnorm", "layernorm", "isobn")
-
 
 def isobn_gain(
     cov: jax.typing.ArrayLike,
@@ -120,6 +118,44 @@ def _mean_var(
     dev = jnp.where(keep, x - mean, 0.0)  # [n, d]
     var = total(jnp.sum(w[:, None] * dev**2, axis=0)) / denom  # [d]
     return count, mean, var
+
+
+def _running_mean_var(
+    module: nn.Module,
+    x: jax.Array,
+    mask: jax.Array | None,
+    use_running_average: bool,
+    *,
+    min_count: int,
+    with_var: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """`(x in float32, mean [d], var [d] or None)` of `Recenter` and `BatchNorm`.
+
+    Training: the batch's masked mean and biased variance (`_mean_var`), and the running
+    ``batch_stats['mean']`` (zeros) and ``['var']`` (ones, `with_var`) moved towards them by
+    `running.ema` under the bad-batch guard (`min_count` unmasked rows). Evaluation: the
+    running ones.
+    """
+    d = x.shape[-1]
+    ra_mean = module.variable("batch_stats", "mean", jnp.zeros, (d,), STATS_DTYPE)
+    ra_var = (
+        module.variable("batch_stats", "var", jnp.ones, (d,), STATS_DTYPE) if with_var else None
+    )
+    counters = running.skip_counters(module)
+    running.check_state_shape(module, "mean", ra_mean.value.shape, (d,), x.shape)
+    x32 = x.astype(stats.stats_dtype(x.dtype))
+    if use_running_average:
+        return x32, ra_mean.value, ra_var.value if with_var else None
+    initializing = module.is_initializing()
+    count, mean, var = _mean_var(x32, mask, None if initializing else module.axis_name)
+    if not initializing:
+        pairs = [(ra_mean, mean)] + ([(ra_var, var)] if with_var else [])
+        ok = running.batch_ok(count, *(new for _, new in pairs), min_count=min_count)
+        moved = [
+            (v, running.ema(module.momentum, v.value, lax.stop_gradient(new))) for v, new in pairs
+        ]
+        running.guarded_update(module, moved, counters, ok)
+    return x32, mean, var if with_var else None
 
 
 class IsoBN(nn.Module):
@@ -221,6 +257,12 @@ class IsoBN(nn.Module):
 class Recenter(nn.Module):
     """Subtracts a mean: the batch mean in training, the running mean in evaluation.
 
+    SPEC.md §2 describes re-centring as "subtract the running mean". isojax keeps batch norm's
+    convention instead, and this is the one behaviour: in training the *batch* mean is
+    subtracted (so the gradient flows through it, as in batch normalisation, and the output
+    is centred from the first step, before a zero-initialised running mean has warmed up);
+    the running mean is what evaluation subtracts.
+
     Running mean ``batch_stats['mean']`` `[d]` float32 (zero-initialised), updated as Flax's
     `BatchNorm`: `mean ← m · mean + (1 − m) · batch_mean`; plus the ``count``/``skipped``
     counters. Gradients flow through the batch mean, as in batch normalisation.
@@ -253,21 +295,7 @@ class Recenter(nn.Module):
         use_running_average = nn.merge_param(
             "use_running_average", self.use_running_average, use_running_average
         )
-        d = x.shape[-1]
-        ra_mean = self.variable("batch_stats", "mean", jnp.zeros, (d,), STATS_DTYPE)
-        counters = running.skip_counters(self)
-        running.check_state_shape(self, "mean", ra_mean.value.shape, (d,), x.shape)
-        x32 = x.astype(stats.stats_dtype(x.dtype))
-        if use_running_average:
-            mean = ra_mean.value
-        else:
-            initializing = self.is_initializing()
-            axis_name = None if initializing else self.axis_name
-            count, mean, _ = _mean_var(x32, mask, axis_name)
-            if not initializing:
-                ok = running.batch_ok(count, mean, min_count=1)
-                new = running.ema(self.momentum, ra_mean.value, lax.stop_gradient(mean))
-                running.guarded_update(self, [(ra_mean, new)], counters, ok)
+        x32, mean, _ = _running_mean_var(self, x, mask, use_running_average, min_count=1)
         return (x32 - mean).astype(self.dtype or x.dtype)
 
 
@@ -310,30 +338,9 @@ class BatchNorm(nn.Module):
             "use_running_average", self.use_running_average, use_running_average
         )
         d = x.shape[-1]
-        ra_mean = self.variable("batch_stats", "mean", jnp.zeros, (d,), STATS_DTYPE)
-        ra_var = self.variable("batch_stats", "var", jnp.ones, (d,), STATS_DTYPE)
-        counters = running.skip_counters(self)
-        running.check_state_shape(self, "mean", ra_mean.value.shape, (d,), x.shape)
-        x32 = x.astype(stats.stats_dtype(x.dtype))
-        if use_running_average:
-            mean, var = ra_mean.value, ra_var.value
-        else:
-            initializing = self.is_initializing()
-            count, mean, var = _mean_var(x32, mask, None if initializing else self.axis_name)
-            if not initializing:
-                ok = running.batch_ok(count, mean, var, min_count=2)
-                running.guarded_update(
-                    self,
-                    [
-                        (
-                            ra_mean,
-                            running.ema(self.momentum, ra_mean.value, lax.stop_gradient(mean)),
-                        ),
-                        (ra_var, running.ema(self.momentum, ra_var.value, lax.stop_gradient(var))),
-                    ],
-                    counters,
-                    ok,
-                )
+        x32, mean, var = _running_mean_var(
+            self, x, mask, use_running_average, min_count=2, with_var=True
+        )
         y = (x32 - mean) * lax.rsqrt(var + self.epsilon)
         if self.use_scale:
             y = y * self.param("scale", self.scale_init, (d,), self.param_dtype)
@@ -397,6 +404,9 @@ class Identity(nn.Module):
         return x if self.dtype is None else x.astype(self.dtype)
 
 
+# The registry: a normaliser's name (a `config.method`, `isojax finetune --method NAME`) -> its
+# class. A new one is a module with the common call signature plus one line here
+# (ARCHITECTURE.md, "Adding a normaliser").
 _CLASSES = {
     "none": Identity,
     "recenter": Recenter,
@@ -404,6 +414,7 @@ _CLASSES = {
     "layernorm": LayerNorm,
     "isobn": IsoBN,
 }
+NORMALIZERS = tuple(_CLASSES)
 
 
 def _fields(cls: type) -> set[str]:

@@ -89,6 +89,7 @@ _CHILD = textwrap.dedent(
     """
     import os, signal, sys
     from isojax import checkpointing, train
+    from isojax import config as config_lib
 
     mode, workdir, glue_dir, tokenizer = sys.argv[1:]
     config = config_lib.default_config()

@@ -93,7 +93,8 @@ def test_sharded_step_equals_single_device_step(glue_dir, minilm_dir):
 _CHILD = textwrap.dedent(
     """
     import sys
-    from isojax import train
+    from isojax import distributed, train
+    from isojax import config as config_lib
 
     assert distributed.initialize_distributed()
     import jax

@@ -16,6 +16,23 @@ import ml_collections
 PRESETS = ("isobn", "istar")
 
 
+def reference_optimizer(
+    config: ml_collections.ConfigDict, learning_rate: float, schedule: str, warmup_fraction: float
+) -> None:
+    """The papers' transformers AdamW in `config.optimizer`: eps 1e-6, no weight decay, no
+    gradient clipping, with the given rate and schedule."""
+    config.optimizer.update(
+        dict(
+            learning_rate=learning_rate,
+            schedule=schedule,
+            warmup_fraction=warmup_fraction,
+            weight_decay=0.0,
+            adam_eps=1e-6,
+            clip_norm=None,
+        )
+    )
+
+
 def load(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
     """`isojax.configs.<name>.get_config(arg)`; ValueError for an unknown name."""
     if name not in PRESETS:

@@ -11,6 +11,7 @@ linear decay, no clipping; IsoBN on the pooler output with momentum 0.95 (the re
 import ml_collections
 
 from isojax import config as config_lib
+from isojax import configs
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -23,14 +24,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.batch_size = 16
     c.num_epochs = 10
     c.isobn.update(dict(momentum=0.95, beta=0.5, epsilon=1e-3, debias=False))
-    c.optimizer.update(
-        dict(
-            learning_rate=5e-5,
-            schedule="linear",
-            warmup_fraction=0.06,
-            weight_decay=0.0,
-            adam_eps=1e-6,
-            clip_norm=None,
-        )
-    )
+    configs.reference_optimizer(c, 5e-5, "linear", warmup_fraction=0.06)
     return c

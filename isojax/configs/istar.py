@@ -10,6 +10,7 @@ eval-mode pass over 250 000 token vectors before every epoch (stabilizer kind "p
 import ml_collections
 
 from isojax import config as config_lib
+from isojax import configs
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -25,14 +26,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.istar.zeta = 0.2
     c.istar.stabilizer.kind = "pass"
     c.istar.stabilizer.tokens = 250_000
-    c.optimizer.update(
-        dict(
-            learning_rate=1e-5,
-            schedule="constant",
-            warmup_fraction=0.0,
-            weight_decay=0.0,
-            adam_eps=1e-6,
-            clip_norm=None,
-        )
-    )
+    configs.reference_optimizer(c, 1e-5, "constant", warmup_fraction=0.0)
     return c
