@@ -189,7 +189,9 @@ def format_results(results: dict) -> str:
             lines.append(f"{split}: {cells}")
     best = results.get("best")
     if best:
-        scores = "  ".join(f"{k} score {v['score']:.4f}" for k, v in best.items() if "score" in v)
+        scores = "  ".join(
+            f"{k} score {v['score']:.4f}" for k, v in best.items() if isinstance(v, dict)
+        )
         lines.append(f"best: step {best['step']}  epoch {best['epoch']}  {scores}")
     return "\n".join(lines)
 

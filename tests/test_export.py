@@ -236,6 +236,7 @@ def test_best_restores_the_best_epochs_parameters(monkeypatch, tmp_path, glue_di
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["best"]["dev"]["score"] == 0.9 and saved["dev"]["score"] == 0.5
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["6"]
+    assert "\nbest: step 4  epoch 2  dev score 0.9000" in cli.format_results(results)
 
     best = runs.restore(tmp_path / "run", best=True)
     assert (best.step, best.checkpoint, best.evaluation["epoch"]) == (4, "best", 2)
