@@ -101,9 +101,9 @@ def load_split(
     restored: runs.Restored, split: str, *, data_dir: str | None = None, labelled: bool
 ) -> list[glue.Example]:
     """The split's examples from `data_dir` (default the run's `data_dir`; none: the run's
-    tensorflow-datasets folder); a labelled split cut to the run's `max_eval_examples`.
-    Raises `glue.GlueDataNotFound` for a missing file, ValueError for a test split with
-    `labelled`."""
+    tensorflow-datasets folder); a dev split cut to the run's `max_eval_examples`, as the run
+    evaluated it. Raises `glue.GlueDataNotFound` for a missing file, ValueError for a test
+    split with `labelled`."""
     config, task = restored.config, restored.task
     data_dir = data_dir or config.data_dir
     if data_dir:
@@ -111,7 +111,7 @@ def load_split(
     else:
         examples = glue.load_tfds(task, split, config.tfds_data_dir, labelled=labelled)
     limit = config.max_eval_examples
-    return examples[:limit] if labelled and limit is not None else examples
+    return examples[:limit] if split in task.dev_splits and limit is not None else examples
 
 
 def predict(
