@@ -66,8 +66,8 @@ def test_registry_is_complete():
     }  # fmt: skip
     assert glue.get_task("STS-B") is glue.TASKS["stsb"] and glue.TASKS["stsb"].is_regression
     mnli = glue.get_task("mnli")
-    assert mnli.labelled_splits == ("train", "dev_matched", "dev_mismatched")
-    assert mnli.splits == (*mnli.labelled_splits, "test_matched", "test_mismatched")
+    assert mnli.splits == ("train", "dev_matched", "dev_mismatched")  # the labelled ones
+    assert mnli.all_splits == (*mnli.splits, "test_matched", "test_mismatched")
     assert mnli.tfds_split("dev_mismatched") == "validation_mismatched"
     assert mnli.tfds_split("test_matched") == "test_matched"
     assert all(glue.get_task(t).test_splits == ("test",) for t in glue.TASKS if t != "mnli")

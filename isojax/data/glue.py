@@ -104,14 +104,14 @@ class GlueTask:
         return len(self.text_columns) == 2
 
     @property
-    def labelled_splits(self) -> tuple[str, ...]:
-        """The splits with labels: "train" then the dev split(s)."""
+    def splits(self) -> tuple[str, ...]:
+        """The splits with labels (training, evaluation): "train" then the dev split(s)."""
         return ("train", *self.dev_splits)
 
     @property
-    def splits(self) -> tuple[str, ...]:
+    def all_splits(self) -> tuple[str, ...]:
         """Every split: the labelled ones, then the unlabelled test split(s)."""
-        return (*self.labelled_splits, *self.test_splits)
+        return (*self.splits, *self.test_splits)
 
     def tfds_split(self, split: str) -> str:
         """TFDS name of a split: "dev" -> "validation", "dev_matched" -> "validation_matched";
@@ -121,14 +121,14 @@ class GlueTask:
 
     def _check_split(self, split: str, *, labelled: bool = False) -> None:
         """Raises ValueError for an unknown split, or for a test split when `labelled`."""
-        if split not in self.splits:
+        if split not in self.all_splits:
             raise ValueError(
-                f"GLUE task {self.name!r} has no split {split!r}; known: {list(self.splits)}"
+                f"GLUE task {self.name!r} has no split {split!r}; known: {list(self.all_splits)}"
             )
         if labelled and split in self.test_splits:
             raise ValueError(
                 f"GLUE {self.name} split {split!r} has no labels (GLUE keeps the test labels): "
-                f"training and evaluation need one of {list(self.labelled_splits)}"
+                f"training and evaluation need one of {list(self.splits)}"
             )
 
 
@@ -307,7 +307,7 @@ def load_tsv(
     Args:
       data_dir: the `glue_data` folder holding one folder per task (`RTE/`, `STS-B/`, ...).
       task: a task name or `GlueTask`.
-      split: one of `task.splits`: "train", the dev split(s) ("dev"; MNLI: "dev_matched",
+      split: one of `task.all_splits`: "train", the dev split(s) ("dev"; MNLI: "dev_matched",
         "dev_mismatched") or the test split(s) ("test"; MNLI: "test_matched", ...).
       labelled: require labels (training, evaluation): a test split raises ValueError.
 
@@ -399,7 +399,7 @@ def load_tfds(
 
     Args:
       task: a task name or `GlueTask`.
-      split: one of `task.splits` (dev splits map to TFDS "validation", "validation_matched",
+      split: one of `task.all_splits` (dev splits map to TFDS "validation", "validation_matched",
         "validation_mismatched"; "train" and the test splits keep their names).
       data_dir: TFDS data folder; None for TFDS's default (`~/tensorflow_datasets`).
       download: let TFDS download and prepare a missing dataset.
