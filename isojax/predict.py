@@ -87,12 +87,12 @@ def splits_of(task: glue.GlueTask, name: str) -> tuple[str, ...]:
     """ "dev" -> the task's dev split(s), "test" -> its test split(s) (MNLI: matched and
     mismatched); an exact split name -> itself. ValueError names the choices."""
     chosen = {"dev": task.dev_splits, "test": task.test_splits}.get(name)
-    if chosen is None and name in task.splits:
+    if chosen is None and name in task.all_splits:
         chosen = (name,)
     if chosen is None:
         raise ValueError(
             f"task {task.name} has no split {name!r}; choose dev, test or one of "
-            f"{list(task.splits)}"
+            f"{list(task.all_splits)}"
         )
     return chosen
 
