@@ -249,6 +249,19 @@ def test_best_restores_the_best_epochs_parameters(monkeypatch, tmp_path, glue_di
     )
 
 
+def test_best_survives_a_resume_and_a_tie_keeps_the_earlier_epoch():
+    """The best evaluation travels in the checkpointed Position (JSON), so a resumed run
+    compares against it; an equal later score does not replace it."""
+    position = resume.Position()
+    evals = [{"step": 2 * k, "epoch": k, "dev": {"score": s}} for k, s in ((1, 0.5), (2, 0.7))]
+    assert position.note_eval(evals[0], "dev") and position.note_eval(evals[1], "dev")
+    again = resume.Position(**json.loads(json.dumps(position.to_json())))
+    assert again.best == evals[1]
+    assert not again.note_eval({"step": 6, "epoch": 3, "dev": {"score": 0.7}}, "dev")
+    assert again.best == evals[1] and again.last_eval["step"] == 6
+    assert again.note_eval({"step": 8, "epoch": 4, "dev": {"score": 0.71}}, "dev")
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input: one line on stderr, exit status 2.
 # ---------------------------------------------------------------------------------------------
