@@ -13,6 +13,7 @@ import math
 import pathlib
 import sys
 import time
+from collections.abc import Callable
 
 
 class MetricWriter:
@@ -82,3 +83,40 @@ class Progress:
     def close(self) -> None:
         if self.tty:
             sys.stderr.write("\n")
+
+
+class RunLog:
+    """The loop's logging: a `MetricWriter` and a `Progress` line (process 0 only, `enabled`).
+
+    `train(step, epoch, pop_means)` after every training step: the progress line; every
+    `every` steps, and at the last, a "train" record of the step metrics' means since the
+    previous one (`pop_means()`) with the learning rate of this update, `learning_rate(step -
+    1)`. Dev records go through `writer.write`.
+    """
+
+    def __init__(
+        self,
+        workdir: pathlib.Path,
+        *,
+        total_steps: int,
+        every: int,
+        enabled: bool,
+        progress: bool,
+        tensorboard: bool,
+        learning_rate: Callable,
+    ):
+        self.writer = MetricWriter(workdir, enabled=enabled, tensorboard=tensorboard)
+        self.progress = Progress(total_steps, every=every, enabled=enabled and progress)
+        self.total_steps, self.every, self.learning_rate = total_steps, every, learning_rate
+
+    def train(self, step: int, epoch: int, pop_means: Callable[[], dict[str, float]]) -> None:
+        if step % self.every and step != self.total_steps:
+            self.progress.update(step, epoch, None)
+            return
+        means = pop_means() | {"learning_rate": float(self.learning_rate(step - 1))}
+        self.writer.write("train", step, epoch, means)
+        self.progress.update(step, epoch, means["loss"])
+
+    def close(self) -> None:
+        self.progress.close()
+        self.writer.close()

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from isojax import checkpointing, steps
 from isojax import config as config_lib
-from isojax import steps
 
 LATEST_DIR = "checkpoints"  # the newest `keep_checkpoints` checkpoints of a run folder
 BEST_DIR = "best_checkpoint"  # the checkpoint with the best dev score
@@ -81,6 +81,17 @@ _RESUMABLE_CHANGES = {
     "data_dir", "tfds_data_dir", "eval_batch_size", "max_eval_examples", "checkpoint_every",
     "keep_checkpoints", "log_every", "progress", "tensorboard", "remat",
 }  # fmt: skip
+
+
+def checkpointers(
+    workdir: pathlib.Path, keep: int
+) -> tuple[checkpointing.Checkpointer, checkpointing.Checkpointer]:
+    """The run folder's checkpointers: the newest `keep` steps (`LATEST_DIR`) and the best dev
+    epoch's (`BEST_DIR`, one step)."""
+    return (
+        checkpointing.Checkpointer(workdir / LATEST_DIR, max_to_keep=keep),
+        checkpointing.Checkpointer(workdir / BEST_DIR, max_to_keep=1),
+    )
 
 
 def check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:

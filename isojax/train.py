@@ -38,7 +38,6 @@ from jax.sharding import PartitionSpec as P
 
 from isojax import (
     build,
-    checkpointing,
     distributed,
     metrics,
     models,
@@ -221,6 +220,17 @@ def evaluate(
     return result | isotropy_of(acc, state, config)
 
 
+def evaluate_all(run: Run, state, config, step: int, epoch: int, log) -> dict:
+    """`{"step", "epoch", split: evaluate(...)}` over every dev split, each written to
+    `log.writer` (a `reporting.RunLog`; None writes nothing)."""
+    results = {"step": step, "epoch": epoch}
+    for split, encoded in run.dev_encoded.items():
+        results[split] = evaluate(run, state, encoded, config)
+        if log is not None:
+            log.writer.write(split, step, epoch, results[split])
+    return results
+
+
 @functools.partial(jax.jit, static_argnames="zeta")
 def _isotropy_jit(acc, c0, zeta):
     return steps.isotropy_metrics(acc, c0, zeta)
@@ -228,14 +238,14 @@ def _isotropy_jit(acc, c0, zeta):
 
 def _train_epoch(run, state, config, position, step, log, save) -> tuple[Any, int, bool]:
     """Trains from `position` to the end of its epoch or of the run; returns `(state, step,
-    epoch_done)` with `position.batch` advanced. `log(step, epoch)` after each step;
-    `save(step, state)` every `config.checkpoint_every` steps (not at the epoch's end)."""
+    epoch_done)` with `position.batch` advanced. `log.train` after each step; `save(step,
+    state)` every `config.checkpoint_every` steps (not at the epoch's end)."""
     epoch_done = position.batch == run.steps_per_epoch
     for batch in train_batches(run.train_encoded, config, position.epoch, position.batch):
         state, step_metrics = run.train_fn(state, distributed.global_batch(batch, run.mesh))
         step, position.batch = step + 1, position.batch + 1
         position.add(step_metrics)
-        log(step, position.epoch)
+        log.train(step, position.epoch, position.pop_means)
         epoch_done = position.batch == run.steps_per_epoch
         if step == run.total_steps or epoch_done:
             break
@@ -252,23 +262,15 @@ def train_and_evaluate(
 ) -> dict:
     """Fine-tunes `config.model` on `config.task`, evaluating on dev after every epoch.
 
-    Resumes from the newest usable checkpoint in `workdir/checkpoints` (train state and
-    `Position`); a resumed run ends with the same parameters and metrics as an uninterrupted
-    one. Writes `metrics.jsonl`, `tensorboard/`, `config.json` and `results.json` in `workdir`.
-
-    Args:
-      config: from `isojax.config.default_config()` or an `isojax.configs` preset, with
-        overrides; validated here.
-      workdir: the run folder.
-      mesh: the devices to use (`distributed.make_mesh`); default: every device of every
-        process.
-
-    Returns:
-      The final dev metrics: `{split: {metric: value}}` per dev split ("dev", or MNLI's
-      "dev_matched"/"dev_mismatched"), each with the task's metrics, `score`, and the
-      isotropy keys of `steps.isotropy_metrics`; plus "step" and "epoch"; and "best": the
-      evaluation with the best score on the first dev split (same keys), whose checkpoint
-      `workdir/best_checkpoint` keeps (`isojax export/predict --best`).
+    `config`: `isojax.config.default_config()` or an `isojax.configs` preset, with overrides
+    (validated here); `mesh`: the devices (default: all of every process). Resumes from the
+    newest usable checkpoint in `workdir/checkpoints` (state and `resume.Position`), ending as
+    an uninterrupted run would; writes `config.json`, `metrics.jsonl`, `tensorboard/` and
+    `results.json`, and keeps the best dev epoch's checkpoint in `workdir/best_checkpoint`.
+    Returns the last dev results: `{split: {metric: value}}` per dev split ("dev", or MNLI's
+    two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
+    plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
+    score on the first dev split (`isojax export/predict --best`).
     """
     config_lib.validate_config(config)
     distributed.initialize_distributed()
@@ -279,37 +281,25 @@ def train_and_evaluate(
     if lead:
         (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
     run = setup(config, mesh=mesh)
-    ckpt = checkpointing.Checkpointer(
-        workdir / resume.LATEST_DIR, max_to_keep=config.keep_checkpoints
-    )
-    best_ckpt = checkpointing.Checkpointer(workdir / resume.BEST_DIR, max_to_keep=1)
+    ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
     main_split = glue.get_task(config.task).dev_splits[0]  # MNLI: matched
     state, position = resume.restore(ckpt, run.state, workdir, lead)
     step = int(state.step)
-    writer = reporting.MetricWriter(workdir, enabled=lead, tensorboard=config.tensorboard)
-    progress = reporting.Progress(
-        run.total_steps, every=config.log_every, enabled=lead and config.progress
-    )
     opt = config.optimizer
-    schedule = optim.learning_rate_schedule(
-        opt.learning_rate, run.total_steps, warmup_fraction=opt.warmup_fraction, kind=opt.schedule
+    log = reporting.RunLog(
+        workdir,
+        total_steps=run.total_steps,
+        every=config.log_every,
+        enabled=lead,
+        progress=config.progress,
+        tensorboard=config.tensorboard,
+        learning_rate=optim.learning_rate_schedule(
+            opt.learning_rate,
+            run.total_steps,
+            warmup_fraction=opt.warmup_fraction,
+            kind=opt.schedule,
+        ),
     )
-
-    def log(step: int, epoch: int) -> None:
-        if step % config.log_every and step != run.total_steps:
-            progress.update(step, epoch, None)
-            return
-        means = position.pop_means() | {"learning_rate": float(schedule(step - 1))}
-        writer.write("train", step, epoch, means)
-        progress.update(step, epoch, means["loss"])
-
-    def evaluate_all(state, step: int, epoch: int, write: bool = True) -> dict:
-        results = {"step": step, "epoch": epoch}
-        for split, encoded in run.dev_encoded.items():
-            results[split] = evaluate(run, state, encoded, config)
-            if write:
-                writer.write(split, step, epoch, results[split])
-        return results
 
     save = lambda step, state: ckpt.save(step, state, position.to_json())  # noqa: E731
     c0_pass_each_epoch = config.method == "istar" and config.istar.stabilizer.kind == "pass"
@@ -318,18 +308,18 @@ def train_and_evaluate(
         if c0_pass_each_epoch and position.batch == 0:
             state = c0_pass(run, state, config, position.epoch)
         state, step, epoch_done = _train_epoch(run, state, config, position, step, log, save)
-        is_best = position.note_eval(evaluate_all(state, step, position.epoch + 1), main_split)
+        results = evaluate_all(run, state, config, step, position.epoch + 1, log)
+        is_best = position.note_eval(results, main_split)
         if epoch_done:
             position.epoch, position.batch = position.epoch + 1, 0
         if is_best:  # before the latest, so a resumed run never claims a best it lacks
             best_ckpt.save(step, state, position.to_json())
         save(step, state)
-    progress.close()
-    writer.close()
+    log.close()
     ckpt.close()
     best_ckpt.close()
     if position.last_eval is None:  # nothing to train (resumed a finished run without results)
-        position.last_eval = evaluate_all(state, step, position.epoch, write=False)
+        position.last_eval = evaluate_all(run, state, config, step, position.epoch, None)
     results = position.last_eval | {"best": position.best}
     if lead:
         (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
