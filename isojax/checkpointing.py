@@ -18,6 +18,7 @@ metadata (names, shapes, dtypes) with the requested state before any array is re
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import warnings
@@ -29,6 +30,19 @@ import orbax.checkpoint as ocp
 
 class CheckpointMismatch(ValueError):
     """A readable checkpoint whose arrays differ from the requested train state."""
+
+
+class CheckpointNotFound(ValueError):
+    """No checkpoint at the requested step."""
+
+
+class _Unreadable(Exception):
+    """A checkpoint's files cannot be read (the cause is the read error)."""
+
+
+def _one_line(err: BaseException) -> str:
+    """`Type: first line of the message` (at most 200 characters of it)."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
 
 
 def _array_specs(flat: dict) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -95,61 +109,92 @@ class Checkpointer:
         )
         self._manager.wait_until_finished()
 
-    def restore(self, abstract_state: Any) -> tuple[Any, dict] | None:
-        """The newest readable checkpoint as `(state, position)`, or None if there is none.
+    def restore(self, abstract_state: Any, *, step: int | None = None) -> tuple[Any, dict] | None:
+        """The newest readable checkpoint (or the one at `step`) as `(state, position)`; None
+        if there is none.
 
-        Only a read or format error of a checkpoint's files (truncated, empty, unparsable)
-        sets that checkpoint aside and falls back to the one before it.
+        Without `step`, only a read or format error of a checkpoint's files (truncated, empty,
+        unparsable) sets that checkpoint aside and falls back to the one before it. With
+        `step`, that checkpoint alone is read and nothing is moved.
 
         Args:
           abstract_state: a pytree like the saved state whose leaves are arrays or
             `jax.ShapeDtypeStruct`s with the wanted sharding (`ocp.utils.to_shape_dtype_struct`).
+          step: the step to restore; None: the newest readable one.
 
         Raises:
-          CheckpointMismatch: the newest readable checkpoint holds other arrays (names,
-            shapes or dtypes) than `abstract_state`; the message lists each difference, and
-            no file is moved.
-          RuntimeError: checkpoints exist but none of them can be read.
+          CheckpointMismatch: the checkpoint holds other arrays (names, shapes or dtypes) than
+            `abstract_state`; the message lists each difference, and no file is moved.
+          CheckpointNotFound: (a `ValueError`) no checkpoint at `step`; the message lists the
+            saved steps.
+          RuntimeError: checkpoints exist but none of them (or not the one at `step`) can be
+            read.
         """
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
         wanted = _array_specs(
             ocp.tree.to_flat_dict(ocp.tree.serialize_tree(target, keep_empty_nodes=True))
         )
         steps = self.all_steps()
-        for i, step in enumerate(reversed(steps)):
-            try:
-                saved = self._saved_specs(step)
-            except Exception as err:  # noqa: BLE001 - unreadable metadata: the files are damaged
-                self._fall_back(steps, i, err)
-                continue
-            differences = _differences(saved, wanted)
-            if differences:
-                raise CheckpointMismatch(
-                    f"checkpoint step {step} in {self.directory} does not hold this train state "
-                    f"(a code or config change?); {len(differences)} difference(s): "
-                    + "; ".join(differences[:20])
-                    + ("; ..." if len(differences) > 20 else "")
-                    + ". No file was moved."
+        if step is not None:
+            if step not in steps:
+                raise CheckpointNotFound(
+                    f"no checkpoint at step {step} in {self.directory}; saved steps: {steps}"
                 )
             try:
-                restored = self._manager.restore(
-                    step,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(target), position=ocp.args.JsonRestore()
-                    ),
-                )
-            except Exception as err:  # noqa: BLE001 - the arrays match: a read error remains
-                self._fall_back(steps, i, err)
-                continue
-            return restored.state, dict(restored.position)
+                return self._read(step, target, wanted)
+            except _Unreadable as err:
+                raise RuntimeError(
+                    f"checkpoint step {step} in {self.directory} cannot be restored "
+                    f"({_one_line(err.__cause__)})"
+                ) from err.__cause__
+        for i, newest in enumerate(reversed(steps)):
+            try:
+                return self._read(newest, target, wanted)
+            except _Unreadable as err:
+                self._fall_back(steps, i, err.__cause__)
         if steps:
             raise RuntimeError(f"no checkpoint in {self.directory} can be restored")
         return None
 
+    def _read(self, step: int, target: Any, wanted: dict) -> tuple[Any, dict]:
+        """`(state, position)` of `step`; `CheckpointMismatch` for other arrays, `_Unreadable`
+        (from the read error) for damaged files."""
+        try:
+            saved = self._saved_specs(step)
+        except Exception as err:  # noqa: BLE001 - unreadable metadata: the files are damaged
+            raise _Unreadable from err
+        differences = _differences(saved, wanted)
+        if differences:
+            raise CheckpointMismatch(
+                f"checkpoint step {step} in {self.directory} does not hold this train state "
+                f"(a code or config change?); {len(differences)} difference(s): "
+                + "; ".join(differences[:20])
+                + ("; ..." if len(differences) > 20 else "")
+                + ". No file was moved."
+            )
+        try:
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(target), position=ocp.args.JsonRestore()
+                ),
+            )
+        except Exception as err:  # noqa: BLE001 - the arrays match: a read error remains
+            raise _Unreadable from err
+        return restored.state, dict(restored.position)
+
     def _saved_specs(self, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
         """Names, shapes and dtypes of the arrays saved at `step`, from its metadata file."""
-        with ocp.StandardCheckpointer() as reader:
-            metadata = reader.metadata(self.directory / str(step) / "state")
+        # orbax logs (absl WARNING) that a step's own metadata file is absent; the tree
+        # metadata it reads here is there.
+        absl_logger = logging.getLogger("absl")
+        level = absl_logger.level
+        absl_logger.setLevel(logging.ERROR)
+        try:
+            with ocp.StandardCheckpointer() as reader:
+                metadata = reader.metadata(self.directory / str(step) / "state")
+        finally:
+            absl_logger.setLevel(level)
         return _array_specs(ocp.tree.to_flat_dict(metadata.item_metadata.tree))
 
     def _fall_back(self, steps: list[int], i: int, err: Exception) -> None:
@@ -157,8 +202,7 @@ class Checkpointer:
         step = steps[-1 - i]
         older = steps[-2 - i] if i + 1 < len(steps) else None
         warnings.warn(
-            f"checkpoint step {step} in {self.directory} cannot be restored "
-            f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}); "
+            f"checkpoint step {step} in {self.directory} cannot be restored ({_one_line(err)}); "
             + (f"falling back to step {older}" if older is not None else "none left"),
             RuntimeWarning,
             stacklevel=3,

@@ -1,10 +1,13 @@
-"""The `isojax` command: fine-tune, analyse isotropy, run the benchmarks.
+"""The `isojax` command: fine-tune, analyse isotropy, export and predict, run the benchmarks.
 
     isojax finetune --task rte --method isobn --data-dir glue_data --workdir runs/rte-isobn
     isojax finetune --config istar --task rte --workdir runs/x --set istar.weight=-2
     isojax finetune --config experiments/configs/finetune.py:rte,istar --workdir runs/x \\
         --set optimizer.learning_rate=1e-5 --set istar.stabilizer.kind=ema
     isojax analyze --task rte --data-dir glue_data --out runs/analysis
+    isojax export runs/rte-isobn hf/rte-isobn --best    # transformers folder + model card
+    isojax predict runs/rte-isobn --split dev         # predictions TSV, dev metrics
+    isojax predict runs/rte-isobn --split test --glue-submission submission/   # RTE.tsv
     isojax bench                      # lists experiments/bench/*.py (a source checkout)
     isojax bench data_speed [ARGS]    # runs one, printing its output
 
@@ -177,13 +180,25 @@ def finetune_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
 
 
 def format_results(results: dict) -> str:
-    """One line per dev split: the task metrics, then the isotropy keys."""
+    """One line per dev split: the task metrics, then the isotropy keys; then the best dev
+    epoch (its checkpoint is the run's `best_checkpoint/`)."""
     lines = [f"step {results.get('step')}  epoch {results.get('epoch')}"]
     for split, values in results.items():
-        if isinstance(values, dict):
+        if isinstance(values, dict) and split != "best":
             cells = "  ".join(f"{k} {v:.4f}" for k, v in values.items() if isinstance(v, float))
             lines.append(f"{split}: {cells}")
+    best = results.get("best")
+    if best:
+        scores = "  ".join(
+            f"{k} score {v['score']:.4f}" for k, v in best.items() if isinstance(v, dict)
+        )
+        lines.append(f"best: step {best['step']}  epoch {best['epoch']}  {scores}")
     return "\n".join(lines)
+
+
+def format_metrics(task, values: dict) -> str:
+    """`metric value` for the task's metrics and its GLUE score."""
+    return "  ".join(f"{name} {values[name]:.4f}" for name in (*task.metrics, "score"))
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
@@ -248,6 +263,67 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.out:
         paths = [analysis.write_summary(rep, args.out), *analysis.write_figures(rep, args.out)]
         print("wrote " + " ".join(str(p) for p in paths))
+    return 0
+
+
+def _restore(args: argparse.Namespace):
+    """`runs.restore` of the command's run folder and checkpoint choice; its errors (no
+    checkpoint, no such step, a checkpoint of another config) are usage errors."""
+    from isojax import checkpointing, runs
+
+    try:
+        return runs.restore(args.run_dir, step=args.step, best=args.best)
+    except (runs.RunNotRestorable, checkpointing.CheckpointMismatch) as err:
+        raise UsageError(str(err)) from None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from isojax import export
+
+    restored = _restore(args)
+    exported = export.export_run(restored, args.out, data_dir=args.data_dir)
+    where = f"{args.run_dir} ({restored.checkpoint} checkpoint, step {restored.step})"
+    if exported.encoder_only is None:
+        print(f"exported {where} to {args.out} as {exported.architecture}")
+    else:
+        print(
+            f"exported {where} to {args.out} as {exported.architecture}, the encoder alone "
+            f"(no classifier head): {exported.encoder_only}"
+        )
+    for split in restored.task.dev_splits:
+        print(f"{split}: {format_metrics(restored.task, exported.evaluation[split])}")
+    return 0
+
+
+def _predictions_path(args: argparse.Namespace, split: str, several: bool) -> pathlib.Path:
+    if args.out is None:
+        return pathlib.Path(args.run_dir) / f"predictions_{split}.tsv"
+    out = pathlib.Path(args.out)
+    return out.with_name(f"{out.stem}_{split}{out.suffix}") if several else out
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from isojax import predict
+
+    restored = _restore(args)
+    task = restored.task
+    try:
+        splits = predict.splits_of(task, args.split)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if args.glue_submission and not set(splits) <= set(task.test_splits):
+        raise UsageError("--glue-submission writes test-set predictions: use --split test")
+    for split in splits:
+        try:
+            pred = predict.predict(restored, split, data_dir=args.data_dir, labelled=args.metrics)
+        except ValueError as err:  # a test split asked for labels (glue names the file)
+            raise UsageError(str(err)) from None
+        path = predict.write_predictions(pred, _predictions_path(args, split, len(splits) > 1))
+        print(f"{task.name} {split}: {len(pred.idx)} predictions -> {path}")
+        if pred.metrics is not None:
+            print(f"{split}: {format_metrics(task, pred.metrics)}")
+        if args.glue_submission:
+            print(f"GLUE submission: {predict.write_submission(pred, args.glue_submission)}")
     return 0
 
 
@@ -329,11 +405,40 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--seed", type=int, default=0, help="tiny-bert initialisation")
     an.set_defaults(run=cmd_analyze)
 
+    ex = sub.add_parser("export", help="a run's model as a Hugging Face folder with a model card")
+    ex.add_argument("run_dir", help="run folder (isojax finetune --workdir)")
+    ex.add_argument("out", help="folder to write (config.json, model.safetensors, tokenizer)")
+    ex.add_argument("--data-dir", help="glue_data folder, for a checkpoint without dev results")
+    _checkpoint_choice(ex)
+    ex.set_defaults(run=cmd_export)
+
+    pr = sub.add_parser("predict", help="a run's predictions on dev or test; GLUE submission")
+    pr.add_argument("run_dir", help="run folder (isojax finetune --workdir)")
+    pr.add_argument("--split", required=True, help="dev | test | a split name of the task")
+    pr.add_argument("--data-dir", help="glue_data folder (default: the run's data)")
+    pr.add_argument("--out", help="predictions TSV (default RUN_DIR/predictions_SPLIT.tsv)")
+    pr.add_argument(
+        "--metrics",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="print the task metrics (default: for dev splits; test splits have no labels)",
+    )
+    pr.add_argument("--glue-submission", metavar="DIR", help="write GLUE's <TASK>.tsv in DIR")
+    _checkpoint_choice(pr)
+    pr.set_defaults(run=cmd_predict)
+
     be = sub.add_parser("bench", help="run a benchmark of experiments/bench (list: no name)")
     be.add_argument("name", nargs="?", help="benchmark name (file stem)")
     be.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     be.set_defaults(run=cmd_bench)
     return parser
+
+
+def _checkpoint_choice(parser: argparse.ArgumentParser) -> None:
+    """--step N | --best (default: the newest checkpoint)."""
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--step", type=int, help="a saved step of RUN_DIR/checkpoints")
+    choice.add_argument("--best", action="store_true", help="the best dev epoch's checkpoint")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

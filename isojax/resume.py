@@ -1,8 +1,11 @@
 """Resuming a run: where the loop stands (`Position`), the same-config check, the restore.
 
 A checkpoint holds the train state and a `Position` (JSON): the next (epoch, batch), the step
-metrics summed since the last log line, and the last dev results. A resumed run ends with the
-same parameters, metrics and `metrics.jsonl` as an uninterrupted one.
+metrics summed since the last log line, the last dev results and the best ones. A resumed run
+ends with the same parameters, metrics and `metrics.jsonl` as an uninterrupted one.
+
+A run folder keeps the newest checkpoints in `checkpoints/` and, beside them, the one with the
+best dev score so far in `best_checkpoint/` (the IsoBN protocol's early stopping).
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from isojax import checkpointing, steps
 from isojax import config as config_lib
-from isojax import steps
+
+LATEST_DIR = "checkpoints"  # the newest `keep_checkpoints` checkpoints of a run folder
+BEST_DIR = "best_checkpoint"  # the checkpoint with the best dev score
 
 
 def host_floats(tree: dict) -> dict[str, float]:
@@ -28,13 +34,25 @@ def host_floats(tree: dict) -> dict[str, float]:
 @dataclasses.dataclass
 class Position:
     """Where the loop stands, checkpointed beside the state: the next (epoch, batch), the step
-    metrics summed since the last log line, and the last dev results."""
+    metrics summed since the last log line, the last dev results, and the best dev results
+    (`note_eval`)."""
 
     epoch: int = 0
     batch: int = 0
     train_sums: dict = dataclasses.field(default_factory=dict)
     train_count: int = 0
     last_eval: dict | None = None
+    best: dict | None = None
+
+    def note_eval(self, results: dict, split: str) -> bool:
+        """Keeps `results` (`{"step", "epoch", split: {..., "score"}}`) as `last_eval`, and as
+        `best` when its `split` score (the task's GLUE score) beats the best so far; a tie
+        keeps the earlier. Returns whether it is the new best."""
+        self.last_eval = results
+        if self.best is not None and results[split]["score"] <= self.best[split]["score"]:
+            return False
+        self.best = results
+        return True
 
     def add(self, step_metrics: dict) -> None:
         """Adds one step's metrics to the sums (on device: no host sync per step)."""
@@ -54,6 +72,7 @@ class Position:
             "train_sums": host_floats(self.train_sums),
             "train_count": self.train_count,
             "last_eval": self.last_eval,
+            "best": self.best,
         }
 
 
@@ -64,10 +83,21 @@ _RESUMABLE_CHANGES = {
 }  # fmt: skip
 
 
+def checkpointers(
+    workdir: pathlib.Path, keep: int
+) -> tuple[checkpointing.Checkpointer, checkpointing.Checkpointer]:
+    """The run folder's checkpointers: the newest `keep` steps (`LATEST_DIR`) and the best dev
+    epoch's (`BEST_DIR`, one step)."""
+    return (
+        checkpointing.Checkpointer(workdir / LATEST_DIR, max_to_keep=keep),
+        checkpointing.Checkpointer(workdir / BEST_DIR, max_to_keep=1),
+    )
+
+
 def check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
     """Refuses to resume checkpoints in `workdir` with a config that changes the run."""
     saved = workdir / "config.json"
-    if not (saved.exists() and (workdir / "checkpoints").exists()):
+    if not (saved.exists() and (workdir / LATEST_DIR).exists()):
         return
     before = config_lib.flatten(json.loads(saved.read_text()))
     now = config_lib.flatten(json.loads(config.to_json()))

@@ -9,7 +9,8 @@ state on the device mesh (`build`, `distributed`) and encodes the task (`data.ba
 `train_and_evaluate` restores the newest usable checkpoint (`checkpointing`), then per epoch
 runs the I-STAR C0 pass (method "istar" with stabilizer kind "pass"; "epoch" and "ema" update
 C0 inside the steps), the epoch's training batches from where the checkpoint left off, a dev
-evaluation (task metrics + isotropy of the sentence and token embeddings), a checkpoint.
+evaluation (task metrics + isotropy of the sentence and token embeddings), a checkpoint (and
+the best dev epoch's, kept apart).
 Metrics go to `metrics.jsonl` and TensorBoard (`reporting`), progress to stderr. With the data
 order fixed by (seed, epoch) and the dropout key by the step, a killed and resumed run ends
 bit-identical to an uninterrupted one on CPU.
@@ -31,12 +32,12 @@ from typing import Any, NamedTuple
 
 import jax
 import ml_collections
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from isojax import (
     build,
-    checkpointing,
     distributed,
     metrics,
     models,
@@ -93,6 +94,22 @@ def train_batches(
     )
 
 
+def make_objective(
+    config: ml_collections.ConfigDict, task: glue.GlueTask, steps_per_epoch: int
+) -> steps.Objective:
+    """What the train step minimises for `config` (static: compiled into the step)."""
+    method = config.method
+    return steps.Objective(
+        method=method,
+        regression=task.is_regression,
+        weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(method, 0.0),
+        zeta=config.istar.zeta,
+        include_padding=(config.istar if method == "istar" else config.cosreg).include_padding,
+        stabilizer=config.istar.stabilizer.kind,
+        stabilizer_kwargs=tuple(config_lib.stabilizer_kwargs(config, steps_per_epoch).items()),
+    )
+
+
 def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None = None) -> Run:
     """Validates `config`, loads model and data, creates the train state on `mesh` (default:
     every device) and compiles nothing yet (the steps compile on first call)."""
@@ -121,16 +138,7 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
             raise ValueError(
                 f"config: {name} {config[name]} must be a multiple of the {mesh.size} devices"
             )
-    method = config.method
-    objective = steps.Objective(
-        method=method,
-        regression=task.is_regression,
-        weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(method, 0.0),
-        zeta=config.istar.zeta,
-        include_padding=(config.istar if method == "istar" else config.cosreg).include_padding,
-        stabilizer=config.istar.stabilizer.kind,
-        stabilizer_kwargs=tuple(config_lib.stabilizer_kwargs(config, steps_per_epoch).items()),
-    )
+    objective = make_objective(config, task, steps_per_epoch)
     tx = build.make_optimizer(config, total_steps)
     state = build.create_train_state(
         config, model, encoder_params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
@@ -168,13 +176,20 @@ def c0_pass(run: Run, state: steps.TrainState, config: ml_collections.ConfigDict
     return state.replace(stabilizer=stabilizer_lib.replace_c0(state.stabilizer, c0))
 
 
-def evaluate(
-    run: Run, state: steps.TrainState, encoded: batching.Encoded, config: ml_collections.ConfigDict
-) -> dict[str, float]:
-    """Task metrics and isotropy of one dev split (every example exactly once)."""
-    scores = metrics.Accumulator()
-    acc = steps.eval_accumulator_init(run.hidden_size)
-    acc = jax.device_put(acc, NamedSharding(run.mesh, P()))
+def eval_outputs(
+    eval_fn: Callable,
+    state: steps.TrainState,
+    encoded: batching.Encoded,
+    config: ml_collections.ConfigDict,
+    mesh: jax.sharding.Mesh,
+    hidden_size: int,
+) -> tuple[np.ndarray, steps.EvalAccumulator]:
+    """The eval step over `encoded` in file order, every example exactly once (the last
+    batch's filler rows are masked): `(logits [n, k] float32 in `encoded`'s row order, the
+    summed embedding statistics)`."""
+    acc = steps.eval_accumulator_init(hidden_size)
+    acc = jax.device_put(acc, NamedSharding(mesh, P()))
+    logits = []
     for batch in batching.batches(
         encoded,
         batch_size=config.eval_batch_size,
@@ -182,12 +197,27 @@ def evaluate(
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     ):
-        acc, out = run.eval_fn(state, distributed.global_batch(batch, run.mesh), acc)
+        acc, out = eval_fn(state, distributed.global_batch(batch, mesh), acc)
         out = jax.device_get(out)
-        scores.update(out["logits"], out["labels"], out["example_mask"])
-    result = scores.compute(glue.get_task(config.task))
+        logits.append(out["logits"][out["example_mask"].astype(bool)])
+    return np.concatenate(logits), acc
+
+
+def isotropy_of(
+    acc: steps.EvalAccumulator, state: steps.TrainState, config: ml_collections.ConfigDict
+) -> dict[str, float]:
+    """`steps.isotropy_metrics` of the accumulated statistics, with the run's C0 if any."""
     c0 = None if state.stabilizer is None else state.stabilizer["c0"]
-    return result | resume.host_floats(_isotropy_jit(acc, c0, config.istar.zeta))
+    return resume.host_floats(_isotropy_jit(acc, c0, config.istar.zeta))
+
+
+def evaluate(
+    run: Run, state: steps.TrainState, encoded: batching.Encoded, config: ml_collections.ConfigDict
+) -> dict[str, float]:
+    """Task metrics and isotropy of one dev split (every example exactly once)."""
+    logits, acc = eval_outputs(run.eval_fn, state, encoded, config, run.mesh, run.hidden_size)
+    result = metrics.compute_metrics(config.task, logits, encoded.labels)
+    return result | isotropy_of(acc, state, config)
 
 
 def evaluate_all(run: Run, state, config, step: int, epoch: int, log) -> dict:
@@ -236,9 +266,11 @@ def train_and_evaluate(
     (validated here); `mesh`: the devices (default: all of every process). Resumes from the
     newest usable checkpoint in `workdir/checkpoints` (state and `resume.Position`), ending as
     an uninterrupted run would; writes `config.json`, `metrics.jsonl`, `tensorboard/` and
-    `results.json`. Returns the last dev results: `{split: {metric: value}}` per dev split
-    ("dev", or MNLI's two) with the task's metrics, `score` and the isotropy keys of
-    `steps.isotropy_metrics`; plus "step" and "epoch".
+    `results.json`, and keeps the best dev epoch's checkpoint in `workdir/best_checkpoint`.
+    Returns the last dev results: `{split: {metric: value}}` per dev split ("dev", or MNLI's
+    two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
+    plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
+    score on the first dev split (`isojax export/predict --best`).
     """
     config_lib.validate_config(config)
     distributed.initialize_distributed()
@@ -249,7 +281,8 @@ def train_and_evaluate(
     if lead:
         (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
     run = setup(config, mesh=mesh)
-    ckpt = checkpointing.Checkpointer(workdir / "checkpoints", max_to_keep=config.keep_checkpoints)
+    ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
+    main_split = glue.get_task(config.task).dev_splits[0]  # MNLI: matched
     state, position = resume.restore(ckpt, run.state, workdir, lead)
     step = int(state.step)
     opt = config.optimizer
@@ -275,14 +308,19 @@ def train_and_evaluate(
         if c0_pass_each_epoch and position.batch == 0:
             state = c0_pass(run, state, config, position.epoch)
         state, step, epoch_done = _train_epoch(run, state, config, position, step, log, save)
-        position.last_eval = evaluate_all(run, state, config, step, position.epoch + 1, log)
+        results = evaluate_all(run, state, config, step, position.epoch + 1, log)
+        is_best = position.note_eval(results, main_split)
         if epoch_done:
             position.epoch, position.batch = position.epoch + 1, 0
+        if is_best:  # before the latest, so a resumed run never claims a best it lacks
+            best_ckpt.save(step, state, position.to_json())
         save(step, state)
     log.close()
     ckpt.close()
+    best_ckpt.close()
     if position.last_eval is None:  # nothing to train (resumed a finished run without results)
         position.last_eval = evaluate_all(run, state, config, step, position.epoch, None)
+    results = position.last_eval | {"best": position.best}
     if lead:
-        (workdir / "results.json").write_text(json.dumps(position.last_eval, indent=2) + "\n")
-    return position.last_eval
+        (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results

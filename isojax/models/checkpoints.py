@@ -20,7 +20,7 @@ import json
 import logging
 import pathlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -435,6 +435,7 @@ def export_pretrained(
     params: Mapping,
     *,
     tokenizer: Any = None,
+    label_names: Sequence[str] | None = None,
 ) -> pathlib.Path:
     """Write `config.json` + `model.safetensors` (+ the tokenizer) that transformers loads.
 
@@ -448,6 +449,8 @@ def export_pretrained(
       params: the `'params'` tree of that module (for a `SequenceClassifier` whose normaliser
         keeps running statistics, its whole variables `{'params', 'batch_stats'}`).
       tokenizer: a transformers tokenizer to save beside the weights, so the folder serves.
+      label_names: a classifier's class names, in label-id order: `config.json`'s `id2label`
+        and `label2id` (default transformers' `LABEL_<i>`).
 
     Returns:
       The folder.
@@ -478,6 +481,14 @@ def export_pretrained(
         else:
             hf["num_labels"] = head.num_labels  # transformers derives id2label from it
             hf.pop("id2label", None), hf.pop("label2id", None)
+            if label_names is not None:
+                if len(label_names) != head.num_labels:
+                    raise ValueError(
+                        f"label_names {list(label_names)} do not name the head's "
+                        f"{head.num_labels} outputs"
+                    )
+                hf["id2label"] = {str(i): name for i, name in enumerate(label_names)}
+                hf["label2id"] = {name: i for i, name in enumerate(label_names)}
             hf["problem_type"] = (
                 "regression" if head.num_labels == 1 else "single_label_classification"
             )
