@@ -88,6 +88,8 @@ def test_resolve_row_buckets():
     assert packing.resolve_row_buckets(None, 32) == (4, 8, 12, 16, 20, 24, 28, 32)
     assert packing.resolve_row_buckets(None, 3) == (1, 2, 3)
     assert packing.resolve_row_buckets((2, 5, 40), 8) == (2, 5, 8)
+    assert packing.resolve_row_buckets(None, 6, multiple=4) == (4, 8)
+    assert packing.resolve_row_buckets((2, 5, 40), 8, multiple=2) == (2, 6, 8)
     with pytest.raises(ValueError, match="positive row counts"):
         packing.resolve_row_buckets((0, 4), 8)
 

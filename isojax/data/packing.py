@@ -49,22 +49,27 @@ BATCH_KEYS = ROW_KEYS + EXAMPLE_KEYS
 DEFAULT_ROW_PARTS = 8
 
 
-def resolve_row_buckets(row_buckets: Sequence[int] | None, max_rows: int) -> tuple[int, ...]:
+def resolve_row_buckets(
+    row_buckets: Sequence[int] | None, max_rows: int, multiple: int = 1
+) -> tuple[int, ...]:
     """Sorted row counts a packed batch may take; the last is `max_rows` (every example in a
-    row of its own, which always fits).
+    row of its own, which always fits), each rounded up to a multiple of `multiple` (e.g. the
+    number of local devices the rows are sharded over).
 
     `None` gives `DEFAULT_ROW_PARTS` evenly spaced counts, `ceil(max_rows * i / 8)` for
     `i = 1..8` (e.g. 4, 8, ..., 32 for 32 examples; duplicates merged for small batches).
     Given counts above `max_rows` are dropped. The length of the result bounds the number of
     compiled shapes of a step over any number of epochs.
     """
-    if max_rows < 1:
-        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    if max_rows < 1 or multiple < 1:
+        raise ValueError(f"max_rows {max_rows} and multiple {multiple} must be >= 1")
     if row_buckets is None:
         row_buckets = [math.ceil(max_rows * i / DEFAULT_ROW_PARTS) for i in range(1, 9)]
     if any(int(r) < 1 for r in row_buckets):
         raise ValueError(f"row_buckets must be positive row counts, got {tuple(row_buckets)}")
-    return (*sorted({int(r) for r in row_buckets if int(r) < max_rows}), int(max_rows))
+    top = -(-int(max_rows) // multiple) * multiple
+    rounded = {-(-int(r) // multiple) * multiple for r in row_buckets if int(r) < max_rows}
+    return (*sorted(rounded - {top}), top)
 
 
 def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -101,6 +106,7 @@ def packed_batches(
     *,
     batch_size: int,
     row_buckets: Sequence[int] | None = None,
+    row_multiple: int = 1,
     shuffle: bool = False,
     seed: int = 0,
     epoch: int = 0,
@@ -112,8 +118,9 @@ def packed_batches(
     """One epoch of packed batches: this process's share of each global batch.
 
     Arguments as `batching.batches` (minus `buckets`: rows are `encoded.max_length` long),
-    plus `row_buckets` (see `resolve_row_buckets`, with `max_rows = batch_size //
-    process_count`). Every process packs every process's examples (cheap, on the host) and
+    plus `row_buckets` and `row_multiple` (see `resolve_row_buckets`, with `max_rows =
+    batch_size // process_count`; `row_multiple`: the local devices a process's rows are
+    sharded over). Every process packs every process's examples (cheap, on the host) and
     takes the largest row count, so all processes yield the same shapes and the slices stack
     into one global batch (`jax.make_array_from_process_local_data`).
 
@@ -146,7 +153,7 @@ def packed_batches(
             "encode with this max_length"
         )
     local = batch_size // process_count
-    sizes = resolve_row_buckets(row_buckets, local)
+    sizes = resolve_row_buckets(row_buckets, local, row_multiple)
     order = batching.epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
 
     for k in range(start_batch, total_batches):
