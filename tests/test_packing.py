@@ -368,3 +368,33 @@ def test_segment_attention_mask():
     want = np.zeros((6, 6), bool)
     want[:2, :2] = want[2:5, 2:5] = True
     np.testing.assert_array_equal(mask[0, 0], want)
+
+
+def test_packed_rows_sharded_over_devices():
+    """Rows sharded over the 4 test devices (`row_multiple=4`) and examples sharded likewise:
+    the [CLS] gather across shards gives the single-device logits and IsoBN statistics."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    cfg, head, variables = make_head("bert", "isobn")
+    encoded = synthetic(cfg, LENGTHS + [5, 6, 7, 8, 3, 2, 9, 4, 3], seed=4)
+    (batch,) = packing.packed_batches(encoded, batch_size=16, row_multiple=4)
+    batch = {k: v for k, v in batch.items() if k != "idx"}
+    assert batch["input_ids"].shape[0] % 4 == 0
+
+    @jax.jit
+    def forward(variables, batch):
+        return head.apply(
+            variables,
+            **packing.model_inputs(batch),
+            use_running_average=False,
+            example_mask=batch["example_mask"],
+            mutable=["batch_stats"],
+        )
+
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:4]), ("data",))
+    sharded = jax.device_put(batch, NamedSharding(mesh, P("data")))
+    (logits, _), stats = forward(variables, sharded)
+    (want, _), want_stats = forward(variables, batch)
+    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
+    assert_trees_close(stats, want_stats)
