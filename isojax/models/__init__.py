@@ -1,4 +1,8 @@
-"""BERT-family encoders (BERT, RoBERTa, DistilBERT, ALBERT), HF checkpoints, the task head."""
+"""BERT-family encoders (BERT, RoBERTa, DistilBERT, ALBERT), HF checkpoints, the task head.
+
+Both take padded rows (one example per row) or packed rows (`isojax.data.packing`: a
+pairwise `segment_attention_mask`, per-example `position_ids` and a `cls_index` gather).
+"""
 
 from isojax.models.checkpoints import (
     LoadReport,
@@ -7,7 +11,7 @@ from isojax.models.checkpoints import (
     load_pretrained,
 )
 from isojax.models.config import FAMILIES, VARIANTS, EncoderConfig
-from isojax.models.encoder import Encoder, EncoderOutput, init_params
+from isojax.models.encoder import Encoder, EncoderOutput, init_params, segment_attention_mask
 from isojax.models.heads import SequenceClassifier, init_variables
 
 __all__ = [
@@ -23,4 +27,5 @@ __all__ = [
     "init_params",
     "init_variables",
     "load_pretrained",
+    "segment_attention_mask",
 ]

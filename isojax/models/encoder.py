@@ -10,6 +10,12 @@ ALBERT's factorised embedding and cross-layer weight sharing). Numerics follow t
 PyTorch classes: exact-erf GELU for "gelu", padded keys masked with the float32 minimum, the
 softmax in float32 whatever the compute dtype.
 
+Packed rows (`isojax.data.packing`): several examples share one row; the same code path takes
+a pairwise `[batch, 1, len, len]` attention mask (`segment_attention_mask`: a token attends
+only to the tokens of its own example), explicit `position_ids` (0-based within each example;
+the family's offset is added here) and `cls_index` (where each example's [CLS] sits), so every
+example is encoded as it would be alone in an unpacked row.
+
 Parameters are float32 (`param_dtype`); `dtype` is the compute dtype of every matmul.
 
 References:
@@ -48,8 +54,10 @@ class EncoderOutput:
     Attributes:
       hidden_states: one `[batch, len, hidden]` array per transformer layer call (the
         embedding output is not included), in the compute dtype.
-      cls: `[batch, hidden]` the last layer's first token.
-      pooled: `[batch, hidden]` tanh(W cls + b), or None for families without a pooler.
+      cls: `[batch, hidden]` the last layer's first token of each row; with `cls_index`,
+        `[examples, hidden]` the last layer's token at each example's (row, start).
+      pooled: `[batch or examples, hidden]` tanh(W cls + b), or None for families without a
+        pooler.
     """
 
     hidden_states: tuple[jax.Array, ...]
@@ -57,16 +65,38 @@ class EncoderOutput:
     pooled: jax.Array | None
 
 
-def attention_probs(query: jax.Array, key: jax.Array, mask: jax.Array) -> jax.Array:
-    r"""Scaled dot-product attention weights over unpadded keys, in float32.
+def segment_attention_mask(segment_ids: jax.Array) -> jax.Array:
+    """`[batch, 1, len, len]` bool: query q may attend to key k of the same row iff both carry
+    the same nonzero segment (example) id; segment 0 is padding and is never attended to.
 
-    .. math:: P = \mathrm{softmax}(Q K^\top / \sqrt{d_k} + M), \quad M_{bk} = \min_{f32}
-       \text{ where key } k \text{ of example } b \text{ is padding.}
+    Args:
+      segment_ids: `[batch, len]` int, one id per example packed in the row (0: padding).
+    """
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [batch, q_len, k_len]
+    return (same & (segment_ids[:, None, :] != 0))[:, None]
+
+
+def _pairwise_mask(mask: jax.Array) -> jax.Array:
+    """A `[batch, k_len]` key mask -> `[batch, 1, 1, k_len]` bool; a `[batch, 1, q_len, k_len]`
+    pairwise mask stays as it is (as bool)."""
+    keep = mask.astype(bool)
+    return keep[:, None, None, :] if keep.ndim == 2 else keep
+
+
+def attention_probs(query: jax.Array, key: jax.Array, mask: jax.Array) -> jax.Array:
+    r"""Scaled dot-product attention weights over the allowed keys, in float32.
+
+    .. math:: P = \mathrm{softmax}(Q K^\top / \sqrt{d_k} + M), \quad M_{bqk} = \min_{f32}
+       \text{ where query } q \text{ of row } b \text{ may not see key } k.
+
+    A query that may see no key at all (padding of a packed row) gets uniform weights: finite,
+    and never read.
 
     Args:
       query: `[batch, q_len, heads, head_dim]`, any float dtype.
       key: `[batch, k_len, heads, head_dim]`.
-      mask: `[batch, k_len]`, nonzero for real tokens.
+      mask: `[batch, k_len]` nonzero for real tokens, or `[batch, 1, q_len, k_len]` pairwise
+        (e.g. `segment_attention_mask`).
 
     Returns:
       `[batch, heads, q_len, k_len]` float32 probabilities (rows sum to 1).
@@ -74,7 +104,7 @@ def attention_probs(query: jax.Array, key: jax.Array, mask: jax.Array) -> jax.Ar
     scale = query.shape[-1] ** -0.5
     scores = jnp.einsum("bqnd,bknd->bnqk", query, key, preferred_element_type=jnp.float32)
     scores = scores.astype(jnp.float32) * scale
-    keep = mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, k_len]
+    keep = _pairwise_mask(mask)  # [batch, 1, 1 or q_len, k_len]
     scores = jnp.where(keep, scores, jnp.finfo(jnp.float32).min)
     return jax.nn.softmax(scores, axis=-1)
 
@@ -157,9 +187,19 @@ def sinusoidal_init(key, shape, dtype=jnp.float32) -> jax.Array:
     return jnp.asarray(table, dtype)
 
 
-def position_ids(cfg: config_lib.EncoderConfig, input_ids: jax.Array) -> jax.Array:
-    """`[batch, len]` int32 positions: 0..t-1, or RoBERTa's padding_idx+1.. with padding at
-    padding_idx (computed from `input_ids != pad_token_id`, as transformers does)."""
+def position_ids(
+    cfg: config_lib.EncoderConfig, input_ids: jax.Array, given: jax.Array | None = None
+) -> jax.Array:
+    """`[batch, len]` int32 rows of the position table.
+
+    Without `given`: 0..t-1, or RoBERTa's padding_idx+1.. with padding at padding_idx
+    (computed from `input_ids != pad_token_id`, as transformers does). With `given` (0-based
+    position of each token within its own example, e.g. packed rows): `given` plus the
+    family's offset (RoBERTa: padding_idx + 1, so an example's first token reads the same row
+    as in an unpacked batch).
+    """
+    if given is not None:
+        return given.astype(jnp.int32) + cfg.position_offset
     t = input_ids.shape[1]
     if cfg.family != "roberta":
         return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), input_ids.shape)
@@ -175,7 +215,7 @@ class Embeddings(nn.Module):
     param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, input_ids, token_type_ids, deterministic: bool) -> jax.Array:
+    def __call__(self, input_ids, token_type_ids, deterministic: bool, positions=None) -> jax.Array:
         cfg = self.config
         embed = functools.partial(
             nn.Embed,
@@ -194,7 +234,7 @@ class Embeddings(nn.Module):
             if cfg.sinusoidal_pos_embds
             else embed(cfg.max_position_embeddings, name="position")
         )
-        x = x + pos_embed(position_ids(cfg, input_ids))
+        x = x + pos_embed(position_ids(cfg, input_ids, positions))
         x = _layer_norm(cfg, "norm", self.dtype, self.param_dtype)(x)
         return nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
 
@@ -209,10 +249,18 @@ class Encoder(nn.Module):
       remat: recompute each layer's activations in the backward pass (`nn.remat`): memory
         O(L) layer inputs instead of every intermediate, at about one extra forward.
 
-    Call: `(input_ids [b, t] int, attention_mask [b, t] (1 real, 0 padding),
-    token_type_ids [b, t] | None, *, deterministic=True) -> EncoderOutput`. Dropout, when
-    `deterministic=False`, draws from the `'dropout'` rng. Token ids outside the vocabulary
-    are not checked (JAX clamps gathers): tokenise with the checkpoint's tokenizer.
+    Call: `(input_ids [b, t] int, attention_mask, token_type_ids [b, t] | None, *,
+    position_ids=None, cls_index=None, deterministic=True) -> EncoderOutput`, where
+
+    - `attention_mask` is `[b, t]` (1 real, 0 padding), or the pairwise `[b, 1, t, t]` mask of
+      packed rows (`segment_attention_mask(segment_ids)`);
+    - `position_ids` `[b, t]` are 0-based positions within each example (None: 0..t-1 per
+      row, RoBERTa's padding-aware count); the family offset is added here;
+    - `cls_index` `[m, 2]` int (row, position) of each example's first token (None: token 0
+      of every row); `cls` and `pooled` are then `[m, hidden]`, gathered with a static shape.
+
+    Dropout, when `deterministic=False`, draws from the `'dropout'` rng. Token ids outside the
+    vocabulary and `cls_index` outside the batch are not checked (JAX clamps gathers).
     """
 
     config: config_lib.EncoderConfig
@@ -227,18 +275,22 @@ class Encoder(nn.Module):
         attention_mask: jax.Array,
         token_type_ids: jax.Array | None = None,
         *,
+        position_ids: jax.Array | None = None,
+        cls_index: jax.Array | None = None,
         deterministic: bool = True,
     ) -> EncoderOutput:
         cfg = self.config
-        if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
+        b, t = input_ids.shape if input_ids.ndim == 2 else (None, None)
+        if b is None or attention_mask.shape not in ((b, t), (b, 1, t, t)):
             raise ValueError(
-                f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} must "
-                "both be [batch, len]"
+                f"input_ids {input_ids.shape} must be [batch, len] and attention_mask "
+                f"{attention_mask.shape} [batch, len] or [batch, 1, len, len]"
             )
-        if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
-            raise ValueError(
-                f"token_type_ids {token_type_ids.shape} must match input_ids {input_ids.shape}"
-            )
+        for name, given in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+            if given is not None and given.shape != input_ids.shape:
+                raise ValueError(f"{name} {given.shape} must match input_ids {input_ids.shape}")
+        if cls_index is not None and (cls_index.ndim != 2 or cls_index.shape[1] != 2):
+            raise ValueError(f"cls_index {cls_index.shape} must be [examples, 2] (row, position)")
         if input_ids.shape[1] + cfg.position_offset > cfg.max_position_embeddings:
             raise ValueError(
                 f"sequence length {input_ids.shape[1]} exceeds the {cfg.family} model's "
@@ -246,7 +298,7 @@ class Encoder(nn.Module):
                 f"(position offset {cfg.position_offset})"
             )
         x = Embeddings(cfg, self.dtype, self.param_dtype, name="embeddings")(
-            input_ids, token_type_ids, deterministic
+            input_ids, token_type_ids, deterministic, position_ids
         )
         if cfg.family == "albert":  # [batch, len, E] -> [batch, len, H]
             x = _dense(cfg, cfg.hidden_size, "embedding_projection", self.dtype, self.param_dtype)(
@@ -270,11 +322,12 @@ class Encoder(nn.Module):
         else:
             stack = [layer(**kw, name=f"layer_{i}") for i in range(cfg.num_layers)]
 
+        mask = _pairwise_mask(attention_mask)  # [b, 1, 1 or t, t] bool, for every layer
         hidden_states = []
         for module in stack:
-            x = module(x, attention_mask, deterministic)
+            x = module(x, mask, deterministic)
             hidden_states.append(x)
-        cls = x[:, 0]
+        cls = x[:, 0] if cls_index is None else x[cls_index[:, 0], cls_index[:, 1]]
         pooled = None
         if cfg.has_pooler:
             pooled = jnp.tanh(

@@ -40,9 +40,15 @@ def _make_normalizer(head: SequenceClassifier, dtype) -> nn.Module:
 class SequenceClassifier(nn.Module):
     """Classifier or regressor on a sentence vector of `encoder`.
 
+    Packed batches (`isojax.data.packing`): with `cls_index` the sentence vectors are the
+    `[examples, hidden]` [CLS] (or pooled) vectors gathered at each example's (row, start), in
+    the order of the unpacked batch, and `example_mask` `[examples]` masks the normaliser's
+    statistics over exactly the vectors the unpacked batch would give it.
+
     Attributes:
       encoder: any linen module called as `encoder(input_ids, attention_mask, token_type_ids,
-        deterministic=...)` that returns an `EncoderOutput` (its params sit under 'encoder').
+        deterministic=...)` that returns an `EncoderOutput` (its params sit under 'encoder');
+        for packed batches also with `position_ids=` and `cls_index=` (`isojax.models.Encoder`).
       num_labels: classes; 1 means regression.
       sentence: "pooled" (the pooler output, as the IsoBN reference) or "cls" (raw [CLS]).
       normalizer: a name of `isojax.norms.NORMALIZERS`; "none" is the identity.
@@ -83,26 +89,42 @@ class SequenceClassifier(nn.Module):
         attention_mask: jax.Array,
         token_type_ids: jax.Array | None = None,
         *,
+        position_ids: jax.Array | None = None,
+        cls_index: jax.Array | None = None,
         deterministic: bool = True,
         use_running_average: bool | None = None,
         example_mask: jax.Array | None = None,
     ) -> tuple[jax.Array, dict]:
-        """Logits of a batch.
+        """Logits of a batch, one row per example, or of packed rows, one logit row per
+        `cls_index` entry.
 
         Args:
-          input_ids, attention_mask, token_type_ids: `[batch, len]`.
+          input_ids, token_type_ids: `[batch, len]`.
+          attention_mask: `[batch, len]`, or `[batch, 1, len, len]` for packed rows
+            (`isojax.models.encoder.segment_attention_mask`).
+          position_ids: `[batch, len]` 0-based position within each example (packed rows).
+          cls_index: `[examples, 2]` (row, position) of each example's [CLS] (packed rows).
           deterministic: no dropout (evaluation).
           use_running_average: the normaliser uses (and does not update) its running
             statistics; defaults to `deterministic`. Training with it False needs
             `mutable=['batch_stats']`.
-          example_mask: `[batch]` 1 for real examples, 0 for the rows that pad the last batch,
-            which the normaliser then leaves out of its batch statistics.
+          example_mask: `[batch]` (`[examples]` with `cls_index`) 1 for real examples, 0 for
+            the fillers of the last batch, which the normaliser then leaves out of its batch
+            statistics.
 
         Returns:
           `logits [batch, num_labels]` float32 and `{'encoder': EncoderOutput, 'sentence':
-          [batch, hidden] before the normaliser, 'pre_logits': [batch, hidden] after it}`.
+          [batch, hidden] before the normaliser, 'pre_logits': [batch, hidden] after it}`
+          (`[examples, ...]` with `cls_index`).
         """
-        out = self.encoder(input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+        packed = {
+            name: value
+            for name, value in (("position_ids", position_ids), ("cls_index", cls_index))
+            if value is not None
+        }  # only given when set, so encoders without packing support still work unpacked
+        out = self.encoder(
+            input_ids, attention_mask, token_type_ids, deterministic=deterministic, **packed
+        )
         if self.sentence == "pooled":
             if out.pooled is None:
                 raise ValueError("the encoder has no pooler (e.g. DistilBERT): use sentence='cls'")
