@@ -295,7 +295,7 @@ def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
     run = train.setup(config)
     rows = []
     for split, encoded in run.dev_encoded.items():
-        result = train.evaluate(run.state, run.eval_fn, encoded, config, run.mesh, run.hidden_size)
+        result = train.evaluate(run, run.state, encoded, config)
         rows.append({"step": 0, "epoch": 0, "split": split, **result})
     return rows
 

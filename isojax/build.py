@@ -176,8 +176,8 @@ def create_train_state(
 def load_examples(config: ml_collections.ConfigDict, split: str) -> list[glue.Example]:
     """A split from the TSVs (`config.data_dir`) or tensorflow-datasets, truncated as asked."""
     if config.data_dir:
-        examples = glue.load_tsv(config.data_dir, config.task, split)
+        examples = glue.load_tsv(config.data_dir, config.task, split, labelled=True)
     else:
-        examples = glue.load_tfds(config.task, split, config.tfds_data_dir)
+        examples = glue.load_tfds(config.task, split, config.tfds_data_dir, labelled=True)
     limit = config.max_train_examples if split == "train" else config.max_eval_examples
     return examples if limit is None else examples[:limit]

@@ -262,7 +262,7 @@ class IsoScoreStar(nn.Module):
         Args:
           hidden_states: ``[..., d]`` token vectors, e.g. stacked ``[L, batch, len, d]``, or a
             sequence of L arrays ``[batch, len, d]`` (every transformer layer), any float dtype.
-          mask: weights broadcastable to the leading shape, e.g. the ``[batch, len]`` attention
+          mask: a `[batch, len]` token mask shared by every layer, or one `[L, batch, len]`
             mask (1 keeps a token, 0 drops padding); None keeps every token (the reference's
             parity setting).
           use_running_average: True leaves the state untouched (evaluation, or the ``pass``
@@ -282,6 +282,8 @@ class IsoScoreStar(nn.Module):
             "use_running_average", self.use_running_average, use_running_average
         )
         x = regularizers.stack_layers(hidden_states, ndim=None)
+        if mask is not None and jnp.ndim(mask) == x.ndim - 2:  # one [batch, len] mask, L layers
+            mask = jnp.broadcast_to(jnp.asarray(mask), x.shape[:-1])
         d = x.shape[-1]
         c0 = self.variable(
             "batch_stats", "c0", lambda: jnp.asarray(self.c0_init(None, (d, d), STATS_DTYPE))

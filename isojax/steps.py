@@ -224,7 +224,7 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         "loss": total,
         "task_loss": loss,
         "penalty": penalty,
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": optax.tree.norm(grads),
         "grads_finite": grads_finite.astype(jnp.float32),
         "loss_scale": state.loss_scale.loss_scale.astype(jnp.float32),
     }

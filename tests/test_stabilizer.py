@@ -154,7 +154,16 @@ def test_gradient_flows_through_batch_covariance_only(mode):
 
     grad_x = jax.jit(jax.grad(penalty, argnums=1))(bs, x)
     c0 = bs["c0"]
-    ref = jax.jit(jax.grad(lambda h: 1 - isotropy.isoscore_star(h, c0=c0, zeta=zeta, mask=mask)))(x)
+    ref = jax.jit(
+        jax.grad(
+            lambda h: (
+                1
+                - isotropy.isoscore_star(
+                    h, c0=c0, zeta=zeta, mask=np.broadcast_to(mask, x.shape[:-1])
+                )
+            )
+        )
+    )(x)
     assert float(jnp.max(jnp.abs(ref))) > 1e-4  # the penalty has a gradient to compare
     np.testing.assert_allclose(grad_x, ref, rtol=1e-4, atol=1e-6 * float(jnp.max(jnp.abs(ref))))
     np.testing.assert_array_equal(grad_x[:, ~mask.astype(bool)], 0.0)  # padding gets nothing
@@ -210,7 +219,9 @@ def test_frozen_state_in_evaluation_and_pass_mode(mode):
     x, mask = _batch(40)
     variables = _init(model, x.astype(np.float32), mask)
     score = model.apply(variables, jnp.asarray(x, jnp.float32), mask, use_running_average=True)
-    ref = isotropy.isoscore_star(jnp.asarray(x, jnp.float32), mask=mask, zeta=0.2)
+    ref = isotropy.isoscore_star(
+        jnp.asarray(x, jnp.float32), mask=np.broadcast_to(mask, x.shape[:-1]), zeta=0.2
+    )
     np.testing.assert_allclose(score, ref, rtol=1e-5)
     _, bs = _train_step(model)(variables, jnp.asarray(x, jnp.float32), mask)
     if mode == "pass":  # the reference stabiliser: only the explicit pass changes C0
