@@ -411,12 +411,13 @@ def test_cli_without_glue_prints_one_line_and_exits_2(
         lambda *a, **k: (_ for _ in ()).throw(urllib.error.URLError("no network")),
     )
     monkeypatch.setattr(tfds, "load", lambda *a, **k: pytest.fail("tfds.load was called"))
-    common = ["--task", "rte", "--model", "tiny-bert", "--tokenizer", str(minilm_dir),
-              "--tfds-data-dir", str(tmp_path)]  # fmt: skip
+    common = ["--task", "rte", "--model", "tiny-bert"]
     if command == "analyze":
-        argv = ["analyze", *common, "--out", str(tmp_path / "out")]
+        argv = ["analyze", *common, "--tokenizer", str(minilm_dir),
+                "--tfds-data-dir", str(tmp_path), "--out", str(tmp_path / "out")]  # fmt: skip
     else:
-        argv = ["finetune", *common, "--workdir", str(tmp_path / "run")]
+        sets = ["--set", f"tokenizer={minilm_dir}", "--set", f"tfds_data_dir={tmp_path}"]
+        argv = ["finetune", *common, *sets, "--workdir", str(tmp_path / "run")]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "glue_data folder" in err and str(tmp_path) in err, err
