@@ -428,6 +428,20 @@ def load_tfds(
             + _how_to_supply(task, split, data_dir)
         ) from None
 
+    _check_tfds_source(tfds, task, split, data_dir, download)
+    dataset = tfds.load(
+        f"glue/{task.name}",
+        split=tfds_split,
+        data_dir=data_dir,
+        download=download,
+        shuffle_files=False,
+    )
+    return _examples_from_tfds(tfds, task, split, dataset)
+
+
+def _check_tfds_source(tfds, task: GlueTask, split: str, data_dir: str | None, download: bool):
+    """Raises `GlueDataNotFound` unless `glue/<task>` is prepared in `data_dir` or (with
+    `download`) its source answers one request."""
     # TFDS logs (absl WARNING) about a half-written dataset folder while it looks; the one-line
     # error below names that folder instead.
     absl_logger = logging.getLogger("absl")
@@ -454,13 +468,10 @@ def load_tfds(
                 f"glue/{task.name} is not prepared in {looked}; "
                 + _how_to_supply(task, split, builder.data_dir_root)
             ) from None
-    dataset = tfds.load(
-        f"glue/{task.name}",
-        split=tfds_split,
-        data_dir=data_dir,
-        download=download,
-        shuffle_files=False,
-    )
+
+
+def _examples_from_tfds(tfds, task: GlueTask, split: str, dataset) -> list[Example]:
+    """The `Example`s of a loaded TFDS split, in file order (`idx` renumbered from 0)."""
     unlabelled = split in task.test_splits
     first, *second = task.tfds_text_features
     examples = []
