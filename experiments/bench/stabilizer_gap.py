@@ -176,7 +176,7 @@ def build_config(args: argparse.Namespace):
     config.model, config.task, config.data_dir = args.model, args.task, args.data_dir
     config.tokenizer = args.tokenizer or config.tokenizer
     config.num_epochs = 1
-    config.max_steps = args.max_steps
+    config.max_steps = args.max_steps or None  # 0: one whole epoch
     config.progress = config.tensorboard = False
     for key, value in [
         ("max_length", args.max_length),
