@@ -122,7 +122,12 @@ def isoscore_star_from_cov(
     return isoscore_from_cov(shrunk_covariance(cov, c0, zeta))
 
 
-def isoscore(points: jax.typing.ArrayLike, mask: jax.typing.ArrayLike | None = None) -> jax.Array:
+def isoscore(
+    points: jax.typing.ArrayLike,
+    mask: jax.typing.ArrayLike | None = None,
+    *,
+    axis_name: str | None = None,
+) -> jax.Array:
     r"""IsoScore of a point cloud (SPEC.md §3), eigen-free.
 
     .. math::
@@ -131,17 +136,19 @@ def isoscore(points: jax.typing.ArrayLike, mask: jax.typing.ArrayLike | None = N
     Args:
       points: ``[..., d]`` points (leading axes flattened), any float dtype.
       mask: optional ``[...]`` weights, 1 keeps a point, 0 drops it (padding).
+      axis_name: a mapped axis (``shard_map``/``pmap``) over which the points are split; the
+        score is then that of the global cloud (see :func:`isoscore_star`).
 
     Returns:
       Scalar float32 at least, in ``[0, 1]``.
     """
-    return isoscore_star(points, mask=mask, zeta=0.0)
+    return isoscore_star(points, mask=mask, zeta=0.0, axis_name=axis_name)
 
 
-def _centred_points(points, mask):
+def _centred_points(points, mask, *, min_points: int = 2):
     """``[m, d]`` centred, masked points (rows of dropped points are 0) and the count."""
     x, w = stats._flatten(points, mask)
-    if x.shape[0] < 2:
+    if x.shape[0] < min_points:
         raise ValueError(f"need at least two points, got points of shape {jnp.shape(points)}")
     if x.shape[1] < 2:
         raise ValueError(f"isotropy needs d >= 2 dimensions, got points of shape {x.shape}")
@@ -156,6 +163,7 @@ def isoscore_star(
     c0: jax.typing.ArrayLike | None = None,
     zeta=0.0,
     mask: jax.typing.ArrayLike | None = None,
+    axis_name: str | None = None,
 ) -> jax.Array:
     r"""IsoScore* of a point cloud, differentiable, with covariance shrinkage.
 
@@ -171,12 +179,21 @@ def isoscore_star(
     runs); with fewer (m < d), ``‖C‖_F²`` and ``⟨C, C₀⟩`` come from the ``[m, m]`` Gram matrix
     and ``[m, d]`` products instead of a ``[d, d]`` covariance (the expansion above).
 
+    Sharded points. Under ``jax.jit`` with the points sharded over a mesh the score is that of
+    the global cloud already. Under ``shard_map``/``pmap`` each device holds a slice; pass the
+    mapped ``axis_name`` and the count, mean and centred second moment are summed over it
+    (:func:`isojax.stats.batch_moments`), so every device gets the global score and the
+    gradient of its own points. With ``axis_name`` the covariance route is taken whatever
+    ``m``: the Gram route needs every pair of points, which no device holds.
+
     Args:
       points: ``[..., d]`` embeddings (leading axes flattened), any float dtype.
       c0: ``[d, d]`` stabilising covariance; the identity when None.
       zeta: shrinkage weight in ``[0, 1]``; 0 recovers IsoScore, 1 ignores the points
         (and gives a zero gradient).
       mask: optional ``[...]`` weights over points (token padding: 0).
+      axis_name: mapped axis to reduce the moments over (``shard_map``/``pmap``); None under
+        ``jax.jit`` or on one device.
 
     Returns:
       Scalar float32 (float64 for float64 input) in ``[0, 1]``; 1 means isotropic.
@@ -186,15 +203,16 @@ def isoscore_star(
       <https://arxiv.org/abs/2305.19358>`_, ICLR 2024, Algorithm 1.
     """
     _check_zeta(zeta)
-    y, count = _centred_points(points, mask)  # [m, d]
+    # Under shard_map a device's slice may hold a single point of a larger global cloud.
+    y, count = _centred_points(points, mask, min_points=1 if axis_name is not None else 2)
     m, d = y.shape
     if c0 is not None and jnp.shape(c0) != (d, d):
         raise ValueError(
             f"c0 has shape {jnp.shape(c0)} but the points {jnp.shape(points)} have d={d}: "
             f"expected ({d}, {d})"
         )
-    if m >= d:  # the covariance route, as the train step runs it
-        cov = stats.batch_moments(points, mask, ddof=1).cov
+    if m >= d or axis_name is not None:  # the covariance route, as the train step runs it
+        cov = stats.batch_moments(points, mask, ddof=1, axis_name=axis_name).cov
         return isoscore_star_from_cov(cov, c0=c0, zeta=zeta)
     # The Gram route: ‖C‖_F² and ⟨C, C₀⟩ from [m, m] and [m, d] products, never [d, d].
     c0 = jnp.eye(d, dtype=y.dtype) if c0 is None else jnp.asarray(c0).astype(y.dtype)

@@ -87,6 +87,7 @@ def istar_penalty(
     c0: jax.typing.ArrayLike | None = None,
     zeta: float = 0.2,
     include_padding: bool = False,
+    axis_name: str | None = None,
 ) -> jax.Array:
     r"""I-STAR penalty `1 − IsoScore*(X)` over every token of every layer (SPEC.md §4).
 
@@ -109,6 +110,9 @@ def istar_penalty(
             Cast to the statistics dtype (float32), so a float64 `C0` does not promote the loss.
         zeta: shrinkage weight in [0, 1]; 0 is plain IsoScore of the batch, 1 gives no gradient.
         include_padding: keep padding positions, as the reference does.
+        axis_name: mapped axis (`shard_map`/`pmap`) the batch is split over: the moments are
+            summed over it (`isotropy.isoscore_star`), so the penalty is the global batch's on
+            every device. Not needed under `jax.jit` with a sharded batch.
 
     Returns:
         Scalar float32 in [0, 1] (float64 for float64 input).
@@ -125,7 +129,7 @@ def istar_penalty(
         if tuple(c0.shape) != (d, d):
             raise ValueError(f"c0 of shape {tuple(c0.shape)} does not match feature size d={d}")
         c0 = c0.astype(dtype)
-    score = isotropy.isoscore_star(points, c0=c0, zeta=zeta, mask=token_mask)
+    score = isotropy.isoscore_star(points, c0=c0, zeta=zeta, mask=token_mask, axis_name=axis_name)
     return (1.0 - score).astype(dtype)
 
 
@@ -133,6 +137,8 @@ def cosreg_penalty(
     hidden: jax.Array,
     mask: jax.typing.ArrayLike | None,
     include_padding: bool = False,
+    *,
+    axis_name: str | None = None,
 ) -> jax.Array:
     r"""CosReg: mean pairwise cosine similarity of the token vectors (SPEC.md §5).
 
@@ -149,6 +155,9 @@ def cosreg_penalty(
         hidden: `[batch, len, d]` last-layer token vectors, any float dtype.
         mask: `[batch, len]` attention mask, or None for all tokens.
         include_padding: keep padding positions, as the reference does.
+        axis_name: mapped axis (`shard_map`/`pmap`) the batch is split over: the unit-vector
+            sums and the token count are `psum`-med over it, so the penalty is the global
+            batch's on every device. Not needed under `jax.jit` with a sharded batch.
 
     Returns:
         Scalar float32 (float64 for float64 input); 0 when no token is left.
@@ -168,6 +177,8 @@ def cosreg_penalty(
     token_mask = _token_mask(mask, hidden.shape[:2], include_padding)
     weight = jnp.ones(hidden.shape[:2], dtype) if token_mask is None else token_mask.astype(dtype)
     total, unit_sq, n = isotropy.unit_vector_sums(x, weight)  # [d], [], []
+    if axis_name is not None:
+        total, unit_sq, n = lax.psum((total, unit_sq, n), axis_name)
     off_diagonal = jnp.sum(total * total) - unit_sq
     return jnp.where(n > 0, off_diagonal / jnp.maximum(n, 1.0) ** 2, 0.0)
 

@@ -13,14 +13,23 @@ checkpoints, shards and resumes like batch norm. Three stabilisers, by name:
 ``epoch``
   accumulate the tokens of a window (``window`` steps or tokens) with the streaming moments
   of :mod:`isojax.stats` (Chan et al.), and swap their unbiased covariance in as ``C₀`` when
-  the window closes: the reference's per-epoch ``C₀`` without the extra pass.
+  the window closes. This approximates the reference's per-epoch ``C₀`` without the extra
+  pass; it is not the same matrix. (1) Its tokens are the training steps' own, from train
+  mode (dropout on), where the pass runs in eval mode. (2) They come from parameters that
+  change during the window (every step of it updates them), where the pass sees one set of
+  parameters. (3) Its ``C₀`` takes effect one window late: the steps of a window use the
+  previous window's ``C₀`` (the identity during the first), where the reference's ``C₀`` is
+  built from the current parameters before the steps that use it.
+  ``experiments/bench/stabilizer_gap.py`` measures the gap (relative Frobenius distance to the
+  pass's ``C₀``, and its effect on IsoScore* and on the penalty's gradient).
 ``ema``
   ``C₀`` is an exponential moving average of the unbiased batch covariances, in Flax's form
   ``ema ← m·ema + (1 − m)·cov(X)``. With ``debias`` (the default) the average starts at zero
   and is divided by ``1 − m^t`` as Adam does, so the first update gives ``C₀ = cov(X₁)``, at
   the scale of the hidden states from the first step. Without it the average starts at
   ``c0_init`` (the identity), whose scale has nothing to do with the hidden states': with
-  ``m = 0.99`` the early ``C₀`` is then mostly identity.
+  ``m = 0.99`` the early ``C₀`` is then mostly identity. Like ``epoch``, an approximation of
+  the pass: train-mode tokens, under parameters that changed over the average's horizon.
 
 Each mode's update is a small pure rule (:func:`epoch_rule`, :func:`ema_rule`: state and batch
 moments in, new state out); the module applies it through :mod:`isojax.running`'s guarded
