@@ -40,7 +40,6 @@ Time prior (used by `study.py` only until a task has measured cells): one STS-B 
 scaling by steps x mean width gives the minutes per epoch of `EPOCH_MINUTES_PRIOR`.
 """
 
-
 import ml_collections
 
 from isojax import config as config_lib
