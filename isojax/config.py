@@ -83,6 +83,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.eval_batch_size = 64
     c.max_length = 128
     c.buckets = (32, 64)  # sequence lengths below max_length; () pads every batch to max_length
+    # Pack each batch's examples end to end into rows of max_length (isojax.data.packing): the
+    # same examples, order and loss in fewer rows; `buckets` is then unused.
+    c.packing = False
+    c.row_buckets = config_dict.placeholder(tuple)  # packed row counts; None: 8 evenly spaced
     c.num_epochs = 3
     c.max_steps = config_dict.placeholder(int)  # None: num_epochs epochs; else stop after N
     c.max_train_examples = config_dict.placeholder(int)  # None: all; else the first N rows
@@ -182,6 +186,16 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         _check(value is None or value >= 1, f"{name} must be None or >= 1, got {value}")
     _check(config.max_length >= 4, f"max_length must be >= 4, got {config.max_length}")
     _check(all(int(b) >= 1 for b in config.buckets), f"buckets must be positive: {config.buckets}")
+    _check(
+        not (config.packing and config.row_buckets) or all(int(r) >= 1 for r in config.row_buckets),
+        f"row_buckets must be positive row counts: {config.row_buckets}",
+    )
+    penalty = {"istar": config.istar, "cosreg": config.cosreg}.get(config.method)
+    _check(
+        not (config.packing and penalty is not None and penalty.include_padding),
+        f"packing leaves no padding positions, so {config.method}.include_padding (reference "
+        "parity) needs packing False",
+    )
     _check(
         config.dropout_rate is None or 0.0 <= config.dropout_rate < 1.0,
         f"dropout_rate {config.dropout_rate} not in [0, 1)",

@@ -22,6 +22,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from isojax.data import packing
+
 DATA_AXIS = "data"
 # Batch keys the steps read (`idx` stays on the host).
 BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "example_mask")
@@ -72,9 +74,11 @@ def state_sharding(state: Any, mesh: jax.sharding.Mesh, *, fsdp: bool = False) -
 
 
 def global_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
-    """This process's rows of a batch -> global arrays sharded over the mesh's data axis."""
+    """This process's rows of a batch (padded, or packed: `isojax.data.packing`) -> global
+    arrays sharded over the mesh's data axis (packed: rows and examples each split evenly)."""
     sharding = NamedSharding(mesh, P(DATA_AXIS))
+    keys = packing.BATCH_KEYS if packing.is_packed(batch) else BATCH_KEYS
     return {
         key: jax.make_array_from_process_local_data(sharding, np.asarray(batch[key]))
-        for key in BATCH_KEYS
+        for key in keys
     }

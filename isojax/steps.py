@@ -46,6 +46,7 @@ from jax.sharding import PartitionSpec as P
 
 from isojax import analysis, distributed, isotropy, precision, regularizers, stats
 from isojax import stabilizer as stabilizer_lib
+from isojax.data import packing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,10 +121,6 @@ class TrainState:
     rng_impl: str = flax.struct.field(pytree_node=False, default="threefry2x32")
 
 
-def _model_inputs(batch: dict) -> tuple:
-    return batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
-
-
 def task_loss(logits: jax.Array, labels: jax.Array, example_mask: jax.Array, regression: bool):
     """Mean over real examples of cross-entropy (or squared error), float32 scalar.
 
@@ -141,13 +138,15 @@ def task_loss(logits: jax.Array, labels: jax.Array, example_mask: jax.Array, reg
 
 
 def penalty_mask(batch: dict, include_padding: bool) -> jax.Array:
-    """`[b, t]` tokens that enter the penalty and C0: real tokens of real examples, or (with
-    `include_padding`, the reference's choice) every position of a real example; filler rows
-    (`example_mask` 0) never."""
-    example = batch["example_mask"][:, None]  # [b, 1]
-    if include_padding:
-        return jnp.broadcast_to(example, batch["attention_mask"].shape)
-    return batch["attention_mask"] * example
+    """`[rows, t]` tokens that enter the penalty and C0: real tokens of real examples
+    (`packing.token_mask`, padded or packed rows), or (with `include_padding`, the reference's
+    choice; padded rows only) every position of a real example; filler rows (`example_mask` 0)
+    never."""
+    if not include_padding:
+        return packing.token_mask(batch)
+    if packing.is_packed(batch):
+        raise ValueError("include_padding needs padded batches: packed rows have no padding")
+    return jnp.broadcast_to(batch["example_mask"][:, None], batch["attention_mask"].shape)
 
 
 def _penalty(state: TrainState, out: dict, batch: dict) -> tuple[jax.Array, dict | None]:
@@ -186,7 +185,7 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     def loss_fn(params):
         (logits, out), updates = state.apply_fn(
             {"params": params, "batch_stats": state.batch_stats},
-            *_model_inputs(batch),
+            **packing.model_inputs(batch),
             deterministic=False,
             use_running_average=False,
             example_mask=batch["example_mask"],
@@ -238,20 +237,24 @@ class EvalAccumulator:
     Attributes:
       sentence: the sentence vectors `[b, h]` before the normaliser (moments and unit-vector
         sums for the mean cosine: `analysis.SentenceStats`, as `isojax analyze` keeps them).
-      pre_logits: moments of the normalised sentence vectors (what the classifier sees).
+      pre_logits: the same of the normalised sentence vectors (what the classifier reads).
       tokens: moments of every token of every layer (padding excluded).
+      last_tokens: moments and unit-vector sums of the last layer's tokens (CosReg's
+        statistics: its penalty is their mean cosine, SPEC.md §5).
     """
 
     sentence: analysis.SentenceStats
-    pre_logits: stats.MomentState
+    pre_logits: analysis.SentenceStats
     tokens: stats.MomentState
+    last_tokens: analysis.SentenceStats
 
 
 def eval_accumulator_init(hidden_size: int) -> EvalAccumulator:
     return EvalAccumulator(
         sentence=analysis.sentence_stats_init(hidden_size),
-        pre_logits=stats.moments_init(hidden_size),
+        pre_logits=analysis.sentence_stats_init(hidden_size),
         tokens=stats.moments_init(hidden_size),
+        last_tokens=analysis.sentence_stats_init(hidden_size),
     )
 
 
@@ -260,19 +263,21 @@ def eval_step(state: TrainState, batch: dict, acc: EvalAccumulator) -> tuple[Eva
     `{'logits' [b, k] f32, 'labels' [b], 'example_mask' [b]}` for the task metrics."""
     logits, out = state.apply_fn(
         {"params": state.params, "batch_stats": state.batch_stats},
-        *_model_inputs(batch),
+        **packing.model_inputs(batch),
         deterministic=True,
         use_running_average=True,
         example_mask=batch["example_mask"],
     )
     real = batch["example_mask"]  # [b]
     hidden = jnp.stack(out["encoder"].hidden_states)  # [L, b, t, h]
-    token_mask = batch["attention_mask"] * real[:, None]  # [b, t]
-    token_mask = jnp.broadcast_to(token_mask, hidden.shape[:-1])  # [L, b, t]
+    token_mask = packing.token_mask(batch)  # [rows, t]
     acc = EvalAccumulator(
         sentence=analysis.sentence_stats_update(acc.sentence, out["sentence"], real),
-        pre_logits=stats.moments_update(acc.pre_logits, out["pre_logits"], real),
-        tokens=stats.moments_update(acc.tokens, hidden, token_mask),
+        pre_logits=analysis.sentence_stats_update(acc.pre_logits, out["pre_logits"], real),
+        tokens=stats.moments_update(
+            acc.tokens, hidden, jnp.broadcast_to(token_mask, hidden.shape[:-1])
+        ),
+        last_tokens=analysis.sentence_stats_update(acc.last_tokens, hidden[-1], token_mask),
     )
     outputs = {
         "logits": logits.astype(jnp.float32),
@@ -288,24 +293,34 @@ def isotropy_metrics(
     """Isotropy of the accumulated dev embeddings (float32 scalars).
 
     Keys: `sentence_ev1`, `sentence_ev3` (explained variance of the top 1 / 3 principal axes),
-    `sentence_isoscore`, `sentence_mean_cosine`, the same `pre_logits_*` after the normaliser,
-    `tokens_isoscore` (all layers' tokens; IsoScore* with zeta = 0) and, with `c0`,
-    `tokens_isoscore_star` (IsoScore* of the tokens shrunk towards the run's C0 by `zeta`).
+    `sentence_isoscore`, `sentence_mean_cosine`; the same `pre_logits_*` after the normaliser
+    (the classifier's input); `tokens_isoscore` (all layers' tokens; IsoScore* with zeta = 0)
+    and, with `c0` (I-STAR runs), `tokens_isoscore_star` (IsoScore* of the tokens shrunk
+    towards the run's C0 by `zeta`); `last_tokens_mean_cosine` (the last layer's tokens, what
+    CosReg penalises) and `last_tokens_outlier_mean` (their mean in the dimension whose mean
+    is largest in magnitude, signed: the outlier dimension of SPEC.md §9's CosReg claim).
     """
     out = {}
-    for name, moments_state in (("sentence", acc.sentence.moments), ("pre_logits", acc.pre_logits)):
-        cov = stats.moments_finalize(moments_state).cov
+    for name, sentence_stats in (("sentence", acc.sentence), ("pre_logits", acc.pre_logits)):
+        cov = stats.moments_finalize(sentence_stats.moments).cov
         out[f"{name}_ev1"] = isotropy.explained_variance(cov, 1)
         out[f"{name}_ev3"] = isotropy.explained_variance(cov, 3)
         out[f"{name}_isoscore"] = isotropy.isoscore_from_cov(cov)
-    out["sentence_mean_cosine"] = isotropy.mean_cosine_from_sums(
-        acc.sentence.unit_sum, acc.sentence.unit_sq, acc.sentence.moments.count
-    )
+        out[f"{name}_mean_cosine"] = _mean_cosine(sentence_stats)
     token_cov = stats.moments_finalize(acc.tokens, ddof=1).cov
     out["tokens_isoscore"] = isotropy.isoscore_star_from_cov(token_cov)
     if c0 is not None:
         out["tokens_isoscore_star"] = isotropy.isoscore_star_from_cov(token_cov, c0=c0, zeta=zeta)
+    out["last_tokens_mean_cosine"] = _mean_cosine(acc.last_tokens)
+    last_mean = acc.last_tokens.moments.mean  # [h]
+    out["last_tokens_outlier_mean"] = last_mean[jnp.argmax(jnp.abs(last_mean))]
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), out)
+
+
+def _mean_cosine(sentence_stats: analysis.SentenceStats) -> jax.Array:
+    return isotropy.mean_cosine_from_sums(
+        sentence_stats.unit_sum, sentence_stats.unit_sq, sentence_stats.moments.count
+    )
 
 
 def stabilizer_step(state: TrainState, batch: dict, acc: stats.MomentState) -> stats.MomentState:
@@ -313,7 +328,7 @@ def stabilizer_step(state: TrainState, batch: dict, acc: stats.MomentState) -> s
     (`regularizers.stabilizer_update`; `acc.count` counts the token vectors of all layers)."""
     _, out = state.apply_fn(
         {"params": state.params, "batch_stats": state.batch_stats},
-        *_model_inputs(batch),
+        **packing.model_inputs(batch),
         deterministic=True,
         use_running_average=True,
         example_mask=batch["example_mask"],

@@ -50,7 +50,7 @@ from isojax import (
 )
 from isojax import config as config_lib
 from isojax import stabilizer as stabilizer_lib
-from isojax.data import batching, glue
+from isojax.data import batching, glue, packing
 
 
 class Run(NamedTuple):
@@ -75,20 +75,52 @@ class Run(NamedTuple):
     total_steps: int
 
 
+def batches(
+    encoded: batching.Encoded,
+    config: ml_collections.ConfigDict,
+    *,
+    batch_size: int,
+    mesh: jax.sharding.Mesh | None = None,
+    **kwargs,
+) -> Iterator[dict]:
+    """This process's rows of `encoded`'s batches: packed into rows of `config.max_length`
+    with `config.packing` (`packing.packed_batches`, row counts a multiple of the mesh's local
+    devices, default every local device), else padded to `config.buckets`
+    (`batching.batches`). `kwargs`: shuffle, seed, epoch, start_batch, drop_remainder."""
+    where = {"process_index": jax.process_index(), "process_count": jax.process_count()}
+    if config.packing:
+        local_devices = jax.local_device_count() if mesh is None else mesh.local_mesh.size
+        row_buckets = None if config.row_buckets is None else tuple(config.row_buckets)
+        return packing.packed_batches(
+            encoded,
+            batch_size=batch_size,
+            row_buckets=row_buckets,
+            row_multiple=local_devices,
+            **where,
+            **kwargs,
+        )
+    buckets = tuple(config.buckets) or None
+    return batching.batches(encoded, batch_size=batch_size, buckets=buckets, **where, **kwargs)
+
+
 def train_batches(
-    encoded: batching.Encoded, config: ml_collections.ConfigDict, epoch: int, start: int = 0
+    encoded: batching.Encoded,
+    config: ml_collections.ConfigDict,
+    epoch: int,
+    start: int = 0,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> Iterator[dict]:
     """This process's rows of the training batches of `epoch` (shuffled by seed and epoch),
-    from batch `start` on; the last incomplete batch is dropped."""
-    return batching.batches(
+    from batch `start` on; the last incomplete batch is dropped (`batches`)."""
+    return batches(
         encoded,
+        config,
         batch_size=config.batch_size,
-        buckets=tuple(config.buckets) or None,
+        mesh=mesh,
         shuffle=True,
         seed=config.seed,
         epoch=epoch,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
         start_batch=start,
         drop_remainder=True,
     )
@@ -167,7 +199,7 @@ def c0_pass(run: Run, state: steps.TrainState, config: ml_collections.ConfigDict
     replicated = NamedSharding(run.mesh, P())
     acc = regularizers.estimate_stabilizer(
         lambda acc, batch: run.stabilize_fn(state, distributed.global_batch(batch, run.mesh), acc),
-        train_batches(run.train_encoded, config, epoch),
+        train_batches(run.train_encoded, config, epoch, mesh=run.mesh),
         jax.device_put(regularizers.stabilizer_init(run.hidden_size), replicated),
         num_points=config.istar.stabilizer.tokens,
     )
@@ -190,13 +222,7 @@ def eval_outputs(
     acc = steps.eval_accumulator_init(hidden_size)
     acc = jax.device_put(acc, NamedSharding(mesh, P()))
     logits = []
-    for batch in batching.batches(
-        encoded,
-        batch_size=config.eval_batch_size,
-        buckets=tuple(config.buckets) or None,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    ):
+    for batch in batches(encoded, config, batch_size=config.eval_batch_size, mesh=mesh):
         acc, out = eval_fn(state, distributed.global_batch(batch, mesh), acc)
         out = jax.device_get(out)
         logits.append(out["logits"][out["example_mask"].astype(bool)])
@@ -241,7 +267,10 @@ def _train_epoch(run, state, config, position, step, log, save) -> tuple[Any, in
     epoch_done)` with `position.batch` advanced. `log.train` after each step; `save(step,
     state)` every `config.checkpoint_every` steps (not at the epoch's end)."""
     epoch_done = position.batch == run.steps_per_epoch
-    for batch in train_batches(run.train_encoded, config, position.epoch, position.batch):
+    epoch_batches = train_batches(
+        run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
+    )
+    for batch in epoch_batches:
         state, step_metrics = run.train_fn(state, distributed.global_batch(batch, run.mesh))
         step, position.batch = step + 1, position.batch + 1
         position.add(step_metrics)

@@ -17,7 +17,7 @@ import pytest
 from isojax import config as config_lib
 from isojax import configs, distributed, isotropy, optim, regularizers, resume, steps, train
 from isojax import stabilizer as stabilizer_lib
-from isojax.data import batching
+from isojax.data import batching, packing
 
 
 def tiny_config(glue_dir, minilm_dir, **overrides):
@@ -164,7 +164,7 @@ def _train_mode_tokens(run, state, batch) -> np.ndarray:
     (_, out), _ = jax.jit(
         lambda s, b: s.apply_fn(
             {"params": s.params, "batch_stats": s.batch_stats},
-            *steps._model_inputs(b),
+            **packing.model_inputs(b),
             deterministic=False,
             use_running_average=False,
             example_mask=b["example_mask"],
@@ -313,7 +313,7 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
     run = train.setup(config)  # 4 devices
     state = run.state
     acc = steps.eval_accumulator_init(run.hidden_size)
-    sentences, tokens = [], []
+    sentences, pre_logits, tokens, last_tokens = [], [], [], []
     logits_all = []
     apply = jax.jit(run.model.apply)
     for batch in batching.batches(run.dev_encoded["dev"], batch_size=8, buckets=None):
@@ -326,10 +326,11 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
         )
         real = batch["example_mask"].astype(bool)
         sentences.append(np.asarray(direct["sentence"])[real])
+        pre_logits.append(np.asarray(direct["pre_logits"])[real])
         hidden = np.stack([np.asarray(h) for h in direct["encoder"].hidden_states])
-        tokens.append(
-            hidden[:, real][batch["attention_mask"][real].astype(bool)[None].repeat(2, 0)]
-        )
+        token_mask = batch["attention_mask"][real].astype(bool)
+        tokens.append(hidden[:, real][token_mask[None].repeat(2, 0)])
+        last_tokens.append(hidden[-1, real][token_mask])
         logits_all.append(np.asarray(logits)[real])
         np.testing.assert_allclose(np.asarray(out["logits"])[real], logits_all[-1], atol=1e-5)
     got = jax.device_get(steps.isotropy_metrics(acc))
@@ -345,6 +346,17 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
     t = np.concatenate(tokens).astype(np.float64)
     np.testing.assert_allclose(got["tokens_isoscore"], isotropy.isoscore(t), rtol=1e-4)
     assert int(acc.sentence.moments.count) == 12
+    for key, points in (("pre_logits", pre_logits), ("last_tokens", last_tokens)):
+        x = np.concatenate(points).astype(np.float64)
+        unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+        cosines = unit @ unit.T
+        n = len(x)
+        want = (cosines.sum() - np.trace(cosines)) / (n * (n - 1))
+        np.testing.assert_allclose(got[f"{key}_mean_cosine"], want, rtol=1e-4, atol=1e-6)
+    mean = np.concatenate(last_tokens).astype(np.float64).mean(0)
+    want = mean[np.argmax(np.abs(mean))]
+    np.testing.assert_allclose(got["last_tokens_outlier_mean"], want, rtol=1e-4)
+    assert np.abs(mean).max() > 2 * np.median(np.abs(mean))  # an outlier to find
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ FIELDS = {
     "batch_size": "batch_size",
     "max_length": "max_length",
     "buckets": "buckets",
+    "packing": "packing",
     "num_epochs": "num_epochs",
     "log_every": "log_every",
     "checkpoint_every": "checkpoint_every",
@@ -103,7 +104,8 @@ def base_config() -> ml_collections.ConfigDict:
             "data_dir": config_lib.default_glue_dir(),
             "batch_size": 32,
             "max_length": 128,
-            "buckets": (32, 64, 96),
+            "buckets": (32, 64, 96),  # unused while packing is on (the pilot's layout)
+            "packing": True,
             "num_epochs": 3,
             "lr": 1e-4,
             "log_every": 1,  # exact per-epoch training loss (study.read_run)
