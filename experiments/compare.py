@@ -1,15 +1,16 @@
 """Fine-tune one task with several methods and print their dev metric and isotropy side by side.
 
-    python experiments/compare.py --config experiments/configs/rte_isobn.py --methods none,isobn \
-        --workdir runs/rte_isobn
+    python experiments/compare.py --config experiments/configs/main_job.py --methods none,isobn,istar \
+        --workdir runs/main_job
 
 Each method runs `train.train_and_evaluate(get_config(method), WORKDIR/method)`; a finished or
 interrupted run is resumed from its checkpoints, so running the script again only redoes what is
-missing. The first row is the pre-trained encoder on the same dev split (`isojax.analysis`, no
-fine-tuning; its dev metric is blank: the classifier head is untrained). "minutes" is the wall
-time of the call that finished a run (a resumed run counts only its last part). Isotropy columns
-are of the dev sentence vectors the head reads (`config.sentence`: the pooler output or [CLS]),
-before the normaliser, and of the classifier's input after it (IsoBN's output: "head EV_3").
+missing. The first row is the pre-trained encoder on the same dev split (the runs' dev
+evaluation at step 0; its dev metric is blank: the classifier head is untrained). "minutes" is
+the wall time of the call that finished a run (a resumed run counts only its last part).
+Isotropy columns: the dev sentence vectors the head reads (`config.sentence`: the pooler
+output or [CLS]) before the normaliser, the classifier's input after it ("head": IsoBN's
+output), and every layer's tokens ("tokens Iso", the quantity I-STAR's penalty moves).
 """
 
 import argparse
@@ -19,12 +20,13 @@ import pathlib
 import sys
 import time
 
-from isojax import analysis, build, train
+from isojax import train
 from isojax import config as config_lib
 from isojax.data import glue
 
 
 def load_get_config(path: str):
+    sys.path.insert(0, str(pathlib.Path(path).resolve().parent))  # e.g. study_recipe beside it
     spec = importlib.util.spec_from_file_location("_compare_config", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -32,25 +34,15 @@ def load_get_config(path: str):
 
 
 def pretrained_row(config) -> dict:
-    """Isotropy of the pre-trained encoder's sentence vectors on the dev split."""
-    module, params, tokenizer = _pretrained(config)
-    task = glue.get_task(config.task)
-    examples = build.load_examples(config, task.dev_splits[0])
-    rep = analysis.analyze_encoder(
-        module, params, tokenizer, examples, max_length=config.max_length,
-        batch_size=config.eval_batch_size, buckets=tuple(config.buckets) or None,
-    )  # fmt: skip
-    values = rep.embeddings[config.sentence]
-    return {
-        "sentence_ev1": float(values["EV_1"]),
-        "sentence_ev3": float(values["EV_3"]),
-        "sentence_isoscore": float(values["isoscore"]),
-        "sentence_mean_cosine": float(values["mean_cosine"]),
-    }
-
-
-def _pretrained(config):
-    return build.load_encoder(config.model, config.tokenizer, max_length=config.max_length)
+    """Isotropy of the pre-trained encoder on the dev split: the dev evaluation of the step-0
+    state of `config` with method "none" (the same eval step and keys as the runs' rows; the
+    untrained head's score is left out)."""
+    config = config.copy_and_resolve_references()
+    config.method = "none"
+    run = train.setup(config)
+    split = glue.get_task(config.task).dev_splits[0]
+    result = train.evaluate(run, run.state, run.dev_encoded[split], config)
+    return {key: value for key, value in result.items() if key in ISOTROPY_KEYS}
 
 
 COLUMNS = (
@@ -61,8 +53,11 @@ COLUMNS = (
     ("mean cos", "sentence_mean_cosine", "{:.4f}"),
     ("head EV_3", "pre_logits_ev3", "{:.4f}"),
     ("head Iso", "pre_logits_isoscore", "{:.4f}"),
+    ("head cos", "pre_logits_mean_cosine", "{:.4f}"),
+    ("tokens Iso", "tokens_isoscore", "{:.4f}"),
     ("minutes", "minutes", "{:.1f}"),
 )
+ISOTROPY_KEYS = [key for _, key, _ in COLUMNS if key not in ("score", "minutes")]
 
 
 def format_table(rows: dict[str, dict]) -> str:

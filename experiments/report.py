@@ -63,9 +63,13 @@ ISOTROPY = (
     ("sentence_ev3", "EV3 pooled"),
     ("pre_logits_ev3", "EV3 head input"),
     ("sentence_mean_cosine", "mean cos pooled"),
+    ("pre_logits_mean_cosine", "mean cos head input"),
     ("tokens_isoscore", "IsoScore tokens"),
     ("tokens_isoscore_star", "IsoScore* tokens"),
 )
+# The CosReg claim's quantities: last-layer tokens' mean cosine (its penalty) and the mean of
+# their outlier dimension (max over dimensions of |mean|).
+COSREG_KEYS = ("last_tokens_mean_cosine", "last_tokens_max_abs_mean")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -268,6 +272,7 @@ def build(records: list[dict]) -> dict:
                 "pre_logits_ev3",
                 "sentence_mean_cosine",
                 "tokens_isoscore",
+                *COSREG_KEYS,
             ):
                 fn = _metric(key)
                 t["paired"][label][key] = paired(_by_seed(rows, fn), _by_seed(base_rows, fn))
@@ -599,12 +604,20 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
                 if value is None or value == 0:
                     continue
                 direction = -1 if value > 0 else +1
-                d = p["sentence_mean_cosine"]
+                d = p["last_tokens_mean_cosine"]
                 v = verdict(d["lo"], d["hi"], direction)
                 lines.append(
                     f"- [CosReg] λ = {value:+g} {'lowers' if value > 0 else 'raises'} "
-                    f"the mean cosine, {task}: **{v}** (pooled mean cosine vs λ = 0 "
+                    f"the mean cosine, {task}: **{v}** (last-layer token mean cosine vs λ = 0 "
                     f"{_ci(d)}, n={d['n']})"
+                )
+                d = p["last_tokens_max_abs_mean"]
+                v = verdict(d["lo"], d["hi"], direction)
+                lines.append(
+                    f"- [CosReg] λ = {value:+g} {'shrinks' if value > 0 else 'grows'} the mean "
+                    f"of the outlier dimension, {task}: **{v}** (its mean vs λ = 0 {_ci(d)}, "
+                    f"n={d['n']}; the paper's ALBERT/QNLI: 11.72 base, 27.33 at λ = −1, 2.84 at "
+                    "λ = +1)"
                 )
                 iso = p["tokens_isoscore"]
                 changed = math.isfinite(iso["lo"]) and (iso["lo"] > 0 or iso["hi"] < 0)
@@ -614,10 +627,6 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
                     f"**{v}** ({_ci(iso)}, n={iso['n']}; a change the interval cannot "
                     "resolve at this n is not excluded)"
                 )
-        lines.append(
-            "- [CosReg] the mean of the largest-mean dimension moves: **not tested** "
-            "(the training loop records no per-dimension means)"
-        )
     return lines
 
 

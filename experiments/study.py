@@ -19,7 +19,9 @@ skipped (a failed one too, unless `--retry-failed`, whose new line replaces it);
 folder holds checkpoints but no line resumes from them (`train_and_evaluate` restores the
 newest checkpoint and the data position); a folder with `results.json` of the same config is
 recorded without training. `--budget-minutes` is checked between cells: a started cell runs to
-its end (or, killed, stays resumable), and the next call continues the grid. Lines are written
+its end (or, killed, stays resumable), and the next call continues the grid. Cells share
+JAX's persistent compilation cache (`--compile-cache`, default RUNS/.jax_cache): a cell loads
+the steps that earlier cells compiled for the same shapes (the same executables). Lines are written
 whole, with one `write` under a lock, and a cell already recorded is never appended again.
 
 Each line (`record`): study, cell, tier, kind ("run" | "pretrained"), status ("ok" | "failed",
@@ -549,8 +551,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=None, help="default experiments/results/<study>.jsonl")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and estimate only")
     parser.add_argument("--retry-failed", action="store_true", help="rerun cells recorded failed")
+    parser.add_argument(
+        "--compile-cache",
+        default=None,
+        help="folder of compiled steps shared by the cells (default RUNS_DIR/.jax_cache; '' off)",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
+    cache = pathlib.Path(args.runs_dir) / ".jax_cache" if args.compile_cache is None else None
+    if cache or args.compile_cache:
+        from isojax import distributed
+
+        distributed.enable_compilation_cache(cache or args.compile_cache)
     run_grid(
         args.grid,
         tier=args.tier,
