@@ -129,7 +129,13 @@ def test_analyze_run_encoder_figures_are_analyze_encoders(isobn_run):
 def test_analyze_refuses_contradictory_flags(capsys, tmp_path, isobn_run):
     run_dir, _ = isobn_run
     out = tmp_path / "out"
+    old_layout = tmp_path / "old"  # a config.json of the layout before istar.stabilizer.*
+    old_layout.mkdir()
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved["istar"]["stabilizer_tokens"] = saved["istar"].pop("stabilizer")["tokens"]
+    (old_layout / "config.json").write_text(json.dumps(saved))
     cases = [
+        (["--run", old_layout], "older isojax: field 'istar.stabilizer_tokens' is now istar."),
         (["--run", run_dir, "--model", "tiny-bert"], "--model contradicts --run"),
         (["--run", run_dir, "--task", "mrpc"], "--task contradicts --run"),
         (["--run", run_dir, "--max-length", "16"], "--max-length contradicts --run"),
