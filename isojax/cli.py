@@ -232,12 +232,12 @@ def _check_analyze_args(args: argparse.Namespace) -> None:
     if args.run_dir is not None and given:
         flag = "--" + given[0].replace("_", "-")
         raise UsageError(
-            f"{flag} contradicts --run: a run's model, tokenizer, task, data source and max "
-            "length are its config's (use --data-dir to read its task from another folder)"
+            f"{flag} contradicts --run: the run's config.json gives its model, tokenizer, task "
+            "and max length (--data-dir may name another folder holding its task)"
         )
     if args.run_dir is None:
-        for flag in ("--step", "--best"):
-            if getattr(args, flag[2:]) not in (None, False):
+        for flag, given in (("--step", args.step is not None), ("--best", args.best)):
+            if given:
                 raise UsageError(f"{flag} chooses a run's checkpoint: it needs --run RUN_DIR")
         for name, default in ANALYZE_ENCODER_FLAGS.items():
             setattr(args, name, default if getattr(args, name) is None else getattr(args, name))

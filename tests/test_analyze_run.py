@@ -142,7 +142,7 @@ def test_analyze_refuses_contradictory_flags(capsys, tmp_path, isobn_run):
         (["--run", run_dir, "--tokenizer", tmp_path], "--tokenizer contradicts --run"),
         (["--run", run_dir, "--seed", "3"], "--seed contradicts --run"),
         (["--best"], "--best chooses a run's checkpoint: it needs --run RUN_DIR"),
-        (["--step", "2"], "--step chooses a run's checkpoint: it needs --run RUN_DIR"),
+        (["--step", "0"], "--step chooses a run's checkpoint: it needs --run RUN_DIR"),
         (["--run", run_dir, "--best", "--step", "2"], "not allowed with argument"),
         (["--run", run_dir, "--step", "3"], "no checkpoint at step 3"),
         (["--run", tmp_path], "not a run folder (no config.json)"),
