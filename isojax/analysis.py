@@ -5,6 +5,8 @@ kept (`stats.MomentState`, O(d²) memory whatever the number of sentences):
 
 - the sentence embeddings: the last layer's [CLS] vector and, where the family has one, the
   pooler output (dense + tanh on [CLS], what IsoBN normalises in the reference);
+- for a fine-tuned run (`analyze_run`), also the head's input ``pre_logits``: the sentence
+  vector after the run's normaliser (IsoBN, batch norm, ...), what the classifier reads;
 - per transformer layer: the [CLS] vectors, and every (unpadded) token vector.
 
 From those, `report` computes, with the sample covariance (``ddof=1``, as ``torch.cov``):
@@ -52,6 +54,7 @@ from isojax.data import batching
 
 LAYER_ZETA = 0.75  # [I-STAR] analysis of [CLS] per layer (SPEC.md §4).
 EV_KS = (1, 3)
+HEAD_INPUT = "pre_logits"  # Report.embeddings key of the classifier's input (analyze_run).
 
 
 class SentenceStats(NamedTuple):
@@ -81,12 +84,14 @@ class AnalysisState(NamedTuple):
       layer_cls: per-layer [CLS] moments, stacked: count ``[L]``, mean ``[L, d]``,
         m2 ``[L, d, d]``.
       layer_tokens: per-layer moments of all unpadded token vectors, stacked the same way.
+      head: the classifier's input vectors (a fine-tuned run's ``pre_logits``), or None.
     """
 
     cls: SentenceStats
     pooled: SentenceStats | None
     layer_cls: stats.MomentState
     layer_tokens: stats.MomentState
+    head: SentenceStats | None = None
 
 
 def sentence_stats_init(d: int) -> SentenceStats:
@@ -113,8 +118,9 @@ def sentence_stats_update(
     )
 
 
-def analysis_init(num_layers: int, d: int, *, pooled: bool) -> AnalysisState:
-    """Empty statistics for an encoder of ``num_layers`` layers of width ``d``."""
+def analysis_init(num_layers: int, d: int, *, pooled: bool, head: bool = False) -> AnalysisState:
+    """Empty statistics for an encoder of ``num_layers`` layers of width ``d`` (``head``: and
+    for a classifier's ``d``-dimensional input)."""
 
     def stacked():
         one = stats.moments_init(d)
@@ -125,6 +131,7 @@ def analysis_init(num_layers: int, d: int, *, pooled: bool) -> AnalysisState:
         pooled=sentence_stats_init(d) if pooled else None,
         layer_cls=stacked(),
         layer_tokens=stacked(),
+        head=sentence_stats_init(d) if head else None,
     )
 
 
@@ -134,6 +141,7 @@ def analysis_update(
     pooled: jax.Array | None,
     attention_mask: jax.typing.ArrayLike,
     example_mask: jax.typing.ArrayLike,
+    head_input: jax.Array | None = None,
 ) -> AnalysisState:
     """Add one batch of encoder outputs to ``state`` (pure; jit it).
 
@@ -143,9 +151,12 @@ def analysis_update(
       pooled: ``[batch, d]`` pooler output, or None (must match how ``state`` was made).
       attention_mask: ``[batch, len]``, 1 for real tokens.
       example_mask: ``[batch]``, 1 for real examples, 0 for batch filler.
+      head_input: ``[batch, d]`` the classifier's input, or None (must match ``state``).
     """
     if (pooled is None) != (state.pooled is None):
         raise ValueError("pooled output given for a state without one, or missing for one with")
+    if (head_input is None) != (state.head is None):
+        raise ValueError("head input given for a state without one, or missing for one with")
     example_mask = jnp.asarray(example_mask, jnp.float32)  # [b]
     token_mask = jnp.asarray(attention_mask, jnp.float32) * example_mask[:, None]  # [b, t]
     layers = jnp.stack(hidden_states)  # [L, b, t, d]
@@ -157,6 +168,9 @@ def analysis_update(
         else sentence_stats_update(state.pooled, pooled, example_mask),
         layer_cls=update(state.layer_cls, layers[:, :, 0], example_mask),
         layer_tokens=update(state.layer_tokens, layers, token_mask),
+        head=None
+        if head_input is None
+        else sentence_stats_update(state.head, head_input, example_mask),
     )
 
 
@@ -238,19 +252,23 @@ class Report(NamedTuple):
     """The numbers of an isotropy analysis, as NumPy arrays.
 
     Attributes:
-      embeddings: ``{"cls": ..., "pooled": ...}`` (pooled only where the family has a
-        pooler), each the dict of `sentence_report`.
+      embeddings: ``{"cls": ..., "pooled": ..., "pre_logits": ...}`` (pooled only where the
+        family has a pooler, pre_logits only for a fine-tuned run), each the dict of
+        `sentence_report`.
       layers: the dict of `layer_report`, each ``[L]``.
       zeta: the IsoScore* shrinkage used for the per-layer scores.
+      sentence: for a fine-tuned run, the embedding its classifier reads before the normaliser
+        ("cls" or "pooled", the run's ``config.sentence``); None for an encoder alone.
     """
 
     embeddings: dict[str, dict[str, np.ndarray]]
     layers: dict[str, np.ndarray]
     zeta: float
+    sentence: str | None = None
 
     def summary(self) -> dict[str, Any]:
-        """JSON-able scalars: per embedding count, EV_1, EV_3, IsoScore, PR, mean cosine; and
-        the per-layer scores as lists."""
+        """JSON-able scalars: per embedding count, EV_1, EV_3, IsoScore, PR, mean cosine; the
+        per-layer scores as lists; and ``"sentence"`` (a string) for a fine-tuned run."""
         keys = ("count", *(f"EV_{k}" for k in EV_KS), "isoscore", "participation_ratio",
                 "mean_cosine")  # fmt: skip
         out: dict[str, Any] = {
@@ -261,49 +279,65 @@ class Report(NamedTuple):
             out[name]["count"] = int(out[name]["count"])
         out["layers"] = {key: [float(v) for v in values] for key, values in self.layers.items()}
         out["layers"]["zeta"] = self.zeta
+        if self.sentence is not None:
+            out["sentence"] = self.sentence
         return out
 
 
-def report(state: AnalysisState, *, zeta: float = LAYER_ZETA) -> Report:
-    """All the numbers of the analysis from accumulated statistics."""
+def report(
+    state: AnalysisState, *, zeta: float = LAYER_ZETA, sentence: str | None = None
+) -> Report:
+    """All the numbers of the analysis from accumulated statistics (``sentence``: see
+    `Report`)."""
     to_numpy = lambda tree: jax.tree.map(np.asarray, tree)  # noqa: E731
     embeddings = {"cls": to_numpy(sentence_report(state.cls))}
     if state.pooled is not None:
         embeddings["pooled"] = to_numpy(sentence_report(state.pooled))
+    if state.head is not None:
+        embeddings[HEAD_INPUT] = to_numpy(sentence_report(state.head))
     layers = to_numpy(layer_report(state.layer_cls, state.layer_tokens, zeta=zeta))
-    return Report(embeddings=embeddings, layers=layers, zeta=float(zeta))
+    return Report(embeddings=embeddings, layers=layers, zeta=float(zeta), sentence=sentence)
 
 
 def accumulate(
     apply_fn,
+    variables,
     batches: Iterable[dict[str, np.ndarray]],
     *,
     num_layers: int,
     hidden_size: int,
     pooled: bool,
+    head: bool = False,
 ) -> AnalysisState:
     """Stream batches through ``apply_fn`` and accumulate the statistics (one jit per shape).
 
     Args:
-      apply_fn: ``(input_ids, attention_mask, token_type_ids) -> EncoderOutput`` in eval mode
-        (dropout off), e.g. ``functools.partial(module.apply, {"params": params})``.
+      apply_fn: ``(variables, batch) -> (EncoderOutput, head input [b, d] or None)`` in eval
+        mode (dropout off); the head input is None unless ``head``.
+      variables: the model's variables, an argument of the compiled step (not a constant).
       batches: dicts with ``input_ids``, ``attention_mask``, ``token_type_ids`` ``[b, t]``
         and ``example_mask [b]`` (as `isojax.data.batching.batches` yields).
       num_layers, hidden_size: the encoder's L and d.
       pooled: whether the encoder has a pooler output.
+      head: whether ``apply_fn`` returns the classifier's input.
     """
 
     @jax.jit
-    def step(state, batch):
-        out = apply_fn(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    def step(state, variables, batch):
+        out, head_input = apply_fn(variables, batch)
         return analysis_update(
-            state, out.hidden_states, out.pooled, batch["attention_mask"], batch["example_mask"]
+            state,
+            out.hidden_states,
+            out.pooled,
+            batch["attention_mask"],
+            batch["example_mask"],
+            head_input,
         )
 
-    state = analysis_init(num_layers, hidden_size, pooled=pooled)
+    state = analysis_init(num_layers, hidden_size, pooled=pooled, head=head)
     keys = ("input_ids", "attention_mask", "token_type_ids", "example_mask")
     for batch in batches:
-        state = step(state, {key: batch[key] for key in keys})
+        state = step(state, variables, {key: batch[key] for key in keys})
     return state
 
 
@@ -333,18 +367,81 @@ def analyze_encoder(
     if not examples:
         raise ValueError("analyze_encoder needs at least one example")
     cfg = module.config
-    encoded = batching.encode(examples, tokenizer, max_length)
-    apply_fn = lambda ids, mask, types: module.apply(  # noqa: E731
-        {"params": params}, ids, mask, types, deterministic=True
-    )
+
+    def apply_fn(variables, batch):
+        ids, mask, types = (batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
+        return module.apply(variables, ids, mask, types, deterministic=True), None
+
     state = accumulate(
         apply_fn,
-        batching.batches(encoded, batch_size=batch_size, buckets=buckets, shuffle=False),
+        {"params": params},
+        batching.batches(
+            batching.encode(examples, tokenizer, max_length),
+            batch_size=batch_size,
+            buckets=buckets,
+            shuffle=False,
+        ),
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
         pooled=bool(cfg.has_pooler),
     )
     return report(state, zeta=zeta)
+
+
+def analyze_run(
+    restored, examples: Sequence, *, batch_size: int | None = None, zeta: float = LAYER_ZETA
+) -> Report:
+    """The isotropy report of a fine-tuned run's classifier, plus its head's input.
+
+    The forward pass is the run's dev evaluation mode (`steps.eval_step`): no dropout, and the
+    normaliser applies its running statistics (``use_running_average=True``), never this
+    batch's. Besides `analyze_encoder`'s figures of the fine-tuned encoder, the report holds
+    ``embeddings["pre_logits"]``, the normalised sentence vector ``N(s)`` the classifier reads
+    (``s`` is ``embeddings[rep.sentence]``, the run's ``config.sentence``; ``N`` the identity
+    for methods without a normaliser). EV_k, IsoScore and the mean cosine are those the run's
+    dev evaluation gives for the same checkpoint and rows (``sentence_*`` and ``pre_logits_*``
+    of `steps.isotropy_metrics`), up to float32 rounding.
+
+    Args:
+      restored: a run's classifier at one checkpoint (`isojax.runs.restore`).
+      examples: ``glue.Example``s of the run's task.
+      batch_size: sentences per forward pass (default the run's ``eval_batch_size``); rows
+        are encoded with the run's ``max_length`` and padded to its ``buckets``.
+      zeta: IsoScore* shrinkage for the per-layer scores.
+    """
+    if not examples:
+        raise ValueError("analyze_run needs at least one example")
+    config, module = restored.config, restored.module
+    cfg = module.encoder.config
+
+    def apply_fn(variables, batch):
+        ids, mask, types = (batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
+        _, out = module.apply(
+            variables,
+            ids,
+            mask,
+            types,
+            deterministic=True,
+            use_running_average=True,
+            example_mask=batch["example_mask"],
+        )
+        return out["encoder"], out["pre_logits"]
+
+    state = accumulate(
+        apply_fn,
+        restored.variables,
+        batching.batches(
+            batching.encode(examples, restored.tokenizer, config.max_length),
+            batch_size=batch_size or config.eval_batch_size,
+            buckets=tuple(config.buckets) or None,
+            shuffle=False,
+        ),
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        pooled=bool(cfg.has_pooler),
+        head=True,
+    )
+    return report(state, zeta=zeta, sentence=module.sentence)
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -353,7 +450,7 @@ def format_table(summary: dict[str, Any]) -> str:
     heads = ("n", "EV_1", "EV_3", "IsoScore", "PR", "mean cos")
     lines = ["embedding " + "".join(f"{h:>10}" for h in heads)]
     for name, values in summary.items():
-        if name == "layers":
+        if name == "layers" or not isinstance(values, dict):
             continue
         cells = [f"{values['count']:>10d}"] + [f"{values[c]:>10.4f}" for c in cols[1:]]
         lines.append(f"{name:<10}" + "".join(cells))
@@ -379,8 +476,12 @@ def write_summary(rep: Report, out_dir: str | os.PathLike) -> pathlib.Path:
 def write_figures(rep: Report, out_dir: str | os.PathLike) -> list[pathlib.Path]:
     """PNG figures of a report: EV_k curve, std histogram, ``|ρ|`` heat map, per-layer scores.
 
+    The std histogram and the ``|ρ|`` map are of the [CLS] vectors and, for a fine-tuned run,
+    of the head's input too.
+
     Returns:
       The paths written: ``ev_curve.png``, ``std_histogram.png``, ``abs_correlation.png``,
+      (a fine-tuned run: ``pre_logits_std_histogram.png``, ``pre_logits_abs_correlation.png``),
       ``layer_isoscore.png``.
     """
     import matplotlib
@@ -390,7 +491,6 @@ def write_figures(rep: Report, out_dir: str | os.PathLike) -> list[pathlib.Path]
 
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cls = rep.embeddings["cls"]
     paths = []
 
     def save(fig, name):
@@ -409,16 +509,23 @@ def write_figures(rep: Report, out_dir: str | os.PathLike) -> list[pathlib.Path]
     ax.legend()
     save(fig, "ev_curve.png")
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.hist(cls["std"], bins=50)
-    ax.set(xlabel="standard deviation", ylabel="dimensions", title="[CLS] per-dimension std")
-    save(fig, "std_histogram.png")
+    per_dimension = {"cls": ("", "[CLS]"), HEAD_INPUT: (f"{HEAD_INPUT}_", "head input")}
+    for name, (prefix, title) in per_dimension.items():
+        if name not in rep.embeddings:
+            continue
+        values = rep.embeddings[name]
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.hist(values["std"], bins=50)
+        ax.set(xlabel="standard deviation", ylabel="dimensions", title=f"{title} per-dimension std")
+        save(fig, f"{prefix}std_histogram.png")
 
-    fig, ax = plt.subplots(figsize=(5, 4.5))
-    image = ax.imshow(cls["abs_corr"], vmin=0, vmax=1, cmap="viridis", interpolation="nearest")
-    fig.colorbar(image, ax=ax, label="|ρ|")
-    ax.set(xlabel="dimension", ylabel="dimension", title="[CLS] |correlation|")
-    save(fig, "abs_correlation.png")
+        fig, ax = plt.subplots(figsize=(5, 4.5))
+        image = ax.imshow(
+            values["abs_corr"], vmin=0, vmax=1, cmap="viridis", interpolation="nearest"
+        )
+        fig.colorbar(image, ax=ax, label="|ρ|")
+        ax.set(xlabel="dimension", ylabel="dimension", title=f"{title} |correlation|")
+        save(fig, f"{prefix}abs_correlation.png")
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     layers = np.arange(1, len(rep.layers["cls_isoscore"]) + 1)

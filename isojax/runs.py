@@ -89,13 +89,20 @@ def load_config(run_dir: str | pathlib.Path) -> ml_collections.ConfigDict:
     their defaults), validated.
 
     Raises:
-      RunNotRestorable: no `config.json`, or one that is not valid JSON or not a valid config.
+      RunNotRestorable: no `config.json`, or one that is not valid JSON or not a valid config;
+        one of an older layout names its first renamed field (`config.RENAMED`).
     """
     path = pathlib.Path(run_dir) / "config.json"
     if not path.is_file():
         raise RunNotRestorable(f"{path.parent}: not a run folder (no config.json)")
     try:
         saved = json.loads(path.read_text())
+        renamed = sorted(set(config_lib.flatten(saved)) & set(config_lib.RENAMED))
+        if renamed:
+            raise ValueError(
+                f"written by an older isojax: field {renamed[0]!r} is now "
+                f"{config_lib.RENAMED[renamed[0]]}"
+            )
         config = config_lib.default_config()
         config.update(saved)
         config_lib.validate_config(config)
