@@ -1,7 +1,7 @@
 """Fine-tune one task with several methods and print their dev metric and isotropy side by side.
 
-    python experiments/compare.py --config experiments/configs/main_job.py --methods none,isobn,istar \
-        --workdir runs/main_job
+    python experiments/compare.py --config experiments/configs/main_job.py \
+        --methods none,isobn,istar --workdir runs/main_job
 
 Each method runs `train.train_and_evaluate(get_config(method), WORKDIR/method)`; a finished or
 interrupted run is resumed from its checkpoints, so running the script again only redoes what is
@@ -20,8 +20,8 @@ import pathlib
 import sys
 import time
 
-from isojax import train
 from isojax import config as config_lib
+from isojax import train
 from isojax.data import glue
 
 

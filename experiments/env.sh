@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build or refresh the project's virtual environment (.venv) from its own files.
-# Sourced by experiments/test.sh and experiments/rte_isobn.sh; safe to run again: the
+# Sourced by experiments/test.sh and experiments/main_job.sh; safe to run again: the
 # install is skipped while pyproject.toml and this file are unchanged.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

