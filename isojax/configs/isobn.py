@@ -21,6 +21,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.method = "isobn"
     c.sentence = "pooled"
     c.max_length = 256
+    # Not the reference's layout: the same batches packed into rows of 256 tokens (same
+    # examples, order and loss; 1.6-2.5x faster epochs on MiniLM-L6 at 128, README).
+    c.packing = True
     c.batch_size = 16
     c.num_epochs = 10
     c.isobn.update(dict(momentum=0.95, beta=0.5, epsilon=1e-3, debias=False))

@@ -20,6 +20,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.method = "istar"
     c.sentence = "pooled"
     c.max_length = 256
+    # Not the reference's layout: the same batches packed into rows of 256 tokens (same
+    # examples, order and loss; 1.6-2.5x faster epochs on MiniLM-L6 at 128, README).
+    c.packing = True
     c.batch_size = 32
     c.num_epochs = 4
     c.istar.weight = -5.0
