@@ -17,6 +17,11 @@ sys.path.insert(0, str(REPO / "experiments" / "configs"))
 _spec = importlib.util.spec_from_file_location("study", REPO / "experiments" / "study.py")
 study = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(study)
+_spec = importlib.util.spec_from_file_location(
+    "study_analyze", REPO / "experiments" / "study_analyze.py"
+)
+study_analyze = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(study_analyze)
 
 GRID = """
 import ml_collections
@@ -53,7 +58,8 @@ RECORD_KEYS = {
 }  # fmt: skip
 ISOTROPY_KEYS = {
     "sentence_ev1", "sentence_ev3", "sentence_isoscore", "sentence_mean_cosine",
-    "pre_logits_ev1", "pre_logits_ev3", "pre_logits_isoscore", "tokens_isoscore",
+    "pre_logits_ev1", "pre_logits_ev3", "pre_logits_isoscore", "pre_logits_mean_cosine",
+    "tokens_isoscore", "last_tokens_mean_cosine", "last_tokens_max_abs_mean",
 }  # fmt: skip
 
 
@@ -183,6 +189,17 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
     assert study.run_grid(grid, retry_failed=True, **kw)["ran"] == 1
     cells = [r["cell"] for r in study.read_records(results)]
     assert sorted(cells) == sorted(records) and len(cells) == 4
+
+    # study_analyze: `analyze --run` of each seed-1 run equals the run's last dev evaluation.
+    assert study_analyze.main([str(results), "--runs-dir", str(runs), "--seed", "1"]) == 0
+    table = (tmp_path / "tiny_analysis.md").read_text()
+    for name in ("rte-none-s1", "rte-isobn-s1"):
+        summary = json.loads((tmp_path / "tiny_analysis" / name / "summary.json").read_text())
+        last = records[name]["eval"][-1]
+        np.testing.assert_allclose(summary["pooled"]["EV_3"], last["sentence_ev3"], rtol=1e-4)
+        np.testing.assert_allclose(summary["pre_logits"]["EV_3"], last["pre_logits_ev3"], rtol=1e-4)
+        assert f"tiny_analysis/{name}" in table
+    assert (tmp_path / "tiny_analysis" / "rte-pretrained" / "summary.json").exists()
 
 
 def test_read_run_gives_exact_epoch_losses_and_a_chunked_curve(tmp_path):

@@ -1,0 +1,134 @@
+"""Before/after isotropy analysis of a study: `isojax analyze` of the pre-trained encoder and
+`isojax analyze --run` of one seed's fine-tuned run per task x arm (issue 14, item 3).
+
+    python experiments/study_analyze.py experiments/results/normalizers.jsonl \
+        --runs-dir runs --seed 1
+
+For every finished run of the results file with seed `--seed` (one per task x arm), the run's
+last checkpoint (the report's "last epoch") is analysed on the dev rows it evaluated
+(`analysis.analyze_run`: encoder, normaliser with its running statistics, and head, in the dev
+evaluation's mode); for every task, the pre-trained encoder with the run's tokenizer and
+max length (`analysis.analyze_encoder`). Each goes to `experiments/results/<study>_analysis/
+<cell>/` (`summary.json` and the PNG figures of `isojax analyze`), and
+`experiments/results/<study>_analysis.md` gathers one table per task: EV_3, IsoScore and mean
+cosine of [CLS], of the pooled vector and of the classifier's input (after the normaliser), and
+the last layer's token IsoScore. A cell whose `summary.json` exists is not analysed again, so
+the script can be rerun as a grid grows. Needs the run folders (`--runs-dir` as given to
+`study.py`); not the results file alone, unlike `report.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import jax
+
+from isojax import analysis, build, models, predict, runs
+
+COLUMNS = (
+    ("[CLS] EV_3", "cls", "EV_3"),
+    ("pooled EV_3", "pooled", "EV_3"),
+    ("head input EV_3", analysis.HEAD_INPUT, "EV_3"),
+    ("head input IsoScore", analysis.HEAD_INPUT, "isoscore"),
+    ("head input mean cos", analysis.HEAD_INPUT, "mean_cosine"),
+)
+
+
+def analyze_cell(run_dir: pathlib.Path, out: pathlib.Path) -> dict:
+    """`analyze --run` of `run_dir`'s last checkpoint into `out`; returns the summary."""
+    restored = runs.restore(run_dir)
+    split = restored.task.dev_splits[0]
+    rep = analysis.analyze_run(restored, predict.load_split(restored, split, labelled=True))
+    analysis.write_summary(rep, out)
+    analysis.write_figures(rep, out)
+    return rep.summary()
+
+
+def analyze_pretrained(run_dir: pathlib.Path, out: pathlib.Path) -> dict:
+    """`isojax analyze` of the pre-trained encoder of `run_dir`'s config on its dev rows."""
+    restored = runs.restore(run_dir)
+    config = restored.config
+    module, params, tokenizer = build.load_encoder(
+        config.model, config.tokenizer, max_length=config.max_length
+    )
+    if params is None:  # tiny-bert (tests): random weights, as `isojax analyze` draws them
+        params = models.init_params(module, jax.random.key(config.seed))
+    examples = predict.load_split(restored, restored.task.dev_splits[0], labelled=True)
+    rep = analysis.analyze_encoder(
+        module, params, tokenizer, examples, max_length=config.max_length,
+        batch_size=config.eval_batch_size,
+    )  # fmt: skip
+    analysis.write_summary(rep, out)
+    analysis.write_figures(rep, out)
+    return rep.summary()
+
+
+def _cached(out: pathlib.Path, fn, *args) -> dict:
+    summary = out / "summary.json"
+    if summary.exists():
+        return json.loads(summary.read_text())
+    print(f"analysing -> {out}", flush=True)
+    return fn(*args, out)
+
+
+def _row(name: str, summary: dict, link: str) -> str:
+    cells = []
+    for _, embedding, key in COLUMNS:
+        value = summary.get(embedding, {}).get(key)
+        cells.append("" if value is None else f"{value:.4f}")
+    tokens = summary["layers"]["token_isoscore"][-1]
+    return f"| {name} | " + " | ".join(cells) + f" | {tokens:.4f} | [figures]({link}) |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", help="experiments/results/<study>.jsonl")
+    parser.add_argument("--runs-dir", default="runs", help="the RUNS_DIR given to study.py")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    results = pathlib.Path(args.results)
+    records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    chosen = [
+        r for r in records
+        if r["kind"] == "run" and r["status"] == "ok" and r["seed"] == args.seed
+    ]  # fmt: skip
+    if not chosen:
+        print(f"{results}: no finished run with seed {args.seed}", file=sys.stderr)
+        return 2
+    study = chosen[0]["study"]
+    out_root = results.parent / f"{study}_analysis"
+    by_task: dict[str, list[str]] = {}
+    for r in chosen:
+        run_dir = pathlib.Path(args.runs_dir) / study / r["cell"]
+        task = r["fields"]["task"]
+        if task not in by_task:
+            pre = out_root / f"{task}-pretrained"
+            summary = _cached(pre, analyze_pretrained, run_dir)
+            by_task[task] = [_row("pre-trained", summary, f"{out_root.name}/{pre.name}")]
+        summary = _cached(out_root / r["cell"], analyze_cell, run_dir)
+        arm = r["cell"].removeprefix(f"{task}-").removesuffix(f"-s{args.seed}")
+        by_task[task].append(_row(arm, summary, f"{out_root.name}/{r['cell']}"))
+    names = [name for name, _, _ in COLUMNS] + ["last-layer token IsoScore", ""]
+    header = "| arm | " + " | ".join(names) + " |"
+    lines = [
+        f"# Study `{study}`: isotropy before and after fine-tuning (seed {args.seed})",
+        "",
+        f"Rebuilt by `python experiments/study_analyze.py {results} --seed {args.seed}` from "
+        "the runs' last checkpoints (`isojax analyze --run`) and the pre-trained encoder "
+        "(`isojax analyze`), on each task's dev rows. Head input: the normalised sentence "
+        "vector the classifier reads (the pooled vector itself for `none`). Per-layer "
+        "IsoScore / IsoScore* and the std and |ρ| figures are in each folder.",
+    ]
+    for task, rows in by_task.items():
+        lines += ["", f"## {task}", "", header, "|---|" + "---|" * (len(COLUMNS) + 2), *rows]
+    md = results.parent / f"{study}_analysis.md"
+    md.write_text("\n".join(lines) + "\n")
+    print(f"wrote {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
