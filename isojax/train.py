@@ -5,7 +5,8 @@
     results = train.train_and_evaluate(config, "runs/rte-isobn")   # resumes if interrupted
 
 The loop (flax `examples/imagenet/train.py` shape): `setup` builds the classifier and the train
-state on the device mesh (`build`, `distributed`) and encodes the task (`data.batching`);
+state on the device mesh (`build`, `distributed`) and encodes the task (`data.batching`;
+`batches` pads each batch to a length bucket, or packs it with `config.packing`);
 `train_and_evaluate` restores the newest usable checkpoint (`checkpointing`), then per epoch
 runs the I-STAR C0 pass (method "istar" with stabilizer kind "pass"; "epoch" and "ema" update
 C0 inside the steps), the epoch's training batches from where the checkpoint left off, a dev

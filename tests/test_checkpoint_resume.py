@@ -100,7 +100,7 @@ _CHILD = textwrap.dedent(
         "max_train_examples": 24, "max_eval_examples": 8, "batch_size": 8,
         "eval_batch_size": 8, "max_length": 32, "buckets": (), "num_epochs": 2,
         "checkpoint_every": 2, "log_every": 1, "progress": False, "tensorboard": False,
-        "rng_impl": "rbg",
+        "rng_impl": "rbg", "packing": True,
     })
     if mode == "kill":  # die right after the checkpoint of step 4 (epoch 1, batch 1)
         save = checkpointing.Checkpointer.save
@@ -147,8 +147,9 @@ def _final_state(workdir: pathlib.Path, step: int) -> dict:
 
 
 def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, glue_dir, minilm_dir):
-    """I-STAR ("epoch" stabiliser, a window of 5 steps) on 24 RTE rows, 2 epochs of 3 steps,
-    a checkpoint every 2 steps, dropout keys from "rbg". The killed run dies after saving
+    """I-STAR ("epoch" stabiliser, a window of 5 steps) on 24 RTE rows in packed batches
+    (the presets' layout; padded batches resume through the same `start_batch`,
+    test_batching), 2 epochs of 3 steps, a checkpoint every 2 steps, dropout keys from "rbg". The killed run dies after saving
     step 4 (mid-epoch 1, mid-window); the restarted run picks up there (state, the
     stabiliser's open window, data position, partial log sums) and ends exactly where the
     uninterrupted run does: every leaf of the final state, results, metrics.jsonl."""
