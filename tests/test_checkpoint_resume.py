@@ -147,10 +147,10 @@ def _final_state(workdir: pathlib.Path, step: int) -> dict:
 
 
 def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, glue_dir, minilm_dir):
-    """I-STAR ("epoch" stabiliser, a window of 5 steps) on 24 RTE rows in packed batches
-    (the presets' layout; padded batches resume through the same `start_batch`,
-    test_batching), 2 epochs of 3 steps, a checkpoint every 2 steps, dropout keys from "rbg". The killed run dies after saving
-    step 4 (mid-epoch 1, mid-window); the restarted run picks up there (state, the
+    """I-STAR ("epoch" stabiliser, a window of 5 steps) on 24 RTE rows in packed batches (the
+    presets' layout; padded batches resume through the same `start_batch`, test_batching), 2
+    epochs of 3 steps, a checkpoint every 2 steps, dropout keys from "rbg". The killed run dies
+    after saving step 4 (mid-epoch 1, mid-window); the restarted run picks up there (state, the
     stabiliser's open window, data position, partial log sums) and ends exactly where the
     uninterrupted run does: every leaf of the final state, results, metrics.jsonl."""
     full, broken = tmp_path / "full", tmp_path / "broken"
