@@ -31,22 +31,39 @@ kind: dense matmuls (`dot_general` of the projections), attention matmuls (the Q
 einsums), softmax and mask, dropout (bits and masking), LayerNorm, GELU, transposes/copies
 (the head split/merge reshapes), embeddings, other.
 
-Findings on the 2-core AMD EPYC (avx512) development machine, shared with other jobs:
-jax 0.10.2, torch 2.13, MiniLM-L6 at 32 x 128, before the issue-13 changes to
-`isojax/models/encoder.py`, per-op minimum sums (`--profile 4`, 2.5 s of thunks a step):
+Findings on the 2-core AMD EPYC (avx512) development machine, shared with other jobs (load
+average 3-5 during these runs), jax 0.10.2, torch 2.13, MiniLM-L6 at 32 x 128; per-op
+minimum sums as `--profile 4` computes them, as shares of the step's thunk time:
 
-    pass / kind            share of the step
-    forward                49 %   dense matmuls 24, dropout 7.6, GELU 5.0, attention matmuls
-                                  5.3, LayerNorm 3.2, transposes 2.0, softmax 1.7
-    backward               49 %   dense matmuls 28, attention matmuls 7.0, dropout 3.8,
-                                  transposes 4.6, softmax 2.3, LayerNorm 1.9
-    update (AdamW)          2 %
+    kind                        before issue 13       after (encoder.py changes below)
+                                fwd    bwd            fwd    bwd
+    dense matmuls               23.8   27.5           25.0   36.4
+    attention matmuls            5.3    7.0            4.9    4.9
+    dropout (bits and mask)      7.6    3.8            3.0    2.4
+    GELU                         5.0    (a)            3.3    (a)
+    LayerNorm                    3.2    1.9            5.4    1.9
+    transposes/copies            2.0    4.6            2.6    1.4
+    softmax and mask             1.7    2.3            1.1    3.7
+    whole pass                  48.8   49.2           45.4   53.5     (AdamW update 1-2 %)
+    (a) GELU's derivative is fused into the backward's other element-wise thunks.
 
-A standalone [4096, 384] x [384, 1536] matmul runs at the same speed in XLA:CPU (YNNPACK) as
-in torch (oneDNN), so the gap was in the memory-bound ops around the matmuls: the threefry
-dropout bits (one hash per element, 11 % of the step), jax.nn.gelu's erfc form (three loop
-fusions), and the head transposes. What changed (encoder.py) and the measured effect of each
-lever is in the issue-13 report and the README's benchmark table.
+A standalone [4096, 384] x [384, 1536] matmul (MiniLM's FFN) takes the same time in XLA:CPU
+(YNNPACK) as in torch (min 28 vs 27 ms, 2 threads), so the 17 % gap to PyTorch was in the
+memory-bound work around the matmuls: threefry dropout bits (one hash per element, 11 % of
+the step), `jax.nn.gelu`'s erfc form (three loop fusions, 5 %) and the head split transposes
+(7 %). The levers, each against the previous encoder in one process (8 interleaved rounds,
+rotating order; per-round wall-time ratio median [IQR]; and the ratio of per-op minimum sums):
+
+    16-bit dropout masks, 4 per threefry hash   0.862 [0.753-0.901]   0.824   landed
+    erf-form exact GELU                         0.913 [0.826-1.025]   0.986   landed
+    fused QKV matmul (kernels concatenated)     0.965 [0.942-0.997]   0.985   landed
+    the three together                          0.747 [0.651-0.923]   0.720
+    XLA:CPU oneDNN matmuls (xla_cpu_use_onednn) slower forward matmuls in the profile (+33 %);
+                                                not landed (dropped, no flag needed)
+
+PyTorch under the same load slows far more than isojax (8-11 s a step alone in its process,
+against 2.4 s on a quiet machine; isojax 5 s against 2.8 s), so ratios to PyTorch measured
+beside other jobs flatter isojax: take them from a quiet machine.
 """
 
 from __future__ import annotations
