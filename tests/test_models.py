@@ -346,3 +346,78 @@ def test_frozen_dict_kwargs_reach_normalizer():
     np.testing.assert_allclose(
         updates["batch_stats"]["norm"]["cov"], 0.5 * cov, rtol=1e-4, atol=1e-6
     )
+
+
+def test_gelu_exact_matches_float64_erf_formula_and_gradient():
+    """The encoder's "gelu" (torch's 0.5 x (1 + erf(x / sqrt 2)) form, issue 13) against a
+    float64 reference, values and derivative Phi(x) + x phi(x)."""
+    import scipy.special
+
+    x = np.linspace(-12.0, 12.0, 4001)
+    gelu = models.encoder._ACTIVATIONS["gelu"]
+    ref = 0.5 * x * (1.0 + scipy.special.erf(x / np.sqrt(2.0)))
+    np.testing.assert_allclose(gelu(jnp.asarray(x, jnp.float32)), ref, rtol=2e-6, atol=1e-6)
+    grad = jax.vmap(jax.grad(gelu))(jnp.asarray(x, jnp.float32))
+    ref_grad = 0.5 * (1.0 + scipy.special.erf(x / np.sqrt(2.0))) + x * np.exp(
+        -0.5 * x**2
+    ) / np.sqrt(2.0 * np.pi)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-5, atol=1e-6)
+    torch_gelu = torch.nn.functional.gelu(torch.tensor(x, dtype=torch.float32)).numpy()
+    np.testing.assert_allclose(gelu(jnp.asarray(x, jnp.float32)), torch_gelu, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_dropout_keep_mask_rate_independence_and_determinism(impl):
+    """Keep rate within 5 sigma overall, in each of the 4 uint16 lanes of a threefry hash and
+    for adjacent pairs (independence); a function of the key."""
+    keep, shape = 0.9, (301, 1001)  # n not a multiple of 4
+    key = jax.random.key(3, impl=impl)
+    mask = np.asarray(models.encoder.dropout_keep_mask(key, keep, shape))
+    assert mask.shape == shape and mask.dtype == bool
+    flat = mask.reshape(-1)
+    n = flat.size
+
+    def assert_rate(values, p):
+        sigma = np.sqrt(p * (1 - p) / values.size)
+        assert abs(values.mean() - p) < 5 * sigma, (values.mean(), p)
+
+    assert_rate(flat, keep)
+    for lane in range(4):
+        assert_rate(flat[lane::4], keep)
+    assert_rate(flat[:-1] & flat[1:], keep**2)
+    assert_rate(flat[: n // 2] & flat[n // 2 :][: n // 2], keep**2)
+    again = models.encoder.dropout_keep_mask(key, keep, shape)
+    np.testing.assert_array_equal(mask, again)
+    other = np.asarray(models.encoder.dropout_keep_mask(jax.random.key(4, impl=impl), keep, shape))
+    assert 0.1 < (other != mask).mean() < 0.3  # 2 p (1 - p) = 0.18 for independent masks
+    assert not models.encoder.dropout_keep_mask(key, 0.0, (7,)).any()
+    assert models.encoder.dropout_keep_mask(key, 1.0, (7,)).all()
+
+
+def test_dropout_scales_kept_values_and_drops_the_rest():
+    x = jnp.asarray(np.random.default_rng(0).uniform(1.0, 2.0, (64, 50)), jnp.float32)
+    layer = models.encoder.Dropout(0.25)
+    out = np.asarray(layer.apply({}, x, False, rngs={"dropout": jax.random.key(0)}))
+    kept = out != 0
+    np.testing.assert_allclose(out[kept], np.asarray(x)[kept] / 0.75, rtol=1e-6)
+    assert abs(kept.mean() - 0.75) < 5 * np.sqrt(0.75 * 0.25 / kept.size)
+    np.testing.assert_array_equal(layer.apply({}, x, True), x)
+    zeros = models.encoder.Dropout(1.0).apply({}, x, False, rngs={"dropout": jax.random.key(0)})
+    np.testing.assert_array_equal(zeros, np.zeros_like(x))
+
+
+def test_fused_qkv_keeps_the_dense_parameter_layout():
+    """Query/key/value stay three nn.Dense-shaped parameters (checkpoint layout, issue 13)."""
+    cfg = config_lib.VARIANTS["tiny"]
+    params = models.init_params(models.Encoder(cfg), jax.random.key(0))
+    attention = params["layer_0"]["attention"]
+    h = cfg.hidden_size
+    assert set(attention) == {"query", "key", "value", "out"}
+    for name in ("query", "key", "value", "out"):
+        assert {k: v.shape for k, v in attention[name].items()} == {
+            "kernel": (h, h),
+            "bias": (h,),
+        }
+        assert attention[name]["kernel"].dtype == jnp.float32
+        np.testing.assert_array_equal(attention[name]["bias"], 0.0)
+        assert 0.5 < np.std(attention[name]["kernel"]) / cfg.initializer_range < 1.5

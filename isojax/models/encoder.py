@@ -10,6 +10,13 @@ ALBERT's factorised embedding and cross-layer weight sharing). Numerics follow t
 PyTorch classes: exact-erf GELU for "gelu", padded keys masked with the float32 minimum, the
 softmax in float32 whatever the compute dtype.
 
+Speed (issue 13; profile and measured ratios in `experiments/bench/train_speed.py`): the query,
+key and value projections run as one `[hidden, 3 hidden]` matmul whose kernel is concatenated
+from the three checkpoint kernels inside the call (the parameter tree is unchanged); the exact
+GELU is computed as 0.5 x (1 + erf(x / sqrt 2)), torch's formula, instead of `jax.nn.gelu`'s
+erfc form (three XLA:CPU loop fusions); dropout masks compare 16-bit random integers, four per
+threefry hash (`dropout_keep_mask`), instead of one float uniform per hash.
+
 Packed rows (`isojax.data.packing`): several examples share one row; the same code path takes
 a pairwise `[batch, 1, len, len]` attention mask (`segment_attention_mask`: a token attends
 only to the tokens of its own example), explicit `position_ids` (0-based within each example;
@@ -31,13 +38,28 @@ from typing import Any
 import flax
 import flax.linen as nn
 import jax
+import jax.extend.random
 import jax.numpy as jnp
 import numpy as np
 
 from isojax.models import config as config_lib
 
+
+def gelu_exact(x: jax.Array) -> jax.Array:
+    r"""The exact (erf) GELU, in `x`'s dtype, as transformers' "gelu" (torch's formula).
+
+    .. math:: \mathrm{GELU}(x) = \tfrac12 x \left(1 + \mathrm{erf}(x / \sqrt 2)\right)
+
+    Same function as `jax.nn.gelu(x, approximate=False)`, whose erfc form XLA:CPU expands into
+    three loop fusions with an exponential; erf is one rational polynomial (measured: the MiniLM
+    forward GELU costs about a third less). Hendrycks & Gimpel, `GELUs
+    <https://arxiv.org/abs/1606.08415>`_, section 2.
+    """
+    return 0.5 * x * (1.0 + jax.lax.erf(x * np.sqrt(0.5).astype(x.dtype)))
+
+
 _ACTIVATIONS = {
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # HF "gelu" is the erf form
+    "gelu": gelu_exact,  # HF "gelu" is the erf form
     "gelu_new": functools.partial(jax.nn.gelu, approximate=True),  # tanh form
     "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
     "relu": jax.nn.relu,
@@ -109,6 +131,76 @@ def attention_probs(query: jax.Array, key: jax.Array, mask: jax.Array) -> jax.Ar
     return jax.nn.softmax(scores, axis=-1)
 
 
+DROPOUT_BITS = 16
+
+
+def dropout_keep_mask(key: jax.Array, keep_prob: float, shape: tuple[int, ...]) -> jax.Array:
+    r"""`shape` bool, True with probability `keep_prob` independently per element.
+
+    Element i is kept iff :math:`u_i < \mathrm{round}(p \cdot 2^{16})` for 16-bit random
+    integers :math:`u_i`, so the keep probability is `keep_prob` rounded to a multiple of
+    2^-16 (0.9 -> 0.899994; a float32 uniform rounds it to 2^-23). With a threefry key, each
+    threefry2x32 hash of a counter pair gives two 32-bit words, i.e. four 16-bit integers,
+    where `jax.random.bernoulli` hashes once per element (a quarter of the hashes: dropout
+    bits were 10 % of MiniLM's step). Other key implementations ("rbg") draw
+    `jax.random.bits(key, shape, uint16)`. A deterministic function of (key, shape).
+
+    Args:
+      key: a typed PRNG key (a raw uint32 key is read as the default implementation's).
+      keep_prob: in [0, 1].
+      shape: the mask's shape.
+    """
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)
+    threshold = round(keep_prob * 2**DROPOUT_BITS)  # up to 2**16: compared in uint32
+    n = int(np.prod(shape))
+    if str(jax.random.key_impl(key)) == "threefry2x32":
+        pairs = -(-n // 4)  # counter pairs; each hash -> 2 words -> 4 uint16
+        words = jax.extend.random.threefry_2x32(
+            jax.random.key_data(key), jnp.arange(2 * pairs, dtype=jnp.uint32)
+        )
+        bits = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(-1)[:n]
+    else:
+        bits = jax.random.bits(key, (n,), jnp.uint16)
+    return (bits.astype(jnp.uint32) < threshold).reshape(shape)
+
+
+class Dropout(nn.Module):
+    """Inverted dropout (`x / keep` where kept, else 0) with `dropout_keep_mask`'s masks,
+    drawn from the `'dropout'` rng; identity when `deterministic` or `rate` is 0."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate == 1.0:
+            return jnp.zeros_like(x)
+        keep = 1.0 - self.rate
+        mask = dropout_keep_mask(self.make_rng("dropout"), keep, x.shape)
+        return jnp.where(mask, x / jnp.asarray(keep, x.dtype), jnp.zeros_like(x))
+
+
+class DenseParams(nn.Module):
+    """The parameters of an `nn.Dense(features)` on `in_features` inputs, same names, shapes
+    and initialisers (`kernel` `[in, out]` N(0, initializer_range), `bias` zeros), returned
+    instead of applied: lets `SelfAttention` fuse several projections into one matmul while
+    the parameter tree (the checkpoint layout) stays that of separate `nn.Dense` layers."""
+
+    config: config_lib.EncoderConfig
+    in_features: int
+    features: int
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> tuple[jax.Array, jax.Array]:
+        init = nn.initializers.normal(self.config.initializer_range)
+        kernel = self.param("kernel", init, (self.in_features, self.features), self.param_dtype)
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,), self.param_dtype)
+        return kernel, bias
+
+
 def _dense(cfg: config_lib.EncoderConfig, features: int, name: str, dtype, param_dtype):
     return nn.Dense(
         features,
@@ -132,7 +224,11 @@ def _layer_norm(cfg: config_lib.EncoderConfig, name: str, dtype, param_dtype):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention: query/key/value/out projections, `[batch, len, hidden]`."""
+    """Multi-head self-attention: query/key/value/out projections, `[batch, len, hidden]`.
+
+    The query, key and value projections are one `[hidden, 3 hidden]` matmul (their kernels
+    concatenated here, kept as three `nn.Dense`-shaped parameters `query`, `key`, `value`).
+    """
 
     config: config_lib.EncoderConfig
     dtype: Any = jnp.float32
@@ -143,12 +239,16 @@ class SelfAttention(nn.Module):
         cfg = self.config
         b, t, h = x.shape
         heads = (b, t, cfg.num_heads, h // cfg.num_heads)
-        q, k, v = (
-            _dense(cfg, h, n, self.dtype, self.param_dtype)(x).reshape(heads)
-            for n in ("query", "key", "value")
-        )  # [batch, len, heads, head_dim]
+        projections = [
+            DenseParams(cfg, h, h, self.param_dtype, name=n)() for n in ("query", "key", "value")
+        ]
+        kernels, biases = zip(*projections, strict=True)
+        kernel = jnp.concatenate(kernels, axis=1).astype(self.dtype)  # [hidden, 3 hidden]
+        qkv = jnp.dot(x.astype(self.dtype), kernel) + jnp.concatenate(biases).astype(self.dtype)
+        q, k, v = (qkv[..., i * h : (i + 1) * h].reshape(heads) for i in range(3))
+        # q, k, v: [batch, len, heads, head_dim]
         probs = attention_probs(q, k, mask)  # [batch, heads, len, len] float32
-        probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
+        probs = Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
         context = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v).reshape(b, t, h)
         return _dense(cfg, h, "out", self.dtype, self.param_dtype)(context)
 
@@ -169,12 +269,12 @@ class TransformerLayer(nn.Module):
             x, mask, deterministic
         )
         if cfg.attention_output_dropout:
-            a = nn.Dropout(cfg.hidden_dropout)(a, deterministic=deterministic)
+            a = Dropout(cfg.hidden_dropout)(a, deterministic=deterministic)
         a = norm(name="attention_norm")(x + a)
         f = dense(cfg.intermediate_size, name="mlp_in")(a)  # [batch, len, intermediate]
         f = dense(cfg.hidden_size, name="mlp_out")(_ACTIVATIONS[cfg.hidden_act](f))
         if cfg.ffn_output_dropout:
-            f = nn.Dropout(cfg.hidden_dropout)(f, deterministic=deterministic)
+            f = Dropout(cfg.hidden_dropout)(f, deterministic=deterministic)
         return norm(name="output_norm")(a + f)
 
 
@@ -236,7 +336,7 @@ class Embeddings(nn.Module):
         )
         x = x + pos_embed(position_ids(cfg, input_ids, positions))
         x = _layer_norm(cfg, "norm", self.dtype, self.param_dtype)(x)
-        return nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
+        return Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
 
 
 class Encoder(nn.Module):
