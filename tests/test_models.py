@@ -404,6 +404,13 @@ def test_dropout_scales_kept_values_and_drops_the_rest():
     np.testing.assert_array_equal(layer.apply({}, x, True), x)
     zeros = models.encoder.Dropout(1.0).apply({}, x, False, rngs={"dropout": jax.random.key(0)})
     np.testing.assert_array_equal(zeros, np.zeros_like(x))
+    # 0.9 is no multiple of 2^-16: the mask keeps with 58982 / 65536, and that is the divisor,
+    # so E[dropout(x)] = x exactly.
+    out = np.asarray(
+        models.encoder.Dropout(0.1).apply({}, x, False, rngs={"dropout": jax.random.key(1)})
+    )
+    kept = out != 0
+    np.testing.assert_allclose(out[kept], np.asarray(x)[kept] * 65536 / 58982, rtol=1e-6)
 
 
 def test_fused_qkv_keeps_the_dense_parameter_layout():

@@ -166,8 +166,9 @@ def dropout_keep_mask(key: jax.Array, keep_prob: float, shape: tuple[int, ...]) 
 
 
 class Dropout(nn.Module):
-    """Inverted dropout (`x / keep` where kept, else 0) with `dropout_keep_mask`'s masks,
-    drawn from the `'dropout'` rng; identity when `deterministic` or `rate` is 0."""
+    """Inverted dropout (`x / keep` where kept, else 0, `keep` the mask's exact keep
+    probability) with `dropout_keep_mask`'s masks, drawn from the `'dropout'` rng; identity
+    when `deterministic` or `rate` is 0."""
 
     rate: float
 
@@ -179,7 +180,9 @@ class Dropout(nn.Module):
             return jnp.zeros_like(x)
         keep = 1.0 - self.rate
         mask = dropout_keep_mask(self.make_rng("dropout"), keep, x.shape)
-        return jnp.where(mask, x / jnp.asarray(keep, x.dtype), jnp.zeros_like(x))
+        # Divide by the keep probability the mask really has (a multiple of 2^-16): unbiased.
+        kept = round(keep * 2**DROPOUT_BITS) / 2**DROPOUT_BITS
+        return jnp.where(mask, x / jnp.asarray(kept, x.dtype), jnp.zeros_like(x))
 
 
 class DenseParams(nn.Module):
