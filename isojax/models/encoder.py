@@ -142,8 +142,10 @@ def dropout_keep_mask(key: jax.Array, keep_prob: float, shape: tuple[int, ...]) 
     2^-16 (0.9 -> 0.899994; a float32 uniform rounds it to 2^-23). With a threefry key, each
     threefry2x32 hash of a counter pair gives two 32-bit words, i.e. four 16-bit integers,
     where `jax.random.bernoulli` hashes once per element (a quarter of the hashes: dropout
-    bits were 10 % of MiniLM's step). Other key implementations ("rbg") draw
-    `jax.random.bits(key, shape, uint16)`. A deterministic function of (key, shape).
+    bits were 10 % of MiniLM's step). Other key implementations ("rbg") split the uint32
+    words of `jax.random.bits` into two uint16 each (XLA:CPU's RngBitGenerator costs per
+    element whatever the width: uint16 elements cost as much as uint32 ones). A
+    deterministic function of (key, shape).
 
     Args:
       key: a typed PRNG key (a raw uint32 key is read as the default implementation's).
@@ -154,14 +156,14 @@ def dropout_keep_mask(key: jax.Array, keep_prob: float, shape: tuple[int, ...]) 
         key = jax.random.wrap_key_data(key)
     threshold = round(keep_prob * 2**DROPOUT_BITS)  # up to 2**16: compared in uint32
     n = int(np.prod(shape))
+    words = -(-n // 2)  # uint32 words, two uint16 each
     if str(jax.random.key_impl(key)) == "threefry2x32":
-        pairs = -(-n // 4)  # counter pairs; each hash -> 2 words -> 4 uint16
-        words = jax.extend.random.threefry_2x32(
-            jax.random.key_data(key), jnp.arange(2 * pairs, dtype=jnp.uint32)
-        )
-        bits = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(-1)[:n]
+        pairs = -(-words // 2)  # counter pairs; each hash -> 2 words -> 4 uint16
+        counts = jnp.arange(2 * pairs, dtype=jnp.uint32)
+        bits32 = jax.extend.random.threefry_2x32(jax.random.key_data(key), counts)
     else:
-        bits = jax.random.bits(key, (n,), jnp.uint16)
+        bits32 = jax.random.bits(key, (words,), jnp.uint32)
+    bits = jax.lax.bitcast_convert_type(bits32, jnp.uint16).reshape(-1)[:n]
     return (bits.astype(jnp.uint32) < threshold).reshape(shape)
 
 
