@@ -94,9 +94,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.policy = "p=f32,c=f32,o=f32"  # precision.get_policy
     c.loss_scale = "auto"  # "auto" (dynamic iff float16) | "dynamic" | "none"
     c.seed = 0
-    # Dropout keys: "threefry2x32" (identical on every backend and sharding; measured as fast
-    # as "rbg" on CPU, experiments/bench/train_speed.py) | "rbg" (XLA's RngBitGenerator, the
-    # usual choice on GPU/TPU; identical across shardings, tested) | "unsafe_rbg".
+    # Dropout keys: "threefry2x32" (identical on every backend and sharding; on CPU the faster
+    # one since the 16-bit masks: "rbg" steps take 1.06x as long, experiments/bench/
+    # train_speed.py) | "rbg" (XLA's RngBitGenerator, the usual choice on GPU/TPU; identical
+    # across shardings, tested) | "unsafe_rbg".
     c.rng_impl = "threefry2x32"
     c.checkpoint_every = config_dict.placeholder(int)  # steps between checkpoints; None: epochs
     c.keep_checkpoints = 2
