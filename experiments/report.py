@@ -604,21 +604,20 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
                 if value is None or value == 0:
                     continue
                 direction = -1 if value > 0 else +1
-                d = p["last_tokens_mean_cosine"]
-                v = verdict(d["lo"], d["hi"], direction)
-                lines.append(
-                    f"- [CosReg] λ = {value:+g} {'lowers' if value > 0 else 'raises'} "
-                    f"the mean cosine, {task}: **{v}** (last-layer token mean cosine vs λ = 0 "
-                    f"{_ci(d)}, n={d['n']})"
-                )
-                d = p["last_tokens_max_abs_mean"]
-                v = verdict(d["lo"], d["hi"], direction)
-                lines.append(
-                    f"- [CosReg] λ = {value:+g} {'shrinks' if value > 0 else 'grows'} the mean "
-                    f"of the outlier dimension, {task}: **{v}** (its mean vs λ = 0 {_ci(d)}, "
-                    f"n={d['n']}; the paper's ALBERT/QNLI: 11.72 base, 27.33 at λ = −1, 2.84 at "
-                    "λ = +1)"
-                )
+                for key, claim, note in (
+                    ("last_tokens_mean_cosine", "the last-layer token mean cosine", ""),
+                    (
+                        "last_tokens_max_abs_mean",
+                        "the |mean| of the outlier dimension",
+                        "; the paper's ALBERT/QNLI: 11.72 base, 27.33 at λ = −1, 2.84 at λ = +1",
+                    ),
+                ):
+                    d = p[key]
+                    v = verdict(d["lo"], d["hi"], direction)
+                    lines.append(
+                        f"- [CosReg] λ = {value:+g} {'lowers' if value > 0 else 'raises'} "
+                        f"{claim}, {task}: **{v}** (vs λ = 0 {_ci(d)}, n={d['n']}{note})"
+                    )
                 iso = p["tokens_isoscore"]
                 changed = math.isfinite(iso["lo"]) and (iso["lo"] > 0 or iso["hi"] < 0)
                 v = "reversed (it changed)" if changed else "confirmed (no change detected)"

@@ -227,3 +227,27 @@ def test_sweep_report_gives_scipy_pearson_with_and_without_collapsed_runs(tmp_pa
 )
 def test_verdict_rule(lo, hi, direction, expected):
     assert report.verdict(lo, hi, direction) == expected
+
+
+def test_cosreg_verdicts_read_the_last_layer_token_statistics(tmp_path):
+    """CosReg λ = ±1 against λ = 0 over 3 seeds: λ = +1 lowers the last-layer token mean cosine
+    on every seed (confirmed); λ = −1 grows the outlier dimension's |mean| on every seed
+    (confirmed); λ = +1 leaves the outlier alone (differences of both signs: not detected)."""
+    cosine = {0.0: 0.50, 1.0: 0.20, -1.0: 0.52}
+    outlier = {0.0: 10.0, 1.0: 10.0, -1.0: 25.0}
+    records = []
+    for weight in (0.0, 1.0, -1.0):
+        for seed in (1, 2, 3):
+            wobble = (seed - 2) * 0.5  # -0.5, 0, +0.5: both signs around λ = 0
+            iso = _iso(seed) | {
+                "last_tokens_mean_cosine": cosine[weight] + 0.01 * seed,
+                "last_tokens_max_abs_mean": outlier[weight] + (wobble if weight == 1.0 else 0),
+            }
+            record = _record(f"rte-cosreg-w{weight}-s{seed}", "rte", "cosreg", seed,
+                             [0.6, 0.6], extra={"cosreg.weight": weight}, iso=iso)  # fmt: skip
+            record["sweep"], record["baseline"] = "cosreg.weight", {"cosreg.weight": 0.0}
+            records.append(record)
+    md = report.write_report(_write(tmp_path, "cosreg", records)).read_text()
+    assert "λ = +1 lowers the last-layer token mean cosine, rte: **confirmed**" in md
+    assert "λ = -1 raises the |mean| of the outlier dimension, rte: **confirmed**" in md
+    assert "λ = +1 lowers the |mean| of the outlier dimension, rte: **not detected" in md
