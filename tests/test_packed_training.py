@@ -58,6 +58,7 @@ def test_packed_training_equals_padded_training_after_5_steps(glue_dir, minilm_d
         run = _without_dropout(train.setup(config))
         assert run.steps_per_epoch == 5
         state = run.state
+        initial = jax.device_get(state.params)  # the same for both layouts (same seed)
         if method == "istar":
             state = train.c0_pass(run, state, config, 0)
         losses = []
@@ -75,11 +76,7 @@ def test_packed_training_equals_padded_training_after_5_steps(glue_dir, minilm_d
         assert len(flat_plain) == len(flat_packed)
         for (path, a), b in zip(flat_plain, flat_packed, strict=True):
             np.testing.assert_allclose(b, a, atol=1e-4, err_msg=f"{name} {path}")
-    moved = jax.tree.leaves(
-        jax.tree.map(
-            lambda a, b: np.abs(a - b).max(), plain.params, train.setup(config).state.params
-        )
-    )
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: np.abs(a - b).max(), plain.params, initial))
     assert max(moved) > 1e-3  # the steps did change the parameters
 
 
@@ -109,7 +106,7 @@ def test_an_epoch_of_packed_steps_compiles_at_most_one_shape_per_row_bucket(glue
     """CoLA's short sentences and RTE's long pairs, 8 examples per step on 4 devices: the
     train step compiles once per row count used, never more than the row buckets."""
     for task in ("cola", "rte"):
-        config = _config(glue_dir, minilm_dir, "none", True, task=task, max_train_examples=96)
+        config = _config(glue_dir, minilm_dir, "none", True, task=task, max_train_examples=48)
         run = train.setup(config)
         bound = len(packing.resolve_row_buckets(None, config.batch_size, run.mesh.size))
         state, rows = run.state, set()

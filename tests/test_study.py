@@ -239,7 +239,8 @@ def test_estimates_use_measured_minutes_per_epoch_on_the_same_device():
     assert study.epoch_minutes(records, "rte", "isobn", study_recipe, "cpu") == 5.0
     assert study.epoch_minutes(records, "rte", "istar", study_recipe, "cpu") == 4.0
     assert study.epoch_minutes(records, "rte", "istar", study_recipe, "gpu") == pytest.approx(0.1)
-    assert study.epoch_minutes(records, "cola", "none", study_recipe, "cpu") == 3.6  # the prior
+    prior = study_recipe.EPOCH_MINUTES_PRIOR["cola"]
+    assert study.epoch_minutes(records, "cola", "none", study_recipe, "cpu") == prior
 
 
 def test_write_record_refuses_duplicates_and_torn_lines(tmp_path):

@@ -30,6 +30,7 @@ import numpy as np
 import optax
 
 from isojax import configs, distributed, regularizers, steps, train
+from isojax.data import packing
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MODES = ("epoch", "ema")
@@ -56,9 +57,7 @@ def make_probe(apply_fn, objective: steps.Objective):
     def penalty(params, batch_stats, batch, c0):
         _, out = apply_fn(
             {"params": params, "batch_stats": batch_stats},
-            batch["input_ids"],
-            batch["attention_mask"],
-            batch["token_type_ids"],
+            **packing.model_inputs(batch),  # padded or packed (the istar preset packs)
             deterministic=True,
             use_running_average=True,
             example_mask=batch["example_mask"],
