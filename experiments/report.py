@@ -654,10 +654,11 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
     if ok:
         c = ok[0]["config"]
         opt = c.get("optimizer", {})
+        layout = "packed batches" if c.get("packing") else f"buckets {tuple(c.get('buckets', ()))}"
         md += [
             "",
             f"Recipe: {c.get('model')}, batch {c.get('batch_size')}, max length "
-            f"{c.get('max_length')}, buckets {tuple(c.get('buckets', ()))}, {c.get('num_epochs')} "
+            f"{c.get('max_length')}, {layout}, {c.get('num_epochs')} "
             f"epochs, AdamW lr {opt.get('learning_rate')} ({opt.get('schedule')} schedule, "
             f"{opt.get('warmup_fraction')} warm-up), weight decay {opt.get('weight_decay')}. "
             f"Varied: {', '.join(data['varied']) or 'nothing but the task and seed'}; seeds "
