@@ -17,6 +17,11 @@ Filler rows (`example_mask` 0, padding the last batch to a fixed shape) never en
 a penalty or a statistic; `include_padding=True` (reference parity) lets the padding tokens
 of real examples in, not the filler rows.
 
+Without a token penalty the loss reads only the sentence vectors, so the train step runs the
+encoder's last layer at the [CLS] tokens alone (`Objective.reads_tokens`, the encoder's
+`cls_only`): the same loss and gradients, to float rounding, for about 1/7 less work on a
+6-layer encoder. Evaluation, the C0 pass and the token penalties run every token.
+
 Dropout key: the run key `rng` is stored as raw key data (`[2]` uint32 for threefry, `[4]` for
 "rbg"), wrapped with `TrainState.rng_impl` inside the step. "rbg" draws the dropout masks with
 XLA's RngBitGenerator (the usual choice on accelerators); its split / fold_in are still
@@ -65,6 +70,8 @@ class Objective:
         "epoch" or "ema" (running, `isojax.stabilizer.IsoScoreStar`).
       stabilizer_kwargs: the other `IsoScoreStar` fields as a hashable tuple of pairs, e.g.
         `(("window", 250_000), ("window_unit", "tokens"))`.
+      cls_only: the last encoder layer runs at the [CLS] tokens only when the loss reads no
+        tokens (`reads_tokens`); False: always at every token.
     """
 
     method: str = "none"
@@ -74,6 +81,14 @@ class Objective:
     include_padding: bool = False
     stabilizer: str = "pass"
     stabilizer_kwargs: tuple = ()
+    cls_only: bool = True
+
+    @property
+    def reads_tokens(self) -> bool:
+        """The loss reads token vectors (a token penalty, also when it is only a metric at
+        weight 0); otherwise only the sentence vector, and the encoder's last layer runs at
+        the [CLS] tokens alone (if `cls_only`)."""
+        return self.method in ("istar", "cosreg")
 
 
 def istar_module(objective: Objective) -> stabilizer_lib.IsoScoreStar:
@@ -154,7 +169,7 @@ def _penalty(state: TrainState, out: dict, batch: dict) -> tuple[jax.Array, dict
     I-STAR stabiliser. With weight 0 the penalty is a metric only (no backward pass)."""
     objective = state.objective
     hidden = out["encoder"].hidden_states
-    if objective.weight == 0.0 and objective.method in ("istar", "cosreg"):
+    if objective.weight == 0.0 and objective.reads_tokens:
         hidden = jax.tree.map(jax.lax.stop_gradient, hidden)
     # The mask carries the padding choice, so the functions below never drop it themselves.
     mask = penalty_mask(batch, objective.include_padding)
@@ -189,6 +204,7 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
             deterministic=False,
             use_running_average=False,
             example_mask=batch["example_mask"],
+            cls_only=objective.cls_only and not objective.reads_tokens,
             rngs={"dropout": rng},
             mutable=["batch_stats"],
         )

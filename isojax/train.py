@@ -140,6 +140,7 @@ def make_objective(
         include_padding=(config.istar if method == "istar" else config.cosreg).include_padding,
         stabilizer=config.istar.stabilizer.kind,
         stabilizer_kwargs=tuple(config_lib.stabilizer_kwargs(config, steps_per_epoch).items()),
+        cls_only=config.cls_only,
     )
 
 

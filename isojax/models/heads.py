@@ -94,6 +94,7 @@ class SequenceClassifier(nn.Module):
         deterministic: bool = True,
         use_running_average: bool | None = None,
         example_mask: jax.Array | None = None,
+        cls_only: bool = False,
     ) -> tuple[jax.Array, dict]:
         """Logits of a batch, one row per example, or of packed rows, one logit row per
         `cls_index` entry.
@@ -111,19 +112,24 @@ class SequenceClassifier(nn.Module):
           example_mask: `[batch]` (`[examples]` with `cls_index`) 1 for real examples, 0 for
             the fillers of the last batch, which the normaliser then leaves out of its batch
             statistics.
+          cls_only: the encoder computes its last layer at the [CLS] tokens only
+            (`isojax.models.Encoder`): the same logits for less work, and no
+            `hidden_states`. Training steps without a token penalty use it.
 
         Returns:
           `logits [batch, num_labels]` float32 and `{'encoder': EncoderOutput, 'sentence':
           [batch, hidden] before the normaliser, 'pre_logits': [batch, hidden] after it}`
           (`[examples, ...]` with `cls_index`).
         """
-        packed = {
+        extra = {
             name: value
             for name, value in (("position_ids", position_ids), ("cls_index", cls_index))
             if value is not None
-        }  # only given when set, so encoders without packing support still work unpacked
+        }  # only given when set, so encoders without these options still work
+        if cls_only:
+            extra["cls_only"] = True
         out = self.encoder(
-            input_ids, attention_mask, token_type_ids, deterministic=deterministic, **packed
+            input_ids, attention_mask, token_type_ids, deterministic=deterministic, **extra
         )
         if self.sentence == "pooled":
             if out.pooled is None:
