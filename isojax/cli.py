@@ -316,7 +316,7 @@ def _analyze_encoder(args: argparse.Namespace):
 
 def _analyze_run(args: argparse.Namespace):
     """`(Report, title)` of a fine-tuned run's checkpoint, in its dev evaluation's mode."""
-    from isojax import analysis, predict
+    from isojax import analysis, predict, run_analysis
 
     restored = _restore(args)
     task = restored.task
@@ -325,7 +325,7 @@ def _analyze_run(args: argparse.Namespace):
     examples = predict.load_split(restored, split, data_dir=args.data_dir, labelled=True)
     if args.max_examples:
         examples = examples[: args.max_examples]
-    rep = analysis.analyze_run(restored, examples, batch_size=args.batch_size, zeta=args.zeta)
+    rep = run_analysis.analyze_run(restored, examples, batch_size=args.batch_size, zeta=args.zeta)
     title = (
         f"{restored.run_dir} ({restored.checkpoint} checkpoint, step {restored.step}) on "
         f"{task.name} {split} ({len(examples)} rows); the head reads "
