@@ -27,6 +27,7 @@ import sys
 import jax
 
 from isojax import analysis, build, models, predict, run_analysis, runs
+from isojax.data import glue
 
 COLUMNS = (
     ("[CLS] EV_3", "cls", "EV_3"),
@@ -48,15 +49,15 @@ def analyze_cell(run_dir: pathlib.Path, out: pathlib.Path) -> dict:
 
 
 def analyze_pretrained(run_dir: pathlib.Path, out: pathlib.Path) -> dict:
-    """`isojax analyze` of the pre-trained encoder of `run_dir`'s config on its dev rows."""
-    restored = runs.restore(run_dir)
-    config = restored.config
+    """`isojax analyze` of the pre-trained encoder of `run_dir`'s config on its dev rows (those
+    the run evaluated: `build.load_examples` cuts them to `max_eval_examples`)."""
+    config = runs.load_config(run_dir)  # the config alone: no checkpoint is read
     module, params, tokenizer = build.load_encoder(
         config.model, config.tokenizer, max_length=config.max_length
     )
     if params is None:  # tiny-bert (tests): random weights, as `isojax analyze` draws them
         params = models.init_params(module, jax.random.key(config.seed))
-    examples = predict.load_split(restored, restored.task.dev_splits[0], labelled=True)
+    examples = build.load_examples(config, glue.get_task(config.task).dev_splits[0])
     rep = analysis.analyze_encoder(
         module, params, tokenizer, examples, max_length=config.max_length,
         batch_size=config.eval_batch_size,
