@@ -36,9 +36,11 @@ def load_get_config(path: str):
 def pretrained_row(config) -> dict:
     """Isotropy of the pre-trained encoder on the dev split: the dev evaluation of the step-0
     state of `config` with method "none" (the same eval step and keys as the runs' rows; the
-    untrained head's score is left out)."""
+    untrained head's score is left out). The evaluation reads no training rows: setup encodes
+    one batch of them (the state it builds needs a schedule length, unused at step 0)."""
     config = config.copy_and_resolve_references()
     config.method = "none"
+    config.max_train_examples = config.batch_size
     run = train.setup(config)
     split = glue.get_task(config.task).dev_splits[0]
     result = train.evaluate(run, run.state, run.dev_encoded[split], config)

@@ -6,8 +6,8 @@
 
 For every finished run of the results file with seed `--seed` (one per task x arm), the run's
 last checkpoint (the report's "last epoch") is analysed on the dev rows it evaluated
-(`analysis.analyze_run`: encoder, normaliser with its running statistics, and head, in the dev
-evaluation's mode); for every task, the pre-trained encoder with the run's tokenizer and
+(`run_analysis.analyze_run`: encoder, normaliser with its running statistics, and head, in the
+dev evaluation's mode); for every task, the pre-trained encoder with the run's tokenizer and
 max length (`analysis.analyze_encoder`). Each goes to `experiments/results/<study>_analysis/
 <cell>/` (`summary.json` and the PNG figures of `isojax analyze`), and
 `experiments/results/<study>_analysis.md` gathers one table per task: EV_3, IsoScore and mean
@@ -26,7 +26,8 @@ import sys
 
 import jax
 
-from isojax import analysis, build, models, predict, runs
+from isojax import analysis, build, models, predict, run_analysis, runs
+from isojax.data import glue
 
 COLUMNS = (
     ("[CLS] EV_3", "cls", "EV_3"),
@@ -41,22 +42,22 @@ def analyze_cell(run_dir: pathlib.Path, out: pathlib.Path) -> dict:
     """`analyze --run` of `run_dir`'s last checkpoint into `out`; returns the summary."""
     restored = runs.restore(run_dir)
     split = restored.task.dev_splits[0]
-    rep = analysis.analyze_run(restored, predict.load_split(restored, split, labelled=True))
+    rep = run_analysis.analyze_run(restored, predict.load_split(restored, split, labelled=True))
     analysis.write_summary(rep, out)
     analysis.write_figures(rep, out)
     return rep.summary()
 
 
 def analyze_pretrained(run_dir: pathlib.Path, out: pathlib.Path) -> dict:
-    """`isojax analyze` of the pre-trained encoder of `run_dir`'s config on its dev rows."""
-    restored = runs.restore(run_dir)
-    config = restored.config
+    """`isojax analyze` of the pre-trained encoder of `run_dir`'s config on its dev rows (those
+    the run evaluated: `build.load_examples` cuts them to `max_eval_examples`)."""
+    config = runs.load_config(run_dir)  # the config alone: no checkpoint is read
     module, params, tokenizer = build.load_encoder(
         config.model, config.tokenizer, max_length=config.max_length
     )
     if params is None:  # tiny-bert (tests): random weights, as `isojax analyze` draws them
         params = models.init_params(module, jax.random.key(config.seed))
-    examples = predict.load_split(restored, restored.task.dev_splits[0], labelled=True)
+    examples = build.load_examples(config, glue.get_task(config.task).dev_splits[0])
     rep = analysis.analyze_encoder(
         module, params, tokenizer, examples, max_length=config.max_length,
         batch_size=config.eval_batch_size,

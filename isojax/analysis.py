@@ -5,8 +5,9 @@ kept (`stats.MomentState`, O(d²) memory whatever the number of sentences):
 
 - the sentence embeddings: the last layer's [CLS] vector and, where the family has one, the
   pooler output (dense + tanh on [CLS], what IsoBN normalises in the reference);
-- for a fine-tuned run (`analyze_run`), also the head's input ``pre_logits``: the sentence
-  vector after the run's normaliser (IsoBN, batch norm, ...), what the classifier reads;
+- for a fine-tuned run (`isojax.run_analysis.analyze_run`), also the head's input
+  ``pre_logits``: the sentence vector after the run's normaliser (IsoBN, batch norm, ...),
+  what the classifier reads;
 - per transformer layer: the [CLS] vectors, and every (unpadded) token vector.
 
 From those, `report` computes, with the sample covariance (``ddof=1``, as ``torch.cov``):
@@ -54,7 +55,7 @@ from isojax.data import batching
 
 LAYER_ZETA = 0.75  # [I-STAR] analysis of [CLS] per layer (SPEC.md §4).
 EV_KS = (1, 3)
-HEAD_INPUT = "pre_logits"  # Report.embeddings key of the classifier's input (analyze_run).
+HEAD_INPUT = "pre_logits"  # Report.embeddings key of the classifier's input (run_analysis).
 
 
 class SentenceStats(NamedTuple):
@@ -386,62 +387,6 @@ def analyze_encoder(
         pooled=bool(cfg.has_pooler),
     )
     return report(state, zeta=zeta)
-
-
-def analyze_run(
-    restored, examples: Sequence, *, batch_size: int | None = None, zeta: float = LAYER_ZETA
-) -> Report:
-    """The isotropy report of a fine-tuned run's classifier, plus its head's input.
-
-    The forward pass is the run's dev evaluation mode (`steps.eval_step`): no dropout, and the
-    normaliser applies its running statistics (``use_running_average=True``), never this
-    batch's. Besides `analyze_encoder`'s figures of the fine-tuned encoder, the report holds
-    ``embeddings["pre_logits"]``, the normalised sentence vector ``N(s)`` the classifier reads
-    (``s`` is ``embeddings[rep.sentence]``, the run's ``config.sentence``; ``N`` the identity
-    for methods without a normaliser). EV_k, IsoScore and the mean cosine are those the run's
-    dev evaluation gives for the same checkpoint and rows (``sentence_*`` and ``pre_logits_*``
-    of `steps.isotropy_metrics`), up to float32 rounding.
-
-    Args:
-      restored: a run's classifier at one checkpoint (`isojax.runs.restore`).
-      examples: ``glue.Example``s of the run's task.
-      batch_size: sentences per forward pass (default the run's ``eval_batch_size``); rows
-        are encoded with the run's ``max_length`` and padded to its ``buckets``.
-      zeta: IsoScore* shrinkage for the per-layer scores.
-    """
-    if not examples:
-        raise ValueError("analyze_run needs at least one example")
-    config, module = restored.config, restored.module
-    cfg = module.encoder.config
-
-    def apply_fn(variables, batch):
-        ids, mask, types = (batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
-        _, out = module.apply(
-            variables,
-            ids,
-            mask,
-            types,
-            deterministic=True,
-            use_running_average=True,
-            example_mask=batch["example_mask"],
-        )
-        return out["encoder"], out["pre_logits"]
-
-    state = accumulate(
-        apply_fn,
-        restored.variables,
-        batching.batches(
-            batching.encode(examples, restored.tokenizer, config.max_length),
-            batch_size=batch_size or config.eval_batch_size,
-            buckets=tuple(config.buckets) or None,
-            shuffle=False,
-        ),
-        num_layers=cfg.num_layers,
-        hidden_size=cfg.hidden_size,
-        pooled=bool(cfg.has_pooler),
-        head=True,
-    )
-    return report(state, zeta=zeta, sentence=module.sentence)
 
 
 def format_table(summary: dict[str, Any]) -> str:

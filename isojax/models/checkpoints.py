@@ -1,15 +1,13 @@
-"""Hugging Face checkpoints in and out: local folders, installed weights packages, export.
+"""Hugging Face checkpoints in: local folders and installed weights packages.
 
 One explicit table per family maps transformers' PyTorch module names to isojax's parameter
-tree; loading reads it left to right, export right to left, so the two cannot disagree.
-A torch `nn.Linear` stores `weight` as `[out, in]`, a Flax `Dense` `kernel` as `[in, out]`:
-linear weights are transposed both ways, everything else is copied.
+tree; loading reads it left to right, export (`isojax.models.hf_export`) right to left through
+`state_dict_from_params`, so the two cannot disagree. A torch `nn.Linear` stores `weight` as
+`[out, in]`, a Flax `Dense` `kernel` as `[in, out]`: linear weights are transposed both ways,
+everything else is copied.
 
 `model.safetensors` (or a sharded `model.safetensors.index.json`) is read without torch;
-`pytorch_model.bin` needs torch. Export writes `config.json` + `model.safetensors`, which
-transformers' `AutoModel` / `Auto*ForSequenceClassification` load as they are. A classifier
-head that transformers' classes cannot reproduce (a layer-norm normaliser, or one that reads
-the raw [CLS] vector) exports its encoder alone, with an `EncoderOnlyExport` warning.
+`pytorch_model.bin` needs torch.
 """
 
 from __future__ import annotations
@@ -19,28 +17,17 @@ import importlib.util
 import json
 import logging
 import pathlib
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from isojax.models import config as config_lib
 from isojax.models import encoder as encoder_lib
-from isojax.models import heads
 
 logger = logging.getLogger(__name__)
-
-
-class UnservableHead(ValueError):
-    """A classifier head that transformers' `<Family>ForSequenceClassification` cannot compute."""
-
-
-class EncoderOnlyExport(UserWarning):
-    """`export_pretrained` wrote a classifier's encoder alone: its head is not servable."""
 
 
 # (transformers module name, isojax module path, kind); {i}: layer, {g}/{j}: ALBERT group/inner.
@@ -110,8 +97,13 @@ _STAND_INS = {
     }
 }
 # transformers' prefix of the encoder inside its *For* task models, and those models.
-_PREFIX = {"bert": "bert", "roberta": "roberta", "distilbert": "distilbert", "albert": "albert"}
-_BASE_CLASS = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBertModel",
+ENCODER_PREFIX = {
+    "bert": "bert",
+    "roberta": "roberta",
+    "distilbert": "distilbert",
+    "albert": "albert",
+}
+BASE_CLASS = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBertModel",
                "albert": "AlbertModel"}  # fmt: skip
 
 
@@ -204,7 +196,7 @@ def params_from_state_dict(
       (params, report); `report.unexpected` lists file weights nothing took (pre-training
       heads, `position_ids` buffers).
     """
-    prefix = _PREFIX[cfg.family] + "."
+    prefix = ENCODER_PREFIX[cfg.family] + "."
     names: dict[str, str] = {}  # canonical HF name -> key in the file
     for key in state_dict:
         canonical = key[len(prefix) :] if key.startswith(prefix) else key
@@ -245,7 +237,7 @@ def params_from_state_dict(
     if mismatched or fatal:
         raise ValueError(
             f"{source}: cannot load a {cfg.family} encoder "
-            f"(expected names as in transformers' {_BASE_CLASS[cfg.family]}):\n"
+            f"(expected names as in transformers' {BASE_CLASS[cfg.family]}):\n"
             + "\n".join(
                 [f"  missing: {name}" for name in fatal]
                 + [
@@ -389,122 +381,11 @@ def load_pretrained(
     return Pretrained(module, params, cfg, load_tokenizer(folder), report)
 
 
-def classifier_state_dict(head: heads.SequenceClassifier, variables: Mapping) -> tuple[dict, str]:
-    """A `SequenceClassifier`'s weights in the names of transformers'
-    `<Family>ForSequenceClassification`, and that class name.
+def __getattr__(name: str):
+    """`checkpoints.EncoderOnlyExport`, the warning's name in the README before the export side
+    moved to `hf_export`, still names it (PEP 562: looked up on first use, no import cycle)."""
+    if name == "EncoderOnlyExport":
+        from isojax.models import hf_export
 
-    Those classes compute `linear(dropout(pooler(cls)))` (RoBERTa's head holds the pooler as
-    `classifier.dense`), so the head exports exactly when it reads the pooled vector. A
-    normaliser that is affine at inference (IsoBN's fixed gain, batch norm, re-centring, none)
-    is folded into the linear layer: `W' = A^T W`, `b' = W^T c + b` for `norm(x) = A x + c`;
-    a non-affine one (layer norm) cannot be served by those classes.
-
-    Raises:
-      UnservableHead: (a `ValueError`) the head reads another vector than the pooler output
-        (raw [CLS], mean), or its normaliser is not affine at inference (layer norm).
-    """
-    cfg = head.encoder.config
-    if head.sentence != "pooled" or not cfg.has_pooler:
-        raise UnservableHead(
-            f"transformers' {cfg.family} sequence classifier reads the pooler output; this head "
-            f"uses sentence={head.sentence!r}"
-        )
-    try:
-        kernel, bias = heads.folded_classifier(head, variables)  # [hidden, labels], [labels]
-    except ValueError as err:  # its one documented error: the normaliser is not affine
-        raise UnservableHead(str(err)) from None
-    kernel, bias = np.asarray(kernel, np.float32), np.asarray(bias, np.float32)
-    params = variables["params"] if "params" in variables else variables
-    encoder_sd = state_dict_from_params(cfg, params["encoder"])
-    prefix = _PREFIX[cfg.family]
-    out = {}
-    for name, value in encoder_sd.items():
-        if cfg.family == "roberta" and name.startswith("pooler.dense."):
-            out["classifier.dense." + name.split(".")[-1]] = value
-        else:
-            out[f"{prefix}.{name}"] = value
-    linear = "classifier.out_proj" if cfg.family == "roberta" else "classifier"
-    out[f"{linear}.weight"] = np.ascontiguousarray(kernel.T)
-    out[f"{linear}.bias"] = bias
-    return out, _BASE_CLASS[cfg.family].replace("Model", "ForSequenceClassification")
-
-
-def export_pretrained(
-    folder: str | pathlib.Path,
-    module_or_config: nn.Module | config_lib.EncoderConfig,
-    params: Mapping,
-    *,
-    tokenizer: Any = None,
-    label_names: Sequence[str] | None = None,
-) -> pathlib.Path:
-    """Write `config.json` + `model.safetensors` (+ the tokenizer) that transformers loads.
-
-    Args:
-      folder: created if absent.
-      module_or_config: an `Encoder` or its `EncoderConfig` (written as `<Family>Model`), or a
-        `SequenceClassifier` (written as `<Family>ForSequenceClassification`, see
-        `classifier_state_dict`; a head those classes cannot compute, with a layer-norm
-        normaliser or reading raw [CLS], writes its encoder alone as `<Family>Model` and
-        warns `EncoderOnlyExport`, naming the reason).
-      params: the `'params'` tree of that module (for a `SequenceClassifier` whose normaliser
-        keeps running statistics, its whole variables `{'params', 'batch_stats'}`).
-      tokenizer: a transformers tokenizer to save beside the weights, so the folder serves.
-      label_names: a classifier's class names, in label-id order: `config.json`'s `id2label`
-        and `label2id` (default transformers' `LABEL_<i>`).
-
-    Returns:
-      The folder.
-
-    Warns:
-      EncoderOnlyExport: the head was left out (see `module_or_config`).
-    """
-    from safetensors import numpy as safetensors_numpy
-
-    folder = pathlib.Path(folder)
-    if isinstance(module_or_config, heads.SequenceClassifier):
-        head = module_or_config
-        cfg = head.encoder.config
-        hf = cfg.to_hf()
-        try:
-            state_dict, architecture = classifier_state_dict(head, params)
-        except UnservableHead as why:
-            tree = params["params"] if "params" in params else params
-            state_dict = state_dict_from_params(cfg, tree["encoder"])
-            architecture = _BASE_CLASS[cfg.family]
-            warnings.warn(
-                EncoderOnlyExport(
-                    f"{folder}: exported the encoder alone ({architecture}), without the "
-                    f"classifier head: {why}"
-                ),
-                stacklevel=2,
-            )
-        else:
-            hf["num_labels"] = head.num_labels  # transformers derives id2label from it
-            hf.pop("id2label", None), hf.pop("label2id", None)
-            if label_names is not None:
-                if len(label_names) != head.num_labels:
-                    raise ValueError(
-                        f"label_names {list(label_names)} do not name the head's "
-                        f"{head.num_labels} outputs"
-                    )
-                hf["id2label"] = {str(i): name for i, name in enumerate(label_names)}
-                hf["label2id"] = {name: i for i, name in enumerate(label_names)}
-            hf["problem_type"] = (
-                "regression" if head.num_labels == 1 else "single_label_classification"
-            )
-    else:
-        cfg = getattr(module_or_config, "config", module_or_config)
-        if not isinstance(cfg, config_lib.EncoderConfig):
-            raise ValueError(
-                f"export_pretrained takes an Encoder, EncoderConfig or SequenceClassifier, "
-                f"not {type(module_or_config).__name__}"
-            )
-        state_dict, architecture = state_dict_from_params(cfg, params), _BASE_CLASS[cfg.family]
-        hf = cfg.to_hf()
-    hf["architectures"] = [architecture]
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-    safetensors_numpy.save_file(state_dict, folder / "model.safetensors", metadata={"format": "pt"})
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(folder))
-    return folder
+        return hf_export.EncoderOnlyExport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,157 @@
+"""Hugging Face checkpoints out: an encoder or a classifier as a folder transformers loads.
+
+    models.export_pretrained("out/rte", head, variables, tokenizer=pre.tokenizer)
+    # transformers.AutoModelForSequenceClassification.from_pretrained("out/rte")
+
+Export writes `config.json` + `model.safetensors`, which transformers' `AutoModel` /
+`Auto*ForSequenceClassification` load as they are; the names come from the same tables as
+loading (`checkpoints.state_dict_from_params`). A classifier head that transformers' classes
+cannot reproduce (a layer-norm normaliser, or one that reads the raw [CLS] vector) exports its
+encoder alone, with an `EncoderOnlyExport` warning.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import numpy as np
+
+from isojax.models import checkpoints, heads
+from isojax.models import config as config_lib
+
+
+class UnservableHead(ValueError):
+    """A classifier head that transformers' `<Family>ForSequenceClassification` cannot compute."""
+
+
+class EncoderOnlyExport(UserWarning):
+    """`export_pretrained` wrote a classifier's encoder alone: its head is not servable."""
+
+
+def classifier_state_dict(head: heads.SequenceClassifier, variables: Mapping) -> tuple[dict, str]:
+    """A `SequenceClassifier`'s weights in the names of transformers'
+    `<Family>ForSequenceClassification`, and that class name.
+
+    Those classes compute `linear(dropout(pooler(cls)))` (RoBERTa's head holds the pooler as
+    `classifier.dense`), so the head exports exactly when it reads the pooled vector. A
+    normaliser that is affine at inference (IsoBN's fixed gain, batch norm, re-centring, none)
+    is folded into the linear layer: `W' = A^T W`, `b' = W^T c + b` for `norm(x) = A x + c`;
+    a non-affine one (layer norm) cannot be served by those classes.
+
+    Raises:
+      UnservableHead: (a `ValueError`) the head reads another vector than the pooler output
+        (raw [CLS], mean), or its normaliser is not affine at inference (layer norm).
+    """
+    cfg = head.encoder.config
+    if head.sentence != "pooled" or not cfg.has_pooler:
+        raise UnservableHead(
+            f"transformers' {cfg.family} sequence classifier reads the pooler output; this head "
+            f"uses sentence={head.sentence!r}"
+        )
+    try:
+        kernel, bias = heads.folded_classifier(head, variables)  # [hidden, labels], [labels]
+    except ValueError as err:  # its one documented error: the normaliser is not affine
+        raise UnservableHead(str(err)) from None
+    kernel, bias = np.asarray(kernel, np.float32), np.asarray(bias, np.float32)
+    params = variables["params"] if "params" in variables else variables
+    encoder_sd = checkpoints.state_dict_from_params(cfg, params["encoder"])
+    prefix = checkpoints.ENCODER_PREFIX[cfg.family]
+    out = {}
+    for name, value in encoder_sd.items():
+        if cfg.family == "roberta" and name.startswith("pooler.dense."):
+            out["classifier.dense." + name.split(".")[-1]] = value
+        else:
+            out[f"{prefix}.{name}"] = value
+    linear = "classifier.out_proj" if cfg.family == "roberta" else "classifier"
+    out[f"{linear}.weight"] = np.ascontiguousarray(kernel.T)
+    out[f"{linear}.bias"] = bias
+    return out, checkpoints.BASE_CLASS[cfg.family].replace("Model", "ForSequenceClassification")
+
+
+def export_pretrained(
+    folder: str | pathlib.Path,
+    module_or_config: nn.Module | config_lib.EncoderConfig,
+    params: Mapping,
+    *,
+    tokenizer: Any = None,
+    label_names: Sequence[str] | None = None,
+) -> pathlib.Path:
+    """Write `config.json` + `model.safetensors` (+ the tokenizer) that transformers loads.
+
+    Args:
+      folder: created if absent.
+      module_or_config: an `Encoder` or its `EncoderConfig` (written as `<Family>Model`), or a
+        `SequenceClassifier` (written as `<Family>ForSequenceClassification`, see
+        `classifier_state_dict`; a head those classes cannot compute, with a layer-norm
+        normaliser or reading raw [CLS], writes its encoder alone as `<Family>Model` and
+        warns `EncoderOnlyExport`, naming the reason).
+      params: the `'params'` tree of that module (for a `SequenceClassifier` whose normaliser
+        keeps running statistics, its whole variables `{'params', 'batch_stats'}`).
+      tokenizer: a transformers tokenizer to save beside the weights, so the folder serves.
+      label_names: a classifier's class names, in label-id order: `config.json`'s `id2label`
+        and `label2id` (default transformers' `LABEL_<i>`).
+
+    Returns:
+      The folder.
+
+    Warns:
+      EncoderOnlyExport: the head was left out (see `module_or_config`).
+    """
+    from safetensors import numpy as safetensors_numpy
+
+    folder = pathlib.Path(folder)
+    if isinstance(module_or_config, heads.SequenceClassifier):
+        head = module_or_config
+        cfg = head.encoder.config
+        hf = cfg.to_hf()
+        try:
+            state_dict, architecture = classifier_state_dict(head, params)
+        except UnservableHead as why:
+            tree = params["params"] if "params" in params else params
+            state_dict = checkpoints.state_dict_from_params(cfg, tree["encoder"])
+            architecture = checkpoints.BASE_CLASS[cfg.family]
+            warnings.warn(
+                EncoderOnlyExport(
+                    f"{folder}: exported the encoder alone ({architecture}), without the "
+                    f"classifier head: {why}"
+                ),
+                stacklevel=2,
+            )
+        else:
+            hf["num_labels"] = head.num_labels  # transformers derives id2label from it
+            hf.pop("id2label", None), hf.pop("label2id", None)
+            if label_names is not None:
+                if len(label_names) != head.num_labels:
+                    raise ValueError(
+                        f"label_names {list(label_names)} do not name the head's "
+                        f"{head.num_labels} outputs"
+                    )
+                hf["id2label"] = {str(i): name for i, name in enumerate(label_names)}
+                hf["label2id"] = {name: i for i, name in enumerate(label_names)}
+            hf["problem_type"] = (
+                "regression" if head.num_labels == 1 else "single_label_classification"
+            )
+    else:
+        cfg = getattr(module_or_config, "config", module_or_config)
+        if not isinstance(cfg, config_lib.EncoderConfig):
+            raise ValueError(
+                f"export_pretrained takes an Encoder, EncoderConfig or SequenceClassifier, "
+                f"not {type(module_or_config).__name__}"
+            )
+        state_dict, architecture = (
+            checkpoints.state_dict_from_params(cfg, params),
+            checkpoints.BASE_CLASS[cfg.family],
+        )
+        hf = cfg.to_hf()
+    hf["architectures"] = [architecture]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    safetensors_numpy.save_file(state_dict, folder / "model.safetensors", metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+    return folder
