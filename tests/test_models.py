@@ -372,7 +372,7 @@ def test_dropout_keep_mask_rate_independence_and_determinism(impl):
     for adjacent pairs (independence); a function of the key."""
     keep, shape = 0.9, (301, 1001)  # n not a multiple of 4
     key = jax.random.key(3, impl=impl)
-    mask = np.asarray(models.encoder.dropout_keep_mask(key, keep, shape))
+    mask = np.asarray(models.dropout.dropout_keep_mask(key, keep, shape))
     assert mask.shape == shape and mask.dtype == bool
     flat = mask.reshape(-1)
     n = flat.size
@@ -386,28 +386,28 @@ def test_dropout_keep_mask_rate_independence_and_determinism(impl):
         assert_rate(flat[lane::4], keep)
     assert_rate(flat[:-1] & flat[1:], keep**2)
     assert_rate(flat[: n // 2] & flat[n // 2 :][: n // 2], keep**2)
-    again = models.encoder.dropout_keep_mask(key, keep, shape)
+    again = models.dropout.dropout_keep_mask(key, keep, shape)
     np.testing.assert_array_equal(mask, again)
-    other = np.asarray(models.encoder.dropout_keep_mask(jax.random.key(4, impl=impl), keep, shape))
+    other = np.asarray(models.dropout.dropout_keep_mask(jax.random.key(4, impl=impl), keep, shape))
     assert 0.1 < (other != mask).mean() < 0.3  # 2 p (1 - p) = 0.18 for independent masks
-    assert not models.encoder.dropout_keep_mask(key, 0.0, (7,)).any()
-    assert models.encoder.dropout_keep_mask(key, 1.0, (7,)).all()
+    assert not models.dropout.dropout_keep_mask(key, 0.0, (7,)).any()
+    assert models.dropout.dropout_keep_mask(key, 1.0, (7,)).all()
 
 
 def test_dropout_scales_kept_values_and_drops_the_rest():
     x = jnp.asarray(np.random.default_rng(0).uniform(1.0, 2.0, (64, 50)), jnp.float32)
-    layer = models.encoder.Dropout(0.25)
+    layer = models.dropout.Dropout(0.25)
     out = np.asarray(layer.apply({}, x, False, rngs={"dropout": jax.random.key(0)}))
     kept = out != 0
     np.testing.assert_allclose(out[kept], np.asarray(x)[kept] / 0.75, rtol=1e-6)
     assert abs(kept.mean() - 0.75) < 5 * np.sqrt(0.75 * 0.25 / kept.size)
     np.testing.assert_array_equal(layer.apply({}, x, True), x)
-    zeros = models.encoder.Dropout(1.0).apply({}, x, False, rngs={"dropout": jax.random.key(0)})
+    zeros = models.dropout.Dropout(1.0).apply({}, x, False, rngs={"dropout": jax.random.key(0)})
     np.testing.assert_array_equal(zeros, np.zeros_like(x))
     # 0.9 is no multiple of 2^-16: the mask keeps with 58982 / 65536, and that is the divisor,
     # so E[dropout(x)] = x exactly.
     out = np.asarray(
-        models.encoder.Dropout(0.1).apply({}, x, False, rngs={"dropout": jax.random.key(1)})
+        models.dropout.Dropout(0.1).apply({}, x, False, rngs={"dropout": jax.random.key(1)})
     )
     kept = out != 0
     np.testing.assert_allclose(out[kept], np.asarray(x)[kept] * 65536 / 58982, rtol=1e-6)

@@ -379,13 +379,3 @@ def load_pretrained(
     params = jax.tree.map(lambda x: jnp.asarray(x, param_dtype), params)
     module = encoder_lib.Encoder(cfg, dtype=dtype, param_dtype=param_dtype, remat=remat)
     return Pretrained(module, params, cfg, load_tokenizer(folder), report)
-
-
-def __getattr__(name: str):
-    """`checkpoints.EncoderOnlyExport`, the warning's name in the README before the export side
-    moved to `hf_export`, still names it (PEP 562: looked up on first use, no import cycle)."""
-    if name == "EncoderOnlyExport":
-        from isojax.models import hf_export
-
-        return hf_export.EncoderOnlyExport
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
