@@ -4,6 +4,7 @@ IsoBN and I-STAR on the step, and where the step's time goes (prints figures; no
     .venv/bin/python experiments/bench/train_speed.py                 # full run, ~10 minutes
     .venv/bin/python experiments/bench/train_speed.py --rounds 2      # smoke test
     .venv/bin/python experiments/bench/train_speed.py --profile 4     # per-op breakdown only
+    .venv/bin/python experiments/bench/train_speed.py --costs 1 --methods isobn --rounds 80
 
 Timing (issue 13). Everything is measured in ONE process, in interleaved rounds: each round
 times one AdamW step (forward, backward, update; float32, 1 device, real RTE rows, batch 32)
@@ -12,8 +13,9 @@ and the arm run just before hit the arms alike. Figures are medians over rounds 
 ratios, with their spread (IQR, min-max) and, for the costs, the noise: the half-width of a
 bootstrap 95 % interval of the median ratio. Arms:
 
-- isojax (no normaliser, IsoBN, I-STAR) and transformers' `BertModel` + dropout + linear head
-  in PyTorch (the same AdamW, `torch.set_num_threads(--threads)`) at batch x 128;
+- isojax (no normaliser, IsoBN, I-STAR; and no normaliser with `cls_only=False`, the last
+  layer at every token as PyTorch computes it) and transformers' `BertModel` + dropout +
+  linear head in PyTorch (the same AdamW, `torch.set_num_threads(--threads)`) at batch x 128;
 - isojax and PyTorch (no normaliser) at widths 64 and 96: the study recipe's bucket mix is the
   STS-B row of `experiments/configs/study_recipe.py` (64: 35.4 %, 96: 62.9 %, 128: 1.7 % of
   the steps); a round's mix time is the weighted sum of its three widths' step times. The rows
@@ -62,6 +64,9 @@ rotating order; per-round wall-time ratio median [IQR]; and the ratio of per-op 
                                                 not landed (dropped, no flag needed)
     `jax.nn.dot_product_attention`              not applicable: it has no dropout on the
                                                 attention probabilities (BERT's training)
+    last layer at [CLS] only (`cls_only`, when  every-token / cls_only step 1.190 [1.156-1.219]
+      no token penalty reads the tokens)        (quiet, 15 rounds); flops 2.80e11 -> 2.41e11;
+                                                landed (I-STAR and CosReg still need every token)
 
 Dropout keys after the change: "rbg" / "threefry2x32" step time 1.060 [1.021-1.085] (7
 rounds): the default threefry keys are now the faster ones. One attention layer's mask
@@ -77,6 +82,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import glob
 import gzip
 import json
@@ -110,6 +116,19 @@ def parse_args():
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument(
         "--profile", type=int, default=0, help="only trace this many plain isojax steps"
+    )
+    parser.add_argument(
+        "--costs",
+        type=int,
+        default=0,
+        metavar="K",
+        help="only the IsoBN and I-STAR costs: the isojax arms, each timed per round as the "
+        "mean of K back-to-back steps (less noise per round; no PyTorch, widths or C0 pass)",
+    )
+    parser.add_argument(
+        "--methods",
+        default="isobn,istar",
+        help="with --costs: the methods whose cost to measure (fewer arms, more rounds)",
     )
     parser.add_argument(
         "--glue_dir",
@@ -321,13 +340,25 @@ def main():
         return 0
 
     jax_steps, compile_s = {}, {}
-    for method, cls_only in (("none", True), ("none", False), ("isobn", True), ("istar", True)):
+    for method, cls_only in isojax_arms(args):
         name = method if cls_only else "every token"
         stepper = IsojaxStepper(args, method, cls_only)
         first = stepper()
         compile_s[name] = first - min(stepper() for _ in range(2))
         jax_steps[name] = stepper
         log(f"isojax {name} compiled in {compile_s[name]:.1f} s")
+    if args.costs:
+        arms = {
+            f"isojax {name}" if name != "none" else "isojax": functools.partial(
+                mean_of_steps, stepper, args.costs
+            )
+            for name, stepper in jax_steps.items()
+        }
+        times = interleaved(arms, args.rounds)
+        log("")
+        log(f"== costs (per-round ratios of the mean of {args.costs} steps per arm) ==")
+        log_costs(times)
+        return 0
     plain = jax_steps["none"]
     batches = {args.length: plain.host_batch}
     for width in sorted(MIX):
@@ -386,20 +417,7 @@ def main():
     log(f"speed vs PyTorch at the STS-B bucket mix ({mix_text}): {text} (goal >= 1)")
     text, _ = summarize(times["torch"] / times["isojax every token"])
     log(f"the same at {args.batch} x {args.length} with the last layer at every token: {text}")
-    text, _ = summarize(times["isojax every token"] / times["isojax"])
-    log(f"last layer at every token / at [CLS] only (cls_only), plain step: {text}")
-    for method, base, goal in (
-        ("isobn", "isojax", 0.02),
-        ("istar", "isojax every token", 0.10),
-        ("istar", "isojax", None),
-    ):
-        text, half = summarize(times[f"isojax {method}"] / times[base])
-        label = f"{method} step / {'plain step' if base == 'isojax' else 'every-token step'}"
-        if goal is None:
-            log(f"{label}: {text} (I-STAR reads every token, the plain step only [CLS])")
-            continue
-        verdict = "below" if half < goal else "NOT below (run more --rounds)"
-        log(f"{label}: {text}; goal <= {1 + goal:.2f}, noise {verdict} the goal's {goal:.0%}")
+    log_costs(times)
     pass_s = pass_batches * min(pass_times)
     log(
         f"I-STAR C0 pass per epoch: {pass_batches} eval batches x {min(pass_times):.3f} s = "
@@ -408,6 +426,45 @@ def main():
     )
     log("compile time (train step): " + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
     return 0
+
+
+def isojax_arms(args) -> list[tuple[str, bool]]:
+    """`(method, cls_only)` of the isojax arms: the plain step, the plain step at every token
+    (I-STAR's base), IsoBN, I-STAR; with `--costs`, those `--methods` need."""
+    every = [("none", True), ("none", False), ("isobn", True), ("istar", True)]
+    if not args.costs:
+        return every
+    methods = set(args.methods.split(","))
+    need = {("none", True)} | {(method, True) for method in methods}
+    if "istar" in methods:
+        need.add(("none", False))
+    return [arm for arm in every if arm in need]
+
+
+def mean_of_steps(stepper: IsojaxStepper, k: int) -> float:
+    """Mean wall time of `k` back-to-back steps of `stepper`."""
+    return sum(stepper() for _ in range(k)) / k
+
+
+def log_costs(times: dict[str, np.ndarray]) -> None:
+    """The cls_only saving and IsoBN's and I-STAR's costs, as per-round ratios."""
+    if "isojax every token" in times:
+        text, _ = summarize(times["isojax every token"] / times["isojax"])
+        log(f"last layer at every token / at [CLS] only (cls_only), plain step: {text}")
+    for method, base, goal in (
+        ("isobn", "isojax", 0.02),
+        ("istar", "isojax every token", 0.10),
+        ("istar", "isojax", None),
+    ):
+        if f"isojax {method}" not in times:
+            continue
+        text, half = summarize(times[f"isojax {method}"] / times[base])
+        label = f"{method} step / {'plain step' if base == 'isojax' else 'every-token step'}"
+        if goal is None:
+            log(f"{label}: {text} (I-STAR reads every token, the plain step only [CLS])")
+            continue
+        verdict = "below" if half < goal else "NOT below (run more --rounds)"
+        log(f"{label}: {text}; goal <= {1 + goal:.2f}, noise {verdict} the goal's {goal:.0%}")
 
 
 if __name__ == "__main__":
