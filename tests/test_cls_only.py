@@ -97,3 +97,20 @@ def test_the_train_step_skips_tokens_only_without_a_token_penalty():
     assert not steps.Objective(method="isobn").reads_tokens
     assert steps.Objective(method="istar", weight=0.0).reads_tokens  # a metric still
     assert steps.Objective(method="cosreg", weight=1.0).reads_tokens
+
+
+class EveryTokenEncoder(models.Encoder):
+    """A user's encoder whose call has no `cls_only` parameter."""
+
+    def __call__(self, input_ids, attention_mask, token_type_ids=None, **kwargs):
+        return super().__call__(input_ids, attention_mask, token_type_ids, **kwargs)
+
+
+def test_an_encoder_without_the_option_computes_every_token():
+    cfg, head, variables = make_head("bert", "none")
+    custom = head.clone(encoder=EveryTokenEncoder(cfg))
+    _, packed = both_layouts(cfg, LENGTHS)
+    (_, (logits, _, hidden)), _ = loss_and_grads(custom, variables, packed, cls_only=True)
+    (_, (expected, _, _)), _ = loss_and_grads(head, variables, packed, cls_only=False)
+    assert len(hidden) == cfg.num_layers  # every token of every layer: the option was not passed
+    np.testing.assert_array_equal(logits, expected)

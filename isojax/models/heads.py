@@ -14,6 +14,7 @@ References:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -114,7 +115,8 @@ class SequenceClassifier(nn.Module):
             statistics.
           cls_only: the encoder computes its last layer at the [CLS] tokens only
             (`isojax.models.Encoder`): the same logits for less work, and no
-            `hidden_states`. Training steps without a token penalty use it.
+            `hidden_states`. Training steps without a token penalty use it; an encoder whose
+            call has no `cls_only` parameter computes every token as before.
 
         Returns:
           `logits [batch, num_labels]` float32 and `{'encoder': EncoderOutput, 'sentence':
@@ -126,8 +128,8 @@ class SequenceClassifier(nn.Module):
             for name, value in (("position_ids", position_ids), ("cls_index", cls_index))
             if value is not None
         }  # only given when set, so encoders without these options still work
-        if cls_only:
-            extra["cls_only"] = True
+        if cls_only and "cls_only" in inspect.signature(type(self.encoder).__call__).parameters:
+            extra["cls_only"] = True  # an encoder without the option computes every token
         out = self.encoder(
             input_ids, attention_mask, token_type_ids, deterministic=deterministic, **extra
         )
