@@ -382,8 +382,8 @@ def test_dropout_keep_mask_rate_independence_and_determinism(impl):
         assert abs(values.mean() - p) < 5 * sigma, (values.mean(), p)
 
     assert_rate(flat, keep)
-    for lane in range(4):
-        assert_rate(flat[lane::4], keep)
+    for lane in range(4):  # the four uint16 of one hash are neighbours along the last axis
+        assert_rate(mask[:, lane::4], keep)
     assert_rate(flat[:-1] & flat[1:], keep**2)
     assert_rate(flat[: n // 2] & flat[n // 2 :][: n // 2], keep**2)
     again = models.dropout.dropout_keep_mask(key, keep, shape)
@@ -411,6 +411,25 @@ def test_dropout_scales_kept_values_and_drops_the_rest():
     )
     kept = out != 0
     np.testing.assert_allclose(out[kept], np.asarray(x)[kept] * 65536 / 58982, rtol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_dropout_keep_mask_shards_without_collectives(impl):
+    """On 4 devices, a mask over a batch-sharded `[8, 3, 6, 10]` array compiles with no
+    collective (each device hashes its own rows) and equals the single-device mask."""
+    mesh = jax.make_mesh((4,), ("data",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    x = jax.device_put(jnp.ones((8, 3, 6, 10)), sharding)
+    key = jax.random.key(5, impl=impl)
+
+    def masked(x, key):
+        return jnp.where(models.dropout.dropout_keep_mask(key, 0.9, x.shape), x, 0.0)
+
+    compiled = jax.jit(masked).lower(x, key).compile()
+    hlo = compiled.as_text()
+    for op in ("all-gather", "all-reduce", "collective-permute", "all-to-all", "reduce-scatter"):
+        assert op not in hlo, op
+    np.testing.assert_array_equal(compiled(x, key), masked(np.ones((8, 3, 6, 10)), key))
 
 
 def test_fused_qkv_keeps_the_dense_parameter_layout():

@@ -21,32 +21,51 @@ def dropout_keep_mask(key: jax.Array, keep_prob: float, shape: tuple[int, ...]) 
 
     Element i is kept iff :math:`u_i < \mathrm{round}(p \cdot 2^{16})` for 16-bit random
     integers :math:`u_i`, so the keep probability is `keep_prob` rounded to a multiple of
-    2^-16 (0.9 -> 0.899994; a float32 uniform rounds it to 2^-23). With a threefry key, each
-    threefry2x32 hash of a counter pair gives two 32-bit words, i.e. four 16-bit integers,
-    where `jax.random.bernoulli` hashes once per element (a quarter of the hashes: dropout
-    bits were 10 % of MiniLM's step). Other key implementations ("rbg") split the uint32
-    words of `jax.random.bits` into two uint16 each (XLA:CPU's RngBitGenerator costs per
-    element whatever the width: uint16 elements cost as much as uint32 ones). A
-    deterministic function of (key, shape).
+    2^-16 (0.9 -> 0.899994; a float32 uniform rounds it to 2^-23).
+
+    With a threefry key, one threefry2x32 hash gives two 32-bit words, i.e. four 16-bit
+    integers: those of four neighbours along the last axis. The hash's counter is the index of
+    the group of four in `(*shape[:-1], ceil(shape[-1] / 4))`, so every op is elementwise over
+    the leading axes and the mask shards like `x` with no collective, as
+    `jax.random.bernoulli` does under `jax_threefry_partitionable` but with a quarter of its
+    hashes (dropout bits were 10 % of MiniLM's step). Other key implementations ("rbg") split
+    the uint32 words of `jax.random.bits(key, (*shape[:-1], ceil(shape[-1] / 2)))` into two
+    uint16 each (XLA:CPU's RngBitGenerator costs per element whatever the width). A
+    deterministic function of (key, shape), whatever the sharding.
 
     Args:
       key: a typed PRNG key (a raw uint32 key is read as the default implementation's).
       keep_prob: in [0, 1].
-      shape: the mask's shape.
+      shape: the mask's shape, at least one axis.
     """
     if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
         key = jax.random.wrap_key_data(key)
     threshold = round(keep_prob * 2**DROPOUT_BITS)  # up to 2**16: compared in uint32
-    n = int(np.prod(shape))
-    words = -(-n // 2)  # uint32 words, two uint16 each
+    *lead, last = shape
     if str(jax.random.key_impl(key)) == "threefry2x32":
-        pairs = -(-words // 2)  # counter pairs; each hash -> 2 words -> 4 uint16
-        counts = jnp.arange(2 * pairs, dtype=jnp.uint32)
-        bits32 = jax.extend.random.threefry_2x32(jax.random.key_data(key), counts)
+        groups = (*lead, -(-last // 4))  # one hash -> 2 words -> 4 uint16
+        if np.prod(groups) >= 2**32:
+            raise ValueError(f"dropout mask {shape}: more than 2^32 groups of four elements")
+        counts = _flat_index(groups)
+        k1, k2 = jax.random.key_data(key)
+        words = jax.extend.random.threefry2x32_p.bind(k1, k2, jnp.zeros_like(counts), counts)
+        words = jnp.stack(words, axis=-1)  # [*lead, groups, 2] uint32
     else:
-        bits32 = jax.random.bits(key, (words,), jnp.uint32)
-    bits = jax.lax.bitcast_convert_type(bits32, jnp.uint16).reshape(-1)[:n]
-    return (bits.astype(jnp.uint32) < threshold).reshape(shape)
+        words = jax.random.bits(key, (*lead, -(-last // 2)), jnp.uint32)  # [*lead, words]
+    bits = jax.lax.bitcast_convert_type(words, jnp.uint16)  # [..., 2] more
+    bits = bits.reshape(*lead, -1)[..., :last]
+    return bits.astype(jnp.uint32) < threshold
+
+
+def _flat_index(shape: tuple[int, ...]) -> jax.Array:
+    """`shape` uint32: each element's row-major index (built from per-axis iotas, so it
+    shards with the array)."""
+    index = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * np.uint32(stride)
+        stride *= shape[axis]
+    return index
 
 
 class Dropout(nn.Module):
