@@ -34,6 +34,11 @@ limit=$((60 * 1024 * 1024))  # each carried weights folder stays under 60 MiB
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 bytes() { du -sb "$1" | cut -f1; }
 
+# .device must be ignored (.gitignore: /.device/), or all of it would travel with every call.
+if [ -z "${DEVICE_DIR:-}" ] && ! git check-ignore -q .device; then
+    echo "prepare: .device/ is not git-ignored here: add /.device/ to .gitignore" >&2
+    exit 1
+fi
 rm -rf "$dev"
 mkdir -p "$dev/w1" "$dev/w2/package" "$dev/data/glue" "$dev/wheels" "$dev/meta"
 
