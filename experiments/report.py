@@ -20,6 +20,10 @@ Reads the lines `experiments/study.py` writes (one per cell) and writes, beside 
   DistilBERT values;
 - one verdict per SPEC.md §9 claim the records can test (rule in `verdict`).
 
+The header names the code (commits), devices and JAX versions of the records. A JSONL holding
+records of several devices (the `device` field: "cpu cpu x1", "gpu NVIDIA H200 x1") is refused
+unless `--allow-mixed-devices`: each device's runs belong in their own JSONL.
+
 Figures use matplotlib's Agg backend.
 """
 
@@ -89,6 +93,30 @@ def read_records(path: pathlib.Path) -> list[dict]:
     if not records:
         raise ValueError(f"{path}: no records")
     return records
+
+
+def device_counts(records: list[dict]) -> collections.Counter:
+    """`"<device> (jax <version>)"` -> number of records; "not recorded" where a record lacks
+    the field (records written before `jax_version` existed)."""
+    return collections.Counter(
+        "{} (jax {})".format(
+            r.get("device") or "device not recorded", r.get("jax_version") or "not recorded"
+        )
+        for r in records
+    )
+
+
+def check_one_device(records: list[dict], path: pathlib.Path, allow_mixed: bool) -> None:
+    """Raises ValueError when the records come from several devices (`device` field), unless
+    `allow_mixed`: run times, and the rounding of the scores, differ between devices, so one
+    report must not pool them silently (a GPU replicate goes to its own JSONL)."""
+    devices = collections.Counter(r.get("device") or "device not recorded" for r in records)
+    if len(devices) > 1 and not allow_mixed:
+        found = "; ".join(f"{d} x{n}" for d, n in devices.items())
+        raise ValueError(
+            f"{path}: records from {len(devices)} devices ({found}): keep each device's runs in "
+            "its own JSONL, or pass --allow-mixed-devices to pool them in one report"
+        )
 
 
 def dev_rows(record: dict) -> list[dict]:
@@ -643,14 +671,22 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
     commits = collections.Counter(
         f"{r['git_commit'][:10]}{' (dirty)' if r['git_dirty'] else ''}" for r in records
     )
+    devices = device_counts(records)
     hours = sum(r.get("wall_minutes") or 0.0 for r in records) / 60.0
     md = [f"# Study `{stem}`", ""]
     md.append(
         f"Rebuilt by `python experiments/report.py experiments/results/{stem}.jsonl` from "
         f"{len(records)} records: {len(ok)} finished runs, {len(failed)} failed, "
         f"{len(records) - len(runs)} pre-trained evaluations; {hours:.1f} h of runs. "
-        f"Code: {', '.join(f'{c} x{n}' for c, n in commits.items())}."
+        f"Code: {', '.join(f'{c} x{n}' for c, n in commits.items())}; device: "
+        f"{', '.join(f'{d} x{n}' for d, n in devices.items())}."
     )
+    if len({r.get("device") for r in records}) > 1:
+        md += [
+            "",
+            "**Mixed devices** (`--allow-mixed-devices`): the statistics below pool runs of "
+            "several devices, whose wall times and rounding differ.",
+        ]
     if ok:
         c = ok[0]["config"]
         opt = c.get("optimizer", {})
@@ -788,10 +824,12 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
     return "\n".join(md) + "\n"
 
 
-def write_report(results: str | pathlib.Path) -> pathlib.Path:
-    """Writes `<stem>.md` and `<stem>_*.png` beside `results`; returns the Markdown path."""
+def write_report(results: str | pathlib.Path, allow_mixed_devices: bool = False) -> pathlib.Path:
+    """Writes `<stem>.md` and `<stem>_*.png` beside `results`; returns the Markdown path.
+    Records of several devices raise ValueError unless `allow_mixed_devices`."""
     results = pathlib.Path(results)
     records = read_records(results)
+    check_one_device(records, results, allow_mixed_devices)
     data = build(records)
     stem = results.stem
     files = write_figures(records, data, results.parent, stem)
@@ -803,8 +841,13 @@ def write_report(results: str | pathlib.Path) -> pathlib.Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", help="a study's JSONL, e.g. experiments/results/pilot.jsonl")
+    parser.add_argument(
+        "--allow-mixed-devices",
+        action="store_true",
+        help="pool records of several devices (refused by default; the header names them)",
+    )
     args = parser.parse_args(argv)
-    print(write_report(args.results))
+    print(write_report(args.results, allow_mixed_devices=args.allow_mixed_devices))
     return 0
 
 

