@@ -28,9 +28,8 @@ Each line (`record`): study, cell, tier, kind ("run" | "pretrained"), status ("o
 with `error`), fields (every grid axis's value, plus task/method/seed), seed, config_hash
 (SHA-256 of the config without `study_recipe.NON_RUN_FIELDS`), config, git_commit, git_dirty
 (tracked changes outside experiments/results/), device (`device_name`), jax_version, sweep,
-baseline,
-metric (the task's `score`: the GLUE metric, or the mean of two), eval (one dict per dev
-evaluation, from `metrics.jsonl`: epoch, step, split and every metric/isotropy key the loop
+baseline, metric (the task's `score`: the GLUE metric, or the mean of two), eval (one dict per
+dev evaluation, from `metrics.jsonl`: epoch, step, split and every metric/isotropy key the loop
 records), train_loss ([last step, epoch, mean loss] over chunks of 10 steps within an epoch),
 train_loss_epoch (the mean training loss of each epoch, see `read_run`), steps, wall_minutes
 (all attempts of the cell), finished (UTC time).
