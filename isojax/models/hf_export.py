@@ -106,36 +106,7 @@ def export_pretrained(
 
     folder = pathlib.Path(folder)
     if isinstance(module_or_config, heads.SequenceClassifier):
-        head = module_or_config
-        cfg = head.encoder.config
-        hf = cfg.to_hf()
-        try:
-            state_dict, architecture = classifier_state_dict(head, params)
-        except UnservableHead as why:
-            tree = params["params"] if "params" in params else params
-            state_dict = checkpoints.state_dict_from_params(cfg, tree["encoder"])
-            architecture = checkpoints.BASE_CLASS[cfg.family]
-            warnings.warn(
-                EncoderOnlyExport(
-                    f"{folder}: exported the encoder alone ({architecture}), without the "
-                    f"classifier head: {why}"
-                ),
-                stacklevel=2,
-            )
-        else:
-            hf["num_labels"] = head.num_labels  # transformers derives id2label from it
-            hf.pop("id2label", None), hf.pop("label2id", None)
-            if label_names is not None:
-                if len(label_names) != head.num_labels:
-                    raise ValueError(
-                        f"label_names {list(label_names)} do not name the head's "
-                        f"{head.num_labels} outputs"
-                    )
-                hf["id2label"] = {str(i): name for i, name in enumerate(label_names)}
-                hf["label2id"] = {name: i for i, name in enumerate(label_names)}
-            hf["problem_type"] = (
-                "regression" if head.num_labels == 1 else "single_label_classification"
-            )
+        state_dict, hf = _classifier_export(module_or_config, params, label_names, folder)
     else:
         cfg = getattr(module_or_config, "config", module_or_config)
         if not isinstance(cfg, config_lib.EncoderConfig):
@@ -143,15 +114,55 @@ def export_pretrained(
                 f"export_pretrained takes an Encoder, EncoderConfig or SequenceClassifier, "
                 f"not {type(module_or_config).__name__}"
             )
-        state_dict, architecture = (
-            checkpoints.state_dict_from_params(cfg, params),
-            checkpoints.BASE_CLASS[cfg.family],
-        )
-        hf = cfg.to_hf()
-    hf["architectures"] = [architecture]
+        state_dict, hf = _encoder_export(cfg, params)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     safetensors_numpy.save_file(state_dict, folder / "model.safetensors", metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder))
     return folder
+
+
+def _encoder_export(cfg: config_lib.EncoderConfig, params: Mapping) -> tuple[dict, dict]:
+    """An encoder's state dict and its `config.json` as `<Family>Model`."""
+    hf = cfg.to_hf()
+    hf["architectures"] = [checkpoints.BASE_CLASS[cfg.family]]
+    return checkpoints.state_dict_from_params(cfg, params), hf
+
+
+def _classifier_export(
+    head: heads.SequenceClassifier,
+    variables: Mapping,
+    label_names: Sequence[str] | None,
+    folder: pathlib.Path,
+) -> tuple[dict, dict]:
+    """A classifier's state dict and `config.json` as `<Family>ForSequenceClassification`, or
+    its encoder's as `<Family>Model` (warning `EncoderOnlyExport`) when the head is not servable.
+    """
+    cfg = head.encoder.config
+    try:
+        state_dict, architecture = classifier_state_dict(head, variables)
+    except UnservableHead as why:
+        tree = variables["params"] if "params" in variables else variables
+        state_dict, hf = _encoder_export(cfg, tree["encoder"])
+        warnings.warn(
+            EncoderOnlyExport(
+                f"{folder}: exported the encoder alone ({hf['architectures'][0]}), without the "
+                f"classifier head: {why}"
+            ),
+            stacklevel=3,
+        )
+        return state_dict, hf
+    if label_names is not None and len(label_names) != head.num_labels:
+        raise ValueError(
+            f"label_names {list(label_names)} do not name the head's {head.num_labels} outputs"
+        )
+    hf = cfg.to_hf()
+    hf.pop("id2label", None), hf.pop("label2id", None)
+    hf["num_labels"] = head.num_labels  # transformers derives id2label from it
+    if label_names is not None:
+        hf["id2label"] = {str(i): name for i, name in enumerate(label_names)}
+        hf["label2id"] = {name: i for i, name in enumerate(label_names)}
+    hf["problem_type"] = "regression" if head.num_labels == 1 else "single_label_classification"
+    hf["architectures"] = [architecture]
+    return state_dict, hf
