@@ -7,4 +7,7 @@ source "$root/experiments/env.sh"
 cd "$root"
 ruff check isojax experiments tests
 ruff format --check isojax experiments tests
-python -m pytest "$@"
+# One pytest process per core, at most 4 (ISOJAX_TEST_WORKERS to choose; 0 runs in this process);
+# each test file stays in one process, so a file's module-scoped fixtures are built once.
+workers="${ISOJAX_TEST_WORKERS:-$(python -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')}"
+python -m pytest -n "$workers" --dist loadfile "$@"
