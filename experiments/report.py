@@ -800,6 +800,8 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
             )
     if data["sweep"]:
         chance = ", ".join(f"{k} {v}" for k, v in CHANCE.items())
+        # The I-STAR paper's correlations are over its lambda sweep: beside I-STAR's only.
+        models = ("BERT", "ALBERT", "DistilBERT") if data["sweep"] == "istar.weight" else ()
         md += [
             "",
             f"## Isotropy against the task score over `{data['sweep']}`",
@@ -807,18 +809,19 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
             "All-layer token IsoScore and IsoScore* (dev, last epoch) against the dev score, "
             "Pearson r and two-sided p (SciPy), over every (value, seed) run, then without the "
             "collapsed ones. Collapsed: last-epoch score − chance < (baseline median − chance) "
-            f"/ 2, chance being a constant prediction's score ({chance}). The papers had "
-            f"7 λ × 5 seeds = 35 runs per cell. Figure: [sweep]({files.get('sweep', '')})",
+            f"/ 2, chance being a constant prediction's score ({chance})."
+            + (" The papers had 7 λ × 5 seeds = 35 runs per cell." if models else "")
+            + f" Figure: [sweep]({files.get('sweep', '')})",
             "",
-            "| task | measure | n | r | p | collapsed | n w/o | r w/o | p w/o "
-            "| BERT | ALBERT | DistilBERT |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| task | measure | n | r | p | collapsed | n w/o | r w/o | p w/o |"
+            + "".join(f" {m} |" for m in models),
+            "|---|---|---|---|---|---|---|---|---|" + "---|" * len(models),
         ]
         for task in data["tasks"]:
             sw = data["per_task"][task]["sweep"]
-            paper = [ISTAR_PAPER[m].get(task) for m in ("BERT", "ALBERT", "DistilBERT")]
+            paper = [ISTAR_PAPER[m].get(task) for m in models]
             cells = [
-                f"{r:+.3f} / {p:.3f}" if r is not None else "—"
+                f" {r:+.3f} / {p:.3f} |" if r is not None else " — |"
                 for r, p in (x or (None, None) for x in paper)
             ]
             for key, name in (
@@ -828,9 +831,8 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
                 a, w = sw[key]["all"], sw[key]["without_collapsed"]
                 md.append(
                     f"| {task} | {name} | {a['n']} | {_f(a['r'])} | {_p(a['p'])} | "
-                    f"{sw['n_collapsed']} | {w['n']} | {_f(w['r'])} | {_p(w['p'])} | "
-                    + " | ".join(cells)
-                    + " |"
+                    f"{sw['n_collapsed']} | {w['n']} | {_f(w['r'])} | {_p(w['p'])} |"
+                    + "".join(cells)
                 )
     md += [
         "",

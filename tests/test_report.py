@@ -260,6 +260,10 @@ def test_cosreg_verdicts_read_the_last_layer_token_statistics(tmp_path):
     assert "λ = +1 lowers the last-layer token mean cosine, rte: **confirmed**" in md
     assert "λ = -1 raises the |mean| of the outlier dimension, rte: **confirmed**" in md
     assert "λ = +1 lowers the |mean| of the outlier dimension, rte: **not detected" in md
+    # The I-STAR paper's correlations belong beside I-STAR's sweep, not CosReg's.
+    sweep_table = md.split("## Isotropy against the task score")[1].split("## Verdicts")[0]
+    assert "| rte | IsoScore | 9 |" in sweep_table
+    assert "BERT" not in sweep_table and "35 runs" not in sweep_table
 
 
 def test_header_names_devices_and_a_mixed_jsonl_is_refused_unless_allowed(tmp_path):
