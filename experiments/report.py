@@ -675,8 +675,12 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
                         f"{claim}, {task}: **{v}** (vs λ = 0 {_ci(d)}, n={d['n']}{note})"
                     )
                 iso = p["tokens_isoscore"]
-                changed = math.isfinite(iso["lo"]) and (iso["lo"] > 0 or iso["hi"] < 0)
-                v = "reversed (it changed)" if changed else "confirmed (no change detected)"
+                if not math.isfinite(iso["lo"]):
+                    v = "not tested (no interval: n < 2)"
+                elif iso["lo"] > 0 or iso["hi"] < 0:
+                    v = "reversed (it changed)"
+                else:
+                    v = "confirmed (no change detected)"
                 lines.append(
                     f"- [CosReg] λ = {value:+g} leaves the token IsoScore alone, {task}: "
                     f"**{v}** ({_ci(iso)}, n={iso['n']}; a change the interval cannot "

@@ -264,6 +264,13 @@ def test_cosreg_verdicts_read_the_last_layer_token_statistics(tmp_path):
     sweep_table = md.split("## Isotropy against the task score")[1].split("## Verdicts")[0]
     assert "| rte | IsoScore | 9 |" in sweep_table
     assert "BERT" not in sweep_table and "35 runs" not in sweep_table
+    assert "λ = +1 leaves the token IsoScore alone, rte: **confirmed (no change detected)**" in md
+
+    # One seed gives no interval: the IsoScore line says so instead of "confirmed".
+    one_seed = [r for r in records if r["seed"] == 1]
+    md = report.write_report(_write(tmp_path, "cosreg1", one_seed)).read_text()
+    assert "λ = +1 leaves the token IsoScore alone, rte: **not tested (no interval: n < 2)**" in md
+    assert "confirmed" not in md.split("## Verdicts")[1].split("[CosReg]", 1)[1]
 
 
 def test_header_names_devices_and_a_mixed_jsonl_is_refused_unless_allowed(tmp_path):
