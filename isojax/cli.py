@@ -209,9 +209,12 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_json(indent=2))
         return 0
-    from isojax import train
+    from isojax import resume, train
 
-    results = train.train_and_evaluate(config, args.workdir)
+    try:
+        results = train.train_and_evaluate(config, args.workdir)
+    except resume.RunConfigMismatch as err:  # checked before anything is loaded or written
+        raise cli_common.UsageError(str(err)) from None
     print(format_results(results))
     print(f"results: {pathlib.Path(args.workdir) / 'results.json'}")
     return 0
@@ -270,7 +273,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def list_benchmarks() -> dict[str, str]:
-    """`{name: first docstring line}` of the scripts in experiments/bench/."""
+    """`{name: the first paragraph of its docstring, on one line}` of the scripts in
+    experiments/bench/ (whole sentences, however many lines they take there)."""
     out = {}
     for path in sorted(BENCH_DIR.glob("*.py")):
         if path.name.startswith("_"):
@@ -280,7 +284,7 @@ def list_benchmarks() -> dict[str, str]:
             doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         except SyntaxError:
             pass
-        out[path.stem] = doc.strip().splitlines()[0] if doc.strip() else ""
+        out[path.stem] = " ".join(doc.strip().split("\n\n")[0].split())
     return out
 
 

@@ -91,7 +91,9 @@ class RunLog:
     `train(step, epoch, pop_means)` after every training step: the progress line; every
     `every` steps, and at the last, a "train" record of the step metrics' means since the
     previous one (`pop_means()`) with the learning rate of this update, `learning_rate(step -
-    1)`. Dev records go through `writer.write`.
+    1)`. Dev records go through `writer.write`. `epoch` is the loop's 0-based index of the
+    epoch in progress, as the "train" records keep it; the progress line shows it 1-based
+    (`epoch + 1`), the number the epoch's dev record and the run's summary give it.
     """
 
     def __init__(
@@ -111,11 +113,11 @@ class RunLog:
 
     def train(self, step: int, epoch: int, pop_means: Callable[[], dict[str, float]]) -> None:
         if step % self.every and step != self.total_steps:
-            self.progress.update(step, epoch, None)
+            self.progress.update(step, epoch + 1, None)
             return
         means = pop_means() | {"learning_rate": float(self.learning_rate(step - 1))}
         self.writer.write("train", step, epoch, means)
-        self.progress.update(step, epoch, means["loss"])
+        self.progress.update(step, epoch + 1, means["loss"])
 
     def close(self) -> None:
         self.progress.close()

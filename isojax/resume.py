@@ -94,8 +94,14 @@ def checkpointers(
     )
 
 
+class RunConfigMismatch(ValueError):
+    """`workdir` holds checkpoints of a run with another config (`check_same_run`); the
+    `isojax` command prints it as one line with exit status 2."""
+
+
 def check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
-    """Refuses to resume checkpoints in `workdir` with a config that changes the run."""
+    """Refuses (`RunConfigMismatch`) to resume checkpoints in `workdir` with a config that
+    changes the run."""
     saved = workdir / "config.json"
     if not (saved.exists() and (workdir / LATEST_DIR).exists()):
         return
@@ -107,7 +113,7 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> 
         if key.split(".")[0] not in _RESUMABLE_CHANGES and before.get(key) != now.get(key)
     )
     if changed:
-        raise ValueError(
+        raise RunConfigMismatch(
             f"{workdir} holds checkpoints of a run with another config ({', '.join(changed)} "
             "differ): resume with its config.json, or use a new workdir"
         )

@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import pathlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -285,6 +286,18 @@ def _train_epoch(run, state, config, position, step, log, save) -> tuple[Any, in
     return state, step, epoch_done
 
 
+def data_source(config: ml_collections.ConfigDict) -> str:
+    """Where the run reads its task (`build.load_examples`), for the run's first line: the
+    TSVs of `config.data_dir`, or, without one, tensorflow-datasets."""
+    if config.data_dir:
+        return f"{config.task} from the TSVs in {config.data_dir}"
+    where = config.tfds_data_dir or "its default data dir (~/tensorflow_datasets)"
+    return (
+        f"{config.task} from tensorflow-datasets glue/{config.task} in {where}: no data_dir "
+        "was given (--data-dir DIR reads a glue_data folder)"
+    )
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
@@ -298,6 +311,7 @@ def train_and_evaluate(
     newest usable checkpoint in `workdir/checkpoints` (state and `resume.Position`), ending as
     an uninterrupted run would; writes `config.json`, `metrics.jsonl`, `tensorboard/` and
     `results.json`, and keeps the best dev epoch's checkpoint in `workdir/best_checkpoint`.
+    The run's first line on stderr names where its data come from (`data_source`).
     Returns the last dev results: `{split: {metric: value}}` per dev split ("dev", or MNLI's
     two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
     plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
@@ -310,6 +324,7 @@ def train_and_evaluate(
     lead = jax.process_index() == 0
     resume.check_same_run(config, workdir)
     if lead:
+        print(f"isojax: {workdir}: {data_source(config)}", file=sys.stderr)
         (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
     run = setup(config, mesh=mesh)
     ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)

