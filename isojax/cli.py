@@ -6,9 +6,9 @@
         --set optimizer.learning_rate=1e-5 --set istar.stabilizer.kind=ema
     isojax analyze --task rte --data-dir glue_data --out runs/analysis
     isojax analyze --run runs/rte-isobn --best --out runs/rte-isobn/analysis   # + head input
-    isojax export runs/rte-isobn hf/rte-isobn --best    # transformers folder + model card
+    isojax export runs/rte-isobn runs/hf/rte-isobn --best    # transformers folder + card
     isojax predict runs/rte-isobn --split dev         # predictions TSV, dev metrics
-    isojax predict runs/rte-isobn --split test --glue-submission submission/   # RTE.tsv
+    isojax predict runs/rte-isobn --split test --glue-submission runs/submission/   # RTE.tsv
     isojax bench                      # lists experiments/bench/*.py (a source checkout)
     isojax bench data_speed [ARGS]    # runs one, printing its output
 
