@@ -11,10 +11,11 @@ the code. The rule, for everyone who writes README.md:
    has, on the line just before its fence, the comment `<!-- readme-test: skip REASON -->`
    (GitHub does not show it); the test reports it as skipped with REASON. A later block of
    its section must not need its names. Prefer a ```bash block where the code is a command.
-3. The blocks run in an empty temporary working directory with `../shared` beside it (the
-   checkout's `../shared`, or `$ISOJAX_GLUE_DIR` as `../shared/data/glue`), so README paths
-   such as `../shared/data/glue` hold, and files a block writes (under `runs/`, which a reader's
-   checkout git-ignores) vanish with the folder. The import path is the checkout's.
+3. The blocks run in an empty temporary working directory with `../shared/data/glue` beside
+   it (a link to the GLUE TSVs the other tests read: `$ISOJAX_GLUE_DIR`, else the checkout's
+   `../shared/data/glue`), so the README's data path holds, and the files a block writes (under
+   `runs/`, which a reader's checkout git-ignores) vanish with the folder. Nothing else of the
+   checkout is there: a block reads only what the package and the GLUE folder hold.
 4. Training is shrunk, nothing else: while the blocks run, `isojax.train.train_and_evaluate`
    and `isojax.train.setup` (and so `isojax.cli.main(["finetune", ...])`, which calls them)
    receive a copy of the block's config with `SMALL_RUN` applied: the random 2-layer
@@ -120,18 +121,14 @@ def shrink(config):
 
 
 @pytest.fixture
-def readme_workdir(tmp_path, monkeypatch):
-    """Rule 3 (an empty folder with ../shared beside it) and rule 4 (small training)."""
+def readme_workdir(tmp_path, monkeypatch, glue_dir):
+    """Rule 3 (an empty folder with ../shared/data/glue beside it) and rule 4 (small training)."""
     from isojax import train
 
     root = tmp_path / "checkout"
     root.mkdir()
-    glue = os.environ.get("ISOJAX_GLUE_DIR")
-    if glue:
-        (tmp_path / "shared" / "data").mkdir(parents=True)
-        (tmp_path / "shared" / "data" / "glue").symlink_to(pathlib.Path(glue).resolve())
-    else:
-        (tmp_path / "shared").symlink_to((REPO.parent / "shared").resolve())
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "shared" / "data" / "glue").symlink_to(glue_dir.resolve())
     monkeypatch.chdir(root)
     if os.environ.get("ISOJAX_README_FULL") != "1":
         full_run, full_setup = train.train_and_evaluate, train.setup
