@@ -150,7 +150,7 @@ class Family:
                 f"t-test p = {fp(t['p'])}, Holm p = {fp(p_adj)}",
                 f"sign-flip p = {fp(flip['p'])} (one-sided, {side}; floor 2^-{t['n']} = "
                 f"{fp(flip['min_p'])})"
-                if t["n"]
+                if t["n"] >= 2
                 else "no sign-flip p",
                 f"n = {t['n']}",
             ]
