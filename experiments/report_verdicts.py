@@ -26,7 +26,7 @@ import math
 
 import report_stats as stats
 from report_records import PRETRAINED
-from report_tables import arm_of, f, fp, interval, signed, value
+from report_tables import arm_of, f, fp, signed, value
 
 ALPHA = 0.05
 # SPEC.md §9: IsoBN gains about +1.0 GLUE point on the average of seven tasks, larger on the
@@ -146,7 +146,9 @@ class Family:
                 v = difference_verdict(t, p_adj, direction, self.size)
                 flip, side, excluded = v["flip"], v["side"], v["size_excluded"]
             parts = [
-                f"{what} {interval(t)}",
+                f"{what} {signed(t['mean'])}, t 95 % [{signed(t['lo'])}, {signed(t['hi'])}]"
+                if t["n"]
+                else f"{what}: no shared seeds",
                 f"t-test p = {fp(t['p'])}, Holm p = {fp(p_adj)}",
                 f"sign-flip p = {fp(flip['p'])} (one-sided, {side}; floor 2^-{t['n']} = "
                 f"{fp(flip['min_p'])})"

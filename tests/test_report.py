@@ -162,7 +162,7 @@ def test_normalizers_report_gives_numpy_statistics_and_verdicts(tmp_path):
     # the sign-flip p cannot go below 2^-4 = 0.0625 with four seeds.
     claim = "IsoBN improves fine-tuning (best dev epoch, as the protocol)"
     assert f"{claim}**: a family of 3 lines, Holm-adjusted over 3; the paper's size: +0.010" in md
-    assert f"{claim}, stsb: **confirmed (parametric only)** (isobn − none +0.0300 [" in md
+    assert f"{claim}, stsb: **confirmed (parametric only)** (isobn − none +0.0300, t 95 % [" in md
     assert "Holm p = 0.016; sign-flip p = 0.062 (one-sided, toward the claim; floor 2^-4" in md
     assert f"{claim}, rte: **not detected at this n**" in md
     # The average: t-test p = 0.044 alone, 0.087 after Holm.
@@ -174,7 +174,7 @@ def test_normalizers_report_gives_numpy_statistics_and_verdicts(tmp_path):
     assert "ev3_isobn_vs_batchnorm" not in data["per_task"]["rte"]  # no batchnorm arm
     assert (
         "IsoBN lowers EV3 of the classifier input more than batch normalisation does, stsb: "
-        "**confirmed (parametric only)** (EV3 isobn − batchnorm -0.0600" in md
+        "**confirmed (parametric only)** (EV3 isobn − batchnorm -0.0600, t 95 %" in md
     )
     assert "pre-trained sentence vectors are anisotropic" in md and "**reversed**" in md
     assert "| rte-isobn-s5 | ValueError: config: bad |" in md
@@ -350,7 +350,8 @@ def test_stsb_isobn_differences_are_smaller_than_claimed_not_confirmed(tmp_path)
     rule said "confirmed"; the t interval [-0.0017, +0.0077] holds 0 and excludes +0.010."""
     md = _markdown(_write(tmp_path, "stsb", _two_arm_records([0.0046, 0.0009, 0.0034])))
     line = next(x for x in md.splitlines() if x.startswith(f"- {CLAIM}"))
-    assert f"{CLAIM}: **smaller than claimed** (isobn − none +0.0030 [-0.0017, +0.0077]; " in line
+    assert f"{CLAIM}: **smaller than claimed** (isobn − none +0.0030, t 95 % " in line
+    assert "t 95 % [-0.0017, +0.0077]; " in line
     assert "t-test p = 0.113, Holm p = 0.113; sign-flip p = 0.125 (one-sided, toward" in line
     assert "floor 2^-3 = 0.125); n = 3; the interval excludes the paper's +0.010" in line
     assert "a family of 1 line, Holm-adjusted over 1; the paper's size: +0.010" in md
