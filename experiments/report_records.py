@@ -36,6 +36,10 @@ METRIC_NAMES = {
 CHANCE = {"cola": 0.0, "mrpc": 0.7480, "stsb": 0.0, "rte": 0.5271}
 
 
+# The keys the report reads from every record (what `experiments/study.py` writes).
+REQUIRED = ("cell", "kind", "status", "fields", "seed", "eval")
+
+
 class RecordsError(ValueError):
     """A results JSONL the report refuses; the message is one line naming the file."""
 
@@ -51,8 +55,10 @@ def read_records(path: pathlib.Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError as err:
             raise RecordsError(f"{path}:{number}: not JSON ({err})") from None
-        if not isinstance(record, dict) or "cell" not in record:
-            raise RecordsError(f"{path}:{number}: not a study record (no 'cell' key)")
+        missing = [k for k in REQUIRED if k not in record] if isinstance(record, dict) else []
+        if not isinstance(record, dict) or missing:
+            what = f"no {', '.join(map(repr, missing))}" if missing else "not a JSON object"
+            raise RecordsError(f"{path}:{number}: not a study record ({what})")
         key = (record.get("study"), record["cell"])
         if key in seen:
             raise RecordsError(

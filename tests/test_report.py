@@ -392,6 +392,22 @@ def test_a_duplicated_cell_is_refused_naming_both_lines(tmp_path, capsys):
     assert not (tmp_path / "twice.md").exists()
 
 
+def test_a_missing_file_a_bad_line_or_a_record_without_its_keys_is_one_line(tmp_path, capsys):
+    good = json.dumps(_normalizers_records()[0])
+    for name, text, expected in (
+        ("bad", good + "\n{oops\n", "bad.jsonl:2: not JSON"),
+        ("keys", good + '\n{"cell": "x", "kind": "run"}\n', "keys.jsonl:2: not a study record "
+         "(no 'status', 'fields', 'seed', 'eval')"),
+        ("empty", "\n", "empty.jsonl: no records"),
+    ):  # fmt: skip
+        (tmp_path / f"{name}.jsonl").write_text(text)
+        assert report.main([str(tmp_path / f"{name}.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and expected in err, err
+    assert report.main([str(tmp_path / "absent.jsonl")]) == 2
+    assert "absent.jsonl: no such results file" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("change", ["commit", "dirty"])
 def test_mixed_commits_or_a_dirty_tree_are_refused_unless_allowed(tmp_path, capsys, change):
     records = _normalizers_records()
