@@ -93,7 +93,7 @@ def correlation_verdict(corr: dict, p_adj: float, direction: int = -1) -> tuple[
         alone = "not detected at this n"
     reasons = []
     if math.isfinite(rho) and rho * r < 0:
-        reasons.append(f"Spearman ρ {signed(rho, 3)} has the other sign than Pearson r")
+        reasons.append(f"Spearman ρ {signed(rho, 3)} has the opposite sign to Pearson r")
     if math.isfinite(loo["min"]) and loo["min"] < 0 < loo["max"]:
         other = loo["argmin"] if r > 0 else loo["argmax"]
         flipped = loo["min"] if r > 0 else loo["max"]
@@ -168,9 +168,10 @@ class Family:
 
 
 def no_change_verdict(t: dict, p_adj: float) -> dict:
-    """A claim that a quantity does not move: "changed" (adjusted p < 0.05; the paired t-test
-    finds a difference), else "no change detected at this n" (a change the interval does not
-    exclude is not ruled out)."""
+    """A claim that a quantity does not move: "reversed (it changed)" where the adjusted t-test
+    p < 0.05 ("(parametric only)" as for a difference, the sign-flip taken in the observed
+    direction), else "no change detected at this n", never "confirmed": a change the interval
+    does not exclude is not ruled out."""
     sign = 1 if t["mean"] >= 0 else -1
     flip = stats.sign_flip_p(t["diffs"], sign)
     out = {"flip": flip, "side": "in the observed direction"}
