@@ -18,7 +18,8 @@ import ml_collections
 import optax
 import tokenizers
 
-from isojax import distributed, models, norms, optim, precision, steps
+from isojax import config as config_lib
+from isojax import distributed, models, optim, precision, steps
 from isojax.config import TINY_MODEL
 from isojax.data import glue
 
@@ -31,7 +32,7 @@ def load_tokenizer(name_or_path: str) -> Any:
         return tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer = models.checkpoints.load_tokenizer(folder)
     if tokenizer is None:
-        raise ValueError(f"config.tokenizer: no tokenizer files in {folder}")
+        raise config_lib.ConfigError(f"config: tokenizer: no tokenizer files in {folder}")
     return tokenizer
 
 
@@ -71,7 +72,9 @@ def load_encoder(
     pretrained = models.load_pretrained(model, **dtypes)
     tok = tok or pretrained.tokenizer
     if tok is None:
-        raise ValueError(f"model {model!r} has no tokenizer: set a tokenizer folder")
+        raise config_lib.ConfigError(
+            f"config: model {model!r} has no tokenizer: set config.tokenizer, a tokenizer folder"
+        )
     return pretrained.module, pretrained.params, tok
 
 
@@ -88,14 +91,18 @@ def build_model(
         remat=config.remat,
     )
     enc_config = encoder.config
+    positions = enc_config.max_position_embeddings - enc_config.position_offset
+    if config.max_length > positions:
+        raise config_lib.ConfigError(
+            f"config: max_length {config.max_length} exceeds the {positions} positions of model "
+            f"{config.model!r} (max_position_embeddings {enc_config.max_position_embeddings}, "
+            f"offset {enc_config.position_offset})"
+        )
     dropout = config.dropout_rate
     if dropout is None:
         classifier_dropout = enc_config.classifier_dropout
         dropout = enc_config.hidden_dropout if classifier_dropout is None else classifier_dropout
-    normalizer = config.method if config.method in norms.NORMALIZERS else "none"
-    kwargs = dict(config.normalizer_kwargs.to_dict())
-    if normalizer == "isobn":
-        kwargs = config.isobn.to_dict() | kwargs
+    normalizer, kwargs = config_lib.normalizer_of(config)
     model = models.SequenceClassifier(
         encoder=encoder,
         num_labels=num_labels,
