@@ -78,11 +78,28 @@ def load_encoder(
     return pretrained.module, pretrained.params, tok
 
 
+def check_max_length(config: ml_collections.ConfigDict) -> None:
+    """`ConfigError` unless the model's position table (its config.json, read before any
+    weights) covers `config.max_length` tokens; tiny-bert's table is sized to fit."""
+    if config.model == TINY_MODEL:
+        return
+    checkpoints = models.checkpoints
+    enc = checkpoints.load_config(checkpoints.resolve_folder(config.model))
+    positions = enc.max_position_embeddings - enc.position_offset
+    if config.max_length > positions:
+        raise config_lib.ConfigError(
+            f"config: max_length {config.max_length} exceeds the {positions} positions of model "
+            f"{config.model!r} (max_position_embeddings {enc.max_position_embeddings}, position "
+            f"offset {enc.position_offset})"
+        )
+
+
 def build_model(
     config: ml_collections.ConfigDict, policy: precision.Policy, num_labels: int
 ) -> tuple[models.SequenceClassifier, dict | None, Any, int]:
     """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
     and the hidden size."""
+    check_max_length(config)
     encoder, encoder_params, tokenizer = load_encoder(
         config.model,
         config.tokenizer,
@@ -91,13 +108,6 @@ def build_model(
         remat=config.remat,
     )
     enc_config = encoder.config
-    positions = enc_config.max_position_embeddings - enc_config.position_offset
-    if config.max_length > positions:
-        raise config_lib.ConfigError(
-            f"config: max_length {config.max_length} exceeds the {positions} positions of model "
-            f"{config.model!r} (max_position_embeddings {enc_config.max_position_embeddings}, "
-            f"offset {enc_config.position_offset})"
-        )
     dropout = config.dropout_rate
     if dropout is None:
         classifier_dropout = enc_config.classifier_dropout
