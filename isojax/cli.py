@@ -20,7 +20,10 @@
 The result is checked by `isojax.config.validate_config` before anything is loaded: an unknown
 task or method, or a hyperparameter out of range (zeta outside [0, 1], momentum outside
 (0, 1)), is one line on stderr and exit status 2. So is a flag of the older, longer command
-line (`--istar-zeta`, `--preset`, ...): the message names its replacement.
+line (`--istar-zeta`, `--preset`, ...): the message names its replacement. Bad input found
+while the run is built, before any training step, is one line too (`isojax.errors.InputError`):
+a malformed TSV (file:line), a model folder without weights or with sizes out of bounds, a
+`max_length` beyond the model's positions, a `batch_size` larger than the training data.
 
 `analyze` is its own module, `isojax.cli_analyze`; what the commands share (the usage error,
 the parser that raises it, `--step | --best` and the restore of the run) is `isojax.cli_common`.

@@ -38,6 +38,9 @@ TINY_MODEL = "tiny-bert"
 # Dict fields whose keys are not fixed by `default_config` (empty there): their owner checks the
 # keys (`norms.check_hparams`), and `--set FIELD.KEY=VALUE` may add one.
 OPEN_FIELDS = ("normalizer_kwargs",)
+# Normaliser fields the classifier head sets itself (from the policy and the mesh): not
+# hyper-parameters, so not `normalizer_kwargs` keys.
+HEAD_SETS = ("dtype", "param_dtype", "axis_name", "name", "parent", "use_running_average")
 # Fields with a value by default that accept None too (None: clipping off).
 NULLABLE = ("optimizer.clip_norm",)
 # `jax.random.key(seed)` takes 32 bits: 2**32 would draw seed 0's keys again; numpy's
@@ -218,6 +221,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _owned("isobn", norms.check_hparams, "isobn", **config.isobn.to_dict())
     normalizer, normalizer_kwargs = normalizer_of(config)
     _owned("normalizer_kwargs", norms.check_hparams, normalizer, **normalizer_kwargs)
+    reserved = sorted(set(config.normalizer_kwargs) & set(HEAD_SETS))
+    _check(not reserved, f"normalizer_kwargs: {reserved} are set by the classifier head")
     _owned("istar.zeta", stabilizer_lib.check_zeta, config.istar.zeta)
     s = config.istar.stabilizer
     window = s.window if s.window is not None else (s.tokens if s.unit == "tokens" else 1)

@@ -62,6 +62,10 @@ def run(capsys, argv):
         ),
         (["--set", "normalizer_kwargs.beta=0.5"], "normalizer 'none' has no hyper-parameter"),
         (["--set", "normalizer_kwargs.a.b=1"], "unknown config field 'normalizer_kwargs.a'"),
+        (
+            ["--method", "layernorm", "--set", "normalizer_kwargs.dtype=float16"],
+            "normalizer_kwargs: ['dtype'] are set by the classifier head",
+        ),
     ],
 )
 def test_finetune_rejects_bad_values_with_one_line_and_status_2(capsys, tmp_path, flags, bad):
