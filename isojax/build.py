@@ -18,7 +18,8 @@ import ml_collections
 import optax
 import tokenizers
 
-from isojax import distributed, models, norms, optim, precision, steps
+from isojax import config as config_lib
+from isojax import distributed, models, optim, precision, steps
 from isojax.config import TINY_MODEL
 from isojax.data import glue
 
@@ -31,7 +32,7 @@ def load_tokenizer(name_or_path: str) -> Any:
         return tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer = models.checkpoints.load_tokenizer(folder)
     if tokenizer is None:
-        raise ValueError(f"config.tokenizer: no tokenizer files in {folder}")
+        raise config_lib.ConfigError(f"config: tokenizer: no tokenizer files in {folder}")
     return tokenizer
 
 
@@ -71,8 +72,26 @@ def load_encoder(
     pretrained = models.load_pretrained(model, **dtypes)
     tok = tok or pretrained.tokenizer
     if tok is None:
-        raise ValueError(f"model {model!r} has no tokenizer: set a tokenizer folder")
+        raise config_lib.ConfigError(
+            f"config: model {model!r} has no tokenizer: set config.tokenizer, a tokenizer folder"
+        )
     return pretrained.module, pretrained.params, tok
+
+
+def check_max_length(config: ml_collections.ConfigDict) -> None:
+    """`ConfigError` unless the model's position table (its config.json, read before any
+    weights) covers `config.max_length` tokens; tiny-bert's table is sized to fit."""
+    if config.model == TINY_MODEL:
+        return
+    checkpoints = models.checkpoints
+    enc = checkpoints.load_config(checkpoints.resolve_folder(config.model))
+    positions = enc.max_position_embeddings - enc.position_offset
+    if config.max_length > positions:
+        raise config_lib.ConfigError(
+            f"config: max_length {config.max_length} exceeds the {positions} positions of model "
+            f"{config.model!r} (max_position_embeddings {enc.max_position_embeddings}, position "
+            f"offset {enc.position_offset})"
+        )
 
 
 def build_model(
@@ -80,6 +99,7 @@ def build_model(
 ) -> tuple[models.SequenceClassifier, dict | None, Any, int]:
     """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
     and the hidden size."""
+    check_max_length(config)
     encoder, encoder_params, tokenizer = load_encoder(
         config.model,
         config.tokenizer,
@@ -92,10 +112,7 @@ def build_model(
     if dropout is None:
         classifier_dropout = enc_config.classifier_dropout
         dropout = enc_config.hidden_dropout if classifier_dropout is None else classifier_dropout
-    normalizer = config.method if config.method in norms.NORMALIZERS else "none"
-    kwargs = dict(config.normalizer_kwargs.to_dict())
-    if normalizer == "isobn":
-        kwargs = config.isobn.to_dict() | kwargs
+    normalizer, kwargs = config_lib.normalizer_of(config)
     model = models.SequenceClassifier(
         encoder=encoder,
         num_labels=num_labels,

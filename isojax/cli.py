@@ -20,7 +20,10 @@
 The result is checked by `isojax.config.validate_config` before anything is loaded: an unknown
 task or method, or a hyperparameter out of range (zeta outside [0, 1], momentum outside
 (0, 1)), is one line on stderr and exit status 2. So is a flag of the older, longer command
-line (`--istar-zeta`, `--preset`, ...): the message names its replacement.
+line (`--istar-zeta`, `--preset`, ...): the message names its replacement. Bad input found
+while the run is built, before any training step, is one line too (`isojax.errors.InputError`):
+a malformed TSV (file:line), a model folder without weights or with sizes out of bounds, a
+`max_length` beyond the model's positions, a `batch_size` larger than the training data.
 
 `analyze` is its own module, `isojax.cli_analyze`; what the commands share (the usage error,
 the parser that raises it, `--step | --best` and the restore of the run) is `isojax.cli_common`.
@@ -117,8 +120,9 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
 
 def set_value(config: ml_collections.ConfigDict, key: str, value, source: str) -> None:
     """`config[key.path] = value`, type-checked by ConfigDict; errors name the key (and the
-    new spelling of a renamed one)."""
-    from isojax.config import RENAMED
+    new spelling of a renamed one). A key under an open field (`config.OPEN_FIELDS`:
+    `normalizer_kwargs.epsilon`) may be new: `validate_config` checks it with its owner."""
+    from isojax.config import OPEN_FIELDS, RENAMED
 
     if key in RENAMED:
         raise cli_common.UsageError(
@@ -132,7 +136,7 @@ def set_value(config: ml_collections.ConfigDict, key: str, value, source: str) -
                 f"{source}: unknown config field {'.'.join(parents[: i + 1])!r}"
             )
         node = node[part]
-    if leaf not in node:
+    if leaf not in node and ".".join(parents) not in OPEN_FIELDS:  # open: keys are free
         raise cli_common.UsageError(f"{source}: unknown config field {key!r}")
     try:
         node[leaf] = value
@@ -379,6 +383,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `isojax` console script; returns the exit status."""
+    from isojax import errors
     from isojax.data.glue import GlueDataNotFound
 
     parser = build_parser()
@@ -391,6 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}{' ' + command if command else ''}: error: {err}", file=sys.stderr)
         return 2
     except GlueDataNotFound as err:  # no glue_data folder and no usable tfds copy: one line
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except errors.InputError as err:  # a malformed TSV, model folder or config: one line
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 2
     except SystemExit as exit_:  # --help

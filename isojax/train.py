@@ -162,14 +162,15 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
         len(train_encoded), config.batch_size, drop_remainder=True
     )
     if steps_per_epoch == 0:
-        raise ValueError(
-            f"{len(train_encoded)} training examples make no full batch of {config.batch_size}"
+        raise config_lib.ConfigError(
+            f"config: batch_size {config.batch_size} is larger than the {len(train_encoded)} "
+            "training examples (the last incomplete batch is dropped: no step would run)"
         )
     total_steps = config.max_steps or steps_per_epoch * config.num_epochs
     mesh = distributed.make_mesh() if mesh is None else mesh
     for name in ("batch_size", "eval_batch_size"):
         if config[name] % mesh.size:
-            raise ValueError(
+            raise config_lib.ConfigError(
                 f"config: {name} {config[name]} must be a multiple of the {mesh.size} devices"
             )
     objective = make_objective(config, task, steps_per_epoch)
