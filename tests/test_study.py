@@ -111,7 +111,7 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
     # A zero budget stops before the first cell; a dry run writes nothing.
     assert study.run_grid(grid, budget_minutes=0, **kw)["ran"] == 0
     assert study.run_grid(grid, dry_run=True, **kw) == {
-        "cells": 4, "done": 0, "failed": 0, "ran": 0, "left": 4,
+        "cells": 4, "done": 0, "failed": 0, "ran": 0, "held": 0, "left": 4,
     }  # fmt: skip
     assert not results.exists()
 
@@ -135,7 +135,7 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
     monkeypatch.setattr(checkpointing.Checkpointer, "save", save)
     capsys.readouterr()
     counts = study.run_grid(grid, **kw)
-    assert counts == {"cells": 4, "done": 4, "failed": 1, "ran": 3, "left": 0}
+    assert counts == {"cells": 4, "done": 4, "failed": 1, "ran": 3, "held": 0, "left": 0}
     assert f"isojax: resumed {killed} at step 2" in capsys.readouterr().err
     records = {r["cell"]: r for r in study.read_records(results)}
     assert list(records) == ["rte-pretrained", "rte-none-s1", "rte-isobn-s1", "rte-none-lr=-1-s1"]
@@ -246,10 +246,10 @@ def test_estimates_use_measured_minutes_per_epoch_on_the_same_device():
 
 
 def test_write_record_refuses_duplicates_and_torn_lines(tmp_path):
-    path, lock = tmp_path / "s.jsonl", tmp_path / "lock"
-    study.write_record(path, {"cell": "a", "status": "ok"}, lock)
+    path = tmp_path / "s.jsonl"
+    study.write_record(path, {"cell": "a", "status": "ok"})
     with pytest.raises(ValueError, match="cell a is recorded already"):
-        study.write_record(path, {"cell": "a", "status": "ok"}, lock)
+        study.write_record(path, {"cell": "a", "status": "ok"})
     path.write_text(path.read_text() + '{"cell": "b"')
     with pytest.raises(ValueError, match="the last line is unfinished"):
         study.read_records(path)
