@@ -278,3 +278,18 @@ def test_git_state_outside_a_repository_reads_the_recorded_commit(tmp_path, monk
     assert study.git_state() == ("c" * 40, False)
     monkeypatch.setenv("ISOJAX_GIT_DIRTY", "1")
     assert study.git_state() == ("c" * 40, True)
+
+
+def test_study_analyze_without_the_run_folders_says_so_in_one_line(tmp_path, capsys):
+    """Run folders are not committed: a results file alone gets one line naming where the runs
+    were looked for, not a traceback; a missing results file too."""
+    results = tmp_path / "s.jsonl"
+    record = {"study": "s", "cell": "rte-none-s1", "kind": "run", "status": "ok", "seed": 1,
+              "fields": {"task": "rte", "method": "none", "seed": 1}}  # fmt: skip
+    results.write_text(json.dumps(record) + "\n")
+    assert study_analyze.main([str(results), "--runs-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1 of the 1 runs to analyse are not in" in err
+    assert f"{tmp_path / 'runs' / 's' / 'rte-none-s1'}" in err and "not committed" in err
+    assert study_analyze.main([str(tmp_path / "none.jsonl")]) == 2
+    assert "no such results file" in capsys.readouterr().err
