@@ -24,7 +24,7 @@ share JAX's persistent compilation cache (`--compile-cache`, default RUNS/.jax_c
 loads the steps that earlier cells compiled for the same shapes (the same executables).
 
 Several runners may share a grid (one machine or several over a shared disk, each with the same
-`--runs-dir` and `--results`): a runner claims a cell before training it (`study_locks.claim`,
+`--runs-dir` and `--results`): a runner claims a cell before training it (`study_records.claim`,
 a flock in the cell's folder, dropped when the runner exits or dies), skips a cell another
 runner holds, and at the end lists the cells it skipped so. Lines are written whole, with one
 `write` under the lock `<results>.lock` beside the results file, and a cell already recorded is
@@ -59,7 +59,6 @@ import math
 import os
 import pathlib
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -71,16 +70,20 @@ import ml_collections
 if str(pathlib.Path(__file__).resolve().parent) not in sys.path:  # loaded by path (tests)
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import study_commit  # noqa: E402
-import study_locks  # noqa: E402
+import study_eta  # noqa: E402
+import study_records  # noqa: E402
+from study_eta import epoch_minutes  # noqa: E402, F401  (re-exported)
+from study_records import (  # noqa: E402, F401  (re-exported)
+    StudyError,
+    read_records,
+    read_records_locked,
+    write_record,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "experiments" / "results"
 PRETRAINED = "pretrained"
 LOSS_CHUNK_STEPS = 10  # steps per point of a record's train_loss curve
-
-
-class StudyError(ValueError):
-    """A grid, results file or option the runner refuses: one line, exit status 2."""
 
 
 class RecordedElsewhere(StudyError):
@@ -178,57 +181,8 @@ def config_hash(config: ml_collections.ConfigDict, recipe) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# The results file.
+# The machine.
 # ----------------------------------------------------------------------------------------------
-
-
-def read_records(path: pathlib.Path) -> list[dict]:
-    """The lines of a results JSONL (empty if there is none); a bad line raises, naming it."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    if text and not text.endswith("\n"):
-        raise StudyError(f"{path}: the last line is unfinished (a torn write); remove it")
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise StudyError(f"{path}:{number}: not JSON ({err})") from None
-    return records
-
-
-def read_records_locked(path: pathlib.Path) -> list[dict]:
-    """`read_records` under the results lock (no line half-written by another runner)."""
-    with study_locks.results_lock(path):
-        return read_records(path)
-
-
-def write_record(path: pathlib.Path, record: dict) -> None:
-    """Appends `record` as one line, in one `write`; a failed line of the same cell is replaced
-    (the file rewritten to a temporary and renamed); any other line of the cell raises. Under
-    `<path>.lock` (`study_locks.results_lock`), whoever else writes to `path`."""
-    line = json.dumps(record, sort_keys=True, allow_nan=True) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with study_locks.results_lock(path):
-        records = read_records(path)
-        same = [r for r in records if r["cell"] == record["cell"]]
-        if any(r["status"] != "failed" for r in same):
-            raise StudyError(f"{path}: cell {record['cell']} is recorded already")
-        if same:
-            kept = [r for r in records if r["cell"] != record["cell"]]
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept) + line)
-            os.replace(tmp, path)
-            return
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def git_state() -> tuple[str, bool]:
@@ -366,81 +320,6 @@ def _folder_config_matches(workdir: pathlib.Path, config, recipe) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# Time estimates.
-# ----------------------------------------------------------------------------------------------
-
-
-SHAPE_FIELDS = ("model", "max_length", "batch_size", "packing", "max_train_examples")
-
-
-def _shape(config) -> tuple:
-    """What an epoch's time depends on besides task, method and device (`SHAPE_FIELDS`)."""
-    return tuple(json.dumps(config.get(k), sort_keys=True) for k in SHAPE_FIELDS)
-
-
-def epoch_minutes(
-    records: list[dict], task: str, method: str, recipe, device: str = "", config=None
-) -> float | None:
-    """Measured minutes per epoch (a run's wall minutes over its evaluated epochs): the median
-    over ok runs on `device` of (task, method), else of the task; else the same on any device;
-    else `study_recipe.EPOCH_MINUTES_PRIOR`. Given the cell's `config`, only runs of the same
-    model, sequence length, batch, packing and training rows count (`SHAPE_FIELDS`), and the
-    prior (measured on the recipe's MiniLM-L6) applies only to a config of the recipe's shape;
-    None (unknown) otherwise."""
-
-    def per_epoch(rows):
-        out = []
-        for r in rows:
-            epochs = max([e["epoch"] for e in r["eval"]] + [0])
-            if r["status"] == "ok" and r["kind"] == "run" and r["wall_minutes"] > 0 and epochs:
-                out.append(r["wall_minutes"] / epochs)
-        return out
-
-    same_task = [r for r in records if r["fields"]["task"] == task]
-    if config is not None:
-        shape = _shape(config)
-        same_task = [r for r in same_task if "config" in r and _shape(r["config"]) == shape]
-    here = [r for r in same_task if r.get("device") == device]
-    for pool in (here, same_task):
-        for rows in ([r for r in pool if r["fields"]["method"] == method], pool):
-            measured = per_epoch(rows)
-            if measured:
-                return statistics.median(measured)
-    if config is not None and _shape(config) != _shape(recipe.base_config()):
-        return None
-    return recipe.EPOCH_MINUTES_PRIOR.get(task, max(recipe.EPOCH_MINUTES_PRIOR.values()))
-
-
-def estimate_minutes(
-    cell: Cell, config, records: list[dict], recipe, workdir, device: str = ""
-) -> float | None:
-    """Minutes left for `cell`: epochs x `epoch_minutes` (None: unknown), less the part a
-    resumed folder has done (its last evaluated epoch); a step-0 evaluation counts as 1/10
-    epoch."""
-    task, method = cell.values["task"], cell.values["method"]
-    minutes = epoch_minutes(records, task, method, recipe, device, config)
-    if minutes is None:
-        return None
-    if method == PRETRAINED:
-        return 0.1 * minutes
-    done = max([row["epoch"] for row in read_run(workdir)["eval"]] + [0])
-    return max(0, recipe.get_field(config, "num_epochs") - done) * minutes
-
-
-def _clock(minutes: float) -> str:
-    return f"{int(minutes // 60)}h{int(minutes % 60):02d}m"
-
-
-def _eta(estimates: list[float | None]) -> str:
-    """`1h02m`; `1h02m + 3 cells of unknown time`; `unknown (...)` when none is known."""
-    known = [m for m in estimates if m is not None]
-    unknown = len(estimates) - len(known)
-    if estimates and not known:
-        return "unknown (no measured epoch of this model and shape yet)"
-    return _clock(sum(known)) + (f" + {unknown} cells of unknown time" if unknown else "")
-
-
-# ----------------------------------------------------------------------------------------------
 # The runner.
 # ----------------------------------------------------------------------------------------------
 
@@ -532,22 +411,23 @@ def run_grid(
         return old is None or (retry_failed and old["status"] == "failed")
 
     def estimate(cell: Cell) -> float | None:
-        workdir = study_dir / cell.name
-        return estimate_minutes(cell, configs[cell.name], records, recipe, workdir, device)
+        done = max([row["epoch"] for row in read_run(study_dir / cell.name)["eval"]] + [0])
+        config = configs[cell.name]
+        return study_eta.estimate_minutes(cell.values, config, records, recipe, done, device)
 
-    def left() -> str:
-        return _eta([estimate(c) for c in cells if todo(c)])
+    def left(explain: bool = False) -> str:
+        return study_eta.eta([estimate(c) for c in cells if todo(c)], explain)
 
     pending = [c for c in cells if todo(c)]
     failed = sum(by_cell.get(c.name, {}).get("status") == "failed" for c in cells)
     log(
         f"study {study} (tiers 1-{tier}): {len(cells)} cells, {len(cells) - len(pending)} "
-        f"recorded ({failed} failed), {len(pending)} to run; estimate {left()} -> {results}"
+        f"recorded ({failed} failed), {len(pending)} to run; estimate {left(True)} -> {results}"
     )
     if dry_run:
         for cell in pending:
             minutes = estimate(cell)
-            busy = study_locks.holder(study_dir / cell.name)
+            busy = study_records.holder(study_dir / cell.name)
             log(
                 f"  tier {cell.tier} {cell.name}: "
                 + ("time unknown" if minutes is None else f"~{minutes:.1f} min")
@@ -564,8 +444,8 @@ def run_grid(
             log(f"budget of {budget_minutes:g} min reached after {elapsed:.1f} min: stopping")
             break
         config, workdir = configs[cell.name], study_dir / cell.name
-        claim = study_locks.claim(workdir)
-        if not isinstance(claim, study_locks.Claim):
+        claim = study_records.claim(workdir)
+        if not isinstance(claim, study_records.Claim):
             held[cell.name] = claim
             log(f"[{index + 1}/{len(pending)}] {cell.name}: held by {claim}; next cell")
             continue

@@ -58,7 +58,7 @@ def _repo(tmp_path) -> tuple[pathlib.Path, str]:
     _git(repo, "add", ".")
     _git(repo, "commit", "-q", "-m", "old runner")
     old = _git(repo, "rev-parse", "HEAD")
-    for name in ("study.py", "study_commit.py", "study_locks.py"):
+    for name in ("study.py", "study_commit.py", "study_eta.py", "study_records.py"):
         shutil.copy(REPO / "experiments" / name, repo / "experiments" / name)
     _git(repo, "add", ".")
     _git(repo, "commit", "-q", "-m", "new runner")

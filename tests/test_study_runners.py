@@ -13,8 +13,9 @@ import sys
 import time
 
 import pytest
-import study_locks  # noqa: E402  (on sys.path once test_study loaded study.py)
 from test_study import GRID, REPO, study
+
+study_records = study.study_records
 
 WRITER = """
 import importlib.util, pathlib, sys
@@ -43,7 +44,7 @@ def test_the_results_lock_is_the_results_files_own(tmp_path):
     (one replacing failed lines by renames, one appending) lose no line."""
     results = tmp_path / "shared" / "s.jsonl"
     results.parent.mkdir()
-    with open(study_locks.lock_path_of(results), "a") as held:
+    with open(study_records.lock_path_of(results), "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         writer = _writer(tmp_path, results, "appender", 1)
         time.sleep(2.0)
@@ -66,25 +67,25 @@ def test_the_results_lock_is_the_results_files_own(tmp_path):
 
 
 def test_a_claim_is_exclusive_names_its_holder_and_dies_with_it(tmp_path):
-    first = study_locks.claim(tmp_path / "cell")
-    assert isinstance(first, study_locks.Claim)
-    second = study_locks.claim(tmp_path / "cell")
+    first = study_records.claim(tmp_path / "cell")
+    assert isinstance(first, study_records.Claim)
+    second = study_records.claim(tmp_path / "cell")
     assert second.startswith(f"pid {os.getpid()} on ")
-    assert study_locks.holder(tmp_path / "cell") == second
+    assert study_records.holder(tmp_path / "cell") == second
     first.release()
-    assert study_locks.holder(tmp_path / "cell") is None
+    assert study_records.holder(tmp_path / "cell") is None
     # A holder killed with SIGKILL leaves no stale claim.
-    code = (f"import sys; sys.path.insert(0, {str(REPO / 'experiments')!r}); import study_locks, "
-            f"time, pathlib; c = study_locks.claim(pathlib.Path({str(tmp_path / 'cell')!r})); "
+    code = (f"import sys; sys.path.insert(0, {str(REPO / 'experiments')!r}); import study_records, "
+            f"time, pathlib; c = study_records.claim(pathlib.Path({str(tmp_path / 'cell')!r})); "
             "print('held', flush=True); time.sleep(60)")  # fmt: skip
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "held"
-        assert study_locks.holder(tmp_path / "cell").startswith(f"pid {child.pid} on ")
+        assert study_records.holder(tmp_path / "cell").startswith(f"pid {child.pid} on ")
     finally:
         child.kill()
         child.communicate()
-    assert isinstance(study_locks.claim(tmp_path / "cell"), study_locks.Claim)
+    assert isinstance(study_records.claim(tmp_path / "cell"), study_records.Claim)
 
 
 def _grid_file(tmp_path, glue_dir, minilm_dir, methods=("none", "isobn")) -> str:
@@ -98,7 +99,7 @@ def test_a_cell_another_runner_holds_is_skipped_and_reported(tmp_path, glue_dir,
     grid = _grid_file(tmp_path, glue_dir, minilm_dir)
     runs, results = tmp_path / "runs", tmp_path / "tiny.jsonl"
     names = ("rte-pretrained", "rte-none-s1", "rte-isobn-s1")
-    claims = [study_locks.claim(runs / "tiny" / c) for c in names]
+    claims = [study_records.claim(runs / "tiny" / c) for c in names]
     lines = []
     dry = study.run_grid(grid, runs_dir=runs, results=results, dry_run=True, log=lines.append)
     assert sum("(running: pid" in line for line in lines) == 3
@@ -112,7 +113,7 @@ def test_a_cell_another_runner_holds_is_skipped_and_reported(tmp_path, glue_dir,
     assert lines[-1].count(f"pid {os.getpid()} on ") == 3
     for c in claims:
         c.release()
-    assert study_locks.holder(runs / "tiny" / "rte-none-s1") is None
+    assert study_records.holder(runs / "tiny" / "rte-none-s1") is None
 
 
 def test_two_runner_processes_share_a_grid(tmp_path, glue_dir, minilm_dir):
@@ -139,10 +140,10 @@ def test_two_runner_processes_share_a_grid(tmp_path, glue_dir, minilm_dir):
         deadline = time.monotonic() + 300
         while True:  # stop A inside its rte-pretrained cell, the results lock free
             assert a.poll() is None and time.monotonic() < deadline, "A never claimed a cell"
-            claim_file = cell / study_locks.CLAIM_FILE
+            claim_file = cell / study_records.CLAIM_FILE
             if claim_file.exists() and claim_file.read_text().startswith(f"pid {a.pid} "):
                 os.kill(a.pid, signal.SIGSTOP)
-                with open(study_locks.lock_path_of(results), "a") as lock:
+                with open(study_records.lock_path_of(results), "a") as lock:
                     try:
                         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                         done = [r["cell"] for r in study.read_records(results)]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stages what a GPU session's two `run` calls carry to the device machine (README, "On a GPU
-# (device tool)"), in the git-ignored folder .device/ of this checkout:
+# Stages what the two commands of a GPU session carry to the GPU host
+# (experiments/device/README.md), in the git-ignored folder .device/ of this checkout:
 #
 #   .device/w1/      first half of the weights package's largest file (model.safetensors) + its
 #                    SHA-256: carried by call 1 ("stage"), and left on the warm machine
