@@ -56,7 +56,9 @@ def ensure_worktree(repo: pathlib.Path, commit: str, where: pathlib.Path) -> pat
         if head.returncode != 0 or head.stdout.strip() != commit:
             found = head.stdout.strip()[:10] or "no git checkout"
             raise CommitError(f"{where} exists and is not a checkout of {commit[:10]} ({found})")
-        changed = _git(where, "status", "--porcelain", "--untracked-files=no")
+        # As `study.git_state` counts a record dirty: tracked changes outside the results.
+        changed = _git(where, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                       ":!experiments/results")  # fmt: skip
         if changed.stdout.strip():
             raise CommitError(f"{where} has changes to tracked files: its records would be dirty")
         return where
