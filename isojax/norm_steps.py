@@ -214,27 +214,18 @@ def isobn_running_gain(
 
 
 def isobn(
-    state: dict,
-    x: jax.Array,
-    mask: jax.Array | None,
-    *,
-    train: bool,
-    update: bool,
-    momentum: float,
-    beta: float,
-    epsilon: float,
-    debias: bool,
-    axis_name: str | None = None,
-    dtype: jax.typing.DTypeLike | None = None,
+    state: dict, x: jax.Array, mask: jax.Array | None, *, update: bool, dtype=None, **hparams
 ) -> tuple[jax.Array, dict | None, jax.Array | None]:
     """IsoBN's step (`norms.IsoBN`): update the state (if `update`), then `x * gain` of the
-    (new) running state; `train` is not read, since IsoBN always scales by its running state."""
-    del train
+    (new) running state. `hparams`: ``momentum``, ``beta``, ``epsilon``, ``debias``, and
+    ``axis_name``; ``train`` is not read, since IsoBN always scales by its running state."""
+    momentum, axis_name = hparams["momentum"], hparams.get("axis_name")
+    gain_hparams = {k: hparams[k] for k in ("beta", "epsilon", "debias")}
     new, ok = (None, None)
     if update:
         new, ok = isobn_update(state, x, mask, momentum=momentum, axis_name=axis_name)
         state = new
-    gain = isobn_running_gain(state, momentum=momentum, beta=beta, epsilon=epsilon, debias=debias)
+    gain = isobn_running_gain(state, momentum=momentum, **gain_hparams)
     y = x.astype(stats.stats_dtype(x.dtype)) * gain
     return y.astype(dtype or x.dtype), new, ok
 
