@@ -102,6 +102,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = config_dict.placeholder(int)  # steps between checkpoints; None: epochs
     c.keep_checkpoints = 2
     c.log_every = 50
+    # Stop the run (exit status 3, isojax.nonfinite) once the training loss has been non-finite
+    # for this many consecutive steps (float32 / bfloat16; off under float16's dynamic loss
+    # scale); None: never stop.
+    c.max_nonfinite_steps = config_dict.FieldReference(10, int)
     c.fsdp = False  # shard parameters and optimizer state over devices
     c.remat = False  # recompute layer activations in the backward pass
     # Without a token penalty (istar, cosreg) the train step computes the encoder's last layer
@@ -187,7 +191,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _owned("optimizer", optim.check_hparams, **config.optimizer.to_dict())
     for name in ("batch_size", "eval_batch_size", "num_epochs", "log_every", "keep_checkpoints"):
         _check(int(config[name]) >= 1, f"{name} must be >= 1, got {config[name]}")
-    for name in ("max_steps", "checkpoint_every", "max_train_examples", "max_eval_examples"):
+    for name in (
+        "max_steps",
+        "checkpoint_every",
+        "max_train_examples",
+        "max_eval_examples",
+        "max_nonfinite_steps",
+    ):
         value = config[name]
         _check(value is None or value >= 1, f"{name} must be None or >= 1, got {value}")
     _check(config.max_length >= 4, f"max_length must be >= 4, got {config.max_length}")
