@@ -22,6 +22,10 @@ task or method, or a hyperparameter out of range (zeta outside [0, 1], momentum 
 (0, 1)), is one line on stderr and exit status 2. So is a flag of the older, longer command
 line (`--istar-zeta`, `--preset`, ...): the message names its replacement.
 
+Exit statuses: 0 done; 1 a full or read-only disk (one line naming the path); 2 a usage
+error (one line); 3 a run stopped because its training loss stayed non-finite
+(`isojax.nonfinite`: no score is reported).
+
 `analyze` is its own module, `isojax.cli_analyze`; what the commands share (the usage error,
 the parser that raises it, `--step | --best` and the restore of the run) is `isojax.cli_common`.
 """
