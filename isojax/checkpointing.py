@@ -118,13 +118,21 @@ class Checkpointer:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = pathlib.Path(directory).absolute()
         self.read_only = read_only
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            enable_async_checkpointing=False,
-            create=not read_only,
-            read_only=read_only,
-        )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        # orbax logs (absl WARNING) that a read-only manager neither saves nor deletes: that
+        # is what was asked for.
+        absl_logger = logging.getLogger("absl")
+        level = absl_logger.level
+        absl_logger.setLevel(logging.ERROR if read_only else level)
+        try:
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep,
+                enable_async_checkpointing=False,
+                create=not read_only,
+                read_only=read_only,
+            )
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        finally:
+            absl_logger.setLevel(level)
 
     def all_steps(self) -> list[int]:
         """Steps with a committed checkpoint, ascending."""

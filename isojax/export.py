@@ -139,6 +139,7 @@ def export_run(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     old = folder.parent / f".{folder.name}.export-old-{os.getpid()}"
+    shutil.rmtree(old, ignore_errors=True)
     if folder.exists():
         folder.rename(old)  # an earlier export (or an empty folder), checked above
     tmp.rename(folder)

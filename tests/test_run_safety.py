@@ -160,7 +160,9 @@ def lines_of(text: str) -> list[tuple[int, str]]:
 def test_export_refuses_a_run_folder_and_overwrite_replaces_only_an_export(
     killed_twice, capsys, tmp_path
 ):
-    root, workdir, _ = killed_twice
+    root = killed_twice[0]
+    workdir = root / "export-run"  # a copy: the other tests keep their run folder whatever happens
+    shutil.copytree(killed_twice[1], workdir)
     before = tree(workdir)
     done = isojax(root, "export", workdir, workdir)
     assert done.returncode == 2 and one_line(done.stderr), done.stderr
@@ -274,6 +276,24 @@ def test_cli_refuses_infinite_weight_decay_and_a_tokenizer_larger_than_the_vocab
     err = capsys.readouterr().err
     assert code == 2 and one_line(err), err
     assert "30522 token ids, more than model" in err and "vocab_size 1000" in err
+
+
+def test_max_nonfinite_steps_is_validated_and_may_change_on_resume(tmp_path):
+    from isojax import config as config_lib
+
+    config = config_lib.default_config()
+    assert config.max_nonfinite_steps == 10
+    config.max_nonfinite_steps = 0
+    with pytest.raises(ValueError, match="max_nonfinite_steps must be None or >= 1, got 0"):
+        config_lib.validate_config(config)
+    config.max_nonfinite_steps = None
+    config_lib.validate_config(config)
+    (tmp_path / "checkpoints").mkdir()
+    saved = json.loads(config_lib.default_config().to_json())
+    del saved["max_nonfinite_steps"]  # a run folder of an isojax before the field
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    resume.check_same_run(config_lib.default_config(), tmp_path)  # the default: same run
+    resume.check_same_run(config, tmp_path)  # changed: it touches no state
 
 
 def test_the_watch_counts_consecutive_losses_and_is_off_under_a_dynamic_loss_scale(tmp_path):
