@@ -265,10 +265,12 @@ def _isotropy_jit(acc, c0, zeta):
     return steps.isotropy_metrics(acc, c0, zeta)
 
 
-def _train_epoch(run, state, config, position, step, log, save, watch) -> tuple[Any, int, bool]:
+def _train_epoch(
+    run, state, config, position, step, log, save, loss_watch
+) -> tuple[Any, int, bool]:
     """Trains from `position` to the end of its epoch or of the run; returns `(state, step,
     epoch_done)` with `position.batch` advanced. `log.train` after each step; `save(step,
-    state)` every `config.checkpoint_every` steps (not at the epoch's end); `watch` (a
+    state)` every `config.checkpoint_every` steps (not at the epoch's end); `loss_watch` (a
     `nonfinite.LossWatch`) counts each loss and is checked at each log line."""
     epoch_done = position.batch == run.steps_per_epoch
     epoch_batches = train_batches(
@@ -280,13 +282,13 @@ def _train_epoch(run, state, config, position, step, log, save, watch) -> tuple[
         position.add(step_metrics)
         log.train(step, position.epoch, position.pop_means)
         epoch_done = position.batch == run.steps_per_epoch
-        watch.update(step, step_metrics["loss"])
+        loss_watch.update(step, step_metrics["loss"])
         if step % config.log_every == 0 or step == run.total_steps or epoch_done:
-            watch.check(step, position.epoch)
+            loss_watch.check(step, position.epoch)
         if step == run.total_steps or epoch_done:
             break
         if config.checkpoint_every and step % config.checkpoint_every == 0:
-            watch.check(step, position.epoch, before="checkpointing")
+            loss_watch.check(step, position.epoch, before="checkpointing")
             save(step, state)
     return state, step, epoch_done
 
@@ -342,14 +344,16 @@ def train_and_evaluate(
 
     stamp = resume.config_stamp(config)  # saved with each checkpoint, checked on restore
     save = lambda step, state: ckpt.save(step, state, position.to_json() | stamp)  # noqa: E731
-    watch = nonfinite.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead)
+    loss_watch = nonfinite.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead)
     c0_pass_each_epoch = config.method == "istar" and config.istar.stabilizer.kind == "pass"
     num_epochs = -(-run.total_steps // run.steps_per_epoch)
     while step < run.total_steps and position.epoch < num_epochs:
         if c0_pass_each_epoch and position.batch == 0:
             state = c0_pass(run, state, config, position.epoch)
-        state, step, epoch_done = _train_epoch(run, state, config, position, step, log, save, watch)
-        watch.check(step, position.epoch, before="evaluating")
+        state, step, epoch_done = _train_epoch(
+            run, state, config, position, step, log, save, loss_watch
+        )
+        loss_watch.check(step, position.epoch, before="evaluating")
         results = evaluate_all(run, state, config, step, position.epoch + 1, log)
         is_best = position.note_eval(results, main_split)
         if epoch_done:
