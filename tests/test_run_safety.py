@@ -167,8 +167,8 @@ def test_export_refuses_a_run_folder_and_overwrite_replaces_only_an_export(
     done = isojax(root, "export", workdir, workdir)
     assert done.returncode == 2 and one_line(done.stderr), done.stderr
     assert "is a run folder" in done.stderr
-    done = isojax(root, "export", workdir, workdir, "--overwrite")
-    assert done.returncode == 2 and "is a run folder" in done.stderr
+    code = cli.main(["export", str(workdir), str(workdir), "--overwrite"])
+    assert code == 2 and "is a run folder" in capsys.readouterr().err
     assert tree(workdir) == before  # config.json and every other file as they were
 
     out = tmp_path / "hf"
