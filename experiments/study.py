@@ -290,7 +290,7 @@ def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
 def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str) -> dict:
     """Runs (or resumes, or reads back) one cell; returns the run part of its record.
     Exceptions propagate after the attempt's wall time is saved."""
-    from isojax import train
+    from isojax import nonfinite, train
 
     start = time.monotonic()
     try:
@@ -299,7 +299,9 @@ def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str
             part = {"eval": _pretrained_eval(config), "train_loss": [], "train_loss_epoch": []}
             part["steps"] = 0
         else:
-            if not (workdir / "results.json").exists():
+            # A run stopped on a non-finite loss has a results.json without a score: rerun
+            # (it raises again, and the cell is recorded failed).
+            if not (workdir / "results.json").exists() or nonfinite.stopped(workdir):
                 train.train_and_evaluate(config, workdir)
             part = read_run(workdir)
     finally:

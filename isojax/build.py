@@ -36,10 +36,26 @@ def load_tokenizer(name_or_path: str) -> Any:
     return tokenizer
 
 
+class VocabularyMismatch(config_lib.ConfigError):
+    """The tokenizer gives ids the model has no embedding for (one-line message)."""
+
+
 def _vocab_size(tokenizer: Any) -> int:
     if isinstance(tokenizer, tokenizers.Tokenizer):
         return tokenizer.get_vocab_size(with_added_tokens=True)
     return len(tokenizer)
+
+
+def check_vocabulary(tokenizer: Any, vocab_size: int, model: str, source: str) -> None:
+    """Refuses a tokenizer whose ids (added tokens included) reach `vocab_size`: `nn.Embed`
+    embeds such an id as NaN, and the run would train on NaN from its first step."""
+    size = _vocab_size(tokenizer)
+    if size > vocab_size:
+        raise VocabularyMismatch(
+            f"{source} has {size} token ids, more than model {model!r}'s vocab_size "
+            f"{vocab_size}: ids >= {vocab_size} have no embedding (use the model's own "
+            "tokenizer)"
+        )
 
 
 def load_encoder(
@@ -54,7 +70,8 @@ def load_encoder(
 
     Args:
       model: a model folder, a weights package, or "tiny-bert" (needs `tokenizer`).
-      tokenizer: a tokenizer folder; None: the model's own.
+      tokenizer: a tokenizer folder; None: the model's own. `VocabularyMismatch` (a
+        ValueError) when it has more ids than the model's vocabulary.
       max_length: tiny-bert's position table covers at least this many tokens (and 64).
       policy: compute and parameter dtypes (default float32).
       remat: recompute layer activations in the backward pass.
@@ -70,11 +87,13 @@ def load_encoder(
         )
         return models.Encoder(enc_config, **dtypes), None, tok
     pretrained = models.load_pretrained(model, **dtypes)
+    source = f"config.tokenizer {tokenizer!r}" if tok is not None else f"{model!r}'s tokenizer"
     tok = tok or pretrained.tokenizer
     if tok is None:
         raise config_lib.ConfigError(
             f"config: model {model!r} has no tokenizer: set config.tokenizer, a tokenizer folder"
         )
+    check_vocabulary(tok, pretrained.module.config.vocab_size, model, source)
     return pretrained.module, pretrained.params, tok
 
 

@@ -10,7 +10,8 @@ isojax carries them: `isojax finetune --config isobn`. Each value is checked by 
 owns it (`optim`, `norms`, `stabilizer`, `precision`, `glue`); `validate_config` only adds the
 field's path to that module's message, and raises `ConfigError` (a `ValueError`), which
 `isojax finetune` prints as one line with exit status 2. A field with a value by default may
-not be None (except `optimizer.clip_norm`, None: no clipping). `normalizer_kwargs` is the one
+not be None (except `optimizer.clip_norm`, None: no clipping, and `max_nonfinite_steps`,
+None: never stop). `normalizer_kwargs` is the one
 open field: its keys are the normaliser's hyper-parameters (`--set
 normalizer_kwargs.epsilon=1e-5`), checked by `norms.check_hparams`.
 """
@@ -41,8 +42,9 @@ OPEN_FIELDS = ("normalizer_kwargs",)
 # Normaliser fields the classifier head sets itself (from the policy and the mesh): not
 # hyper-parameters, so not `normalizer_kwargs` keys.
 HEAD_SETS = ("dtype", "param_dtype", "axis_name", "name", "parent", "use_running_average")
-# Fields with a value by default that accept None too (None: clipping off).
-NULLABLE = ("optimizer.clip_norm",)
+# Fields with a value by default that accept None too (clip_norm None: clipping off;
+# max_nonfinite_steps None: never stop on a non-finite loss).
+NULLABLE = ("optimizer.clip_norm", "max_nonfinite_steps")
 # `jax.random.key(seed)` takes 32 bits: 2**32 would draw seed 0's keys again; numpy's
 # `default_rng((seed, epoch))` refuses negative seeds.
 MAX_SEED = 2**32 - 1
@@ -124,6 +126,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = config_dict.placeholder(int)  # steps between checkpoints; None: epochs
     c.keep_checkpoints = 2
     c.log_every = 50
+    # Stop the run (exit status 3, isojax.nonfinite) once the training loss has been non-finite
+    # for this many consecutive steps (float32 / bfloat16; off under float16's dynamic loss
+    # scale); None: never stop.
+    c.max_nonfinite_steps = config_dict.FieldReference(10, int)
     c.fsdp = False  # shard parameters and optimizer state over devices
     c.remat = False  # recompute layer activations in the backward pass
     # Without a token penalty (istar, cosreg) the train step computes the encoder's last layer
@@ -246,7 +252,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         isinstance(config.seed, int) and 0 <= config.seed <= MAX_SEED,
         f"seed must be an integer in [0, 2**32 - 1], got {config.seed}",
     )
-    for name in ("max_steps", "checkpoint_every", "max_train_examples", "max_eval_examples"):
+    for name in (
+        "max_steps",
+        "checkpoint_every",
+        "max_train_examples",
+        "max_eval_examples",
+        "max_nonfinite_steps",
+    ):
         value = config[name]
         _check(value is None or value >= 1, f"{name} must be None or >= 1, got {value}")
     _check(config.max_length >= 4, f"max_length must be >= 4, got {config.max_length}")
