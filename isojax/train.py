@@ -43,6 +43,7 @@ from isojax import (
     distributed,
     metrics,
     models,
+    nonfinite,
     optim,
     precision,
     regularizers,
@@ -163,14 +164,15 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
         len(train_encoded), config.batch_size, drop_remainder=True
     )
     if steps_per_epoch == 0:
-        raise ValueError(
-            f"{len(train_encoded)} training examples make no full batch of {config.batch_size}"
+        raise config_lib.ConfigError(
+            f"config: batch_size {config.batch_size} is larger than the {len(train_encoded)} "
+            "training examples (the last incomplete batch is dropped: no step would run)"
         )
     total_steps = config.max_steps or steps_per_epoch * config.num_epochs
     mesh = distributed.make_mesh() if mesh is None else mesh
     for name in ("batch_size", "eval_batch_size"):
         if config[name] % mesh.size:
-            raise ValueError(
+            raise config_lib.ConfigError(
                 f"config: {name} {config[name]} must be a multiple of the {mesh.size} devices"
             )
     objective = make_objective(config, task, steps_per_epoch)
@@ -265,10 +267,13 @@ def _isotropy_jit(acc, c0, zeta):
     return steps.isotropy_metrics(acc, c0, zeta)
 
 
-def _train_epoch(run, state, config, position, step, log, save) -> tuple[Any, int, bool]:
+def _train_epoch(
+    run, state, config, position, step, log, save, loss_watch
+) -> tuple[Any, int, bool]:
     """Trains from `position` to the end of its epoch or of the run; returns `(state, step,
     epoch_done)` with `position.batch` advanced. `log.train` after each step; `save(step,
-    state)` every `config.checkpoint_every` steps (not at the epoch's end)."""
+    state)` every `config.checkpoint_every` steps (not at the epoch's end); `loss_watch` (a
+    `nonfinite.LossWatch`) counts each loss and is checked at each log line."""
     epoch_done = position.batch == run.steps_per_epoch
     epoch_batches = train_batches(
         run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
@@ -279,9 +284,13 @@ def _train_epoch(run, state, config, position, step, log, save) -> tuple[Any, in
         position.add(step_metrics)
         log.train(step, position.epoch, position.pop_means)
         epoch_done = position.batch == run.steps_per_epoch
+        loss_watch.update(step, step_metrics["loss"])
+        if step % config.log_every == 0 or step == run.total_steps or epoch_done:
+            loss_watch.check(step, position.epoch)
         if step == run.total_steps or epoch_done:
             break
         if config.checkpoint_every and step % config.checkpoint_every == 0:
+            loss_watch.check(step, position.epoch, before="checkpointing")
             save(step, state)
     return state, step, epoch_done
 
@@ -311,7 +320,10 @@ def train_and_evaluate(
     newest usable checkpoint in `workdir/checkpoints` (state and `resume.Position`), ending as
     an uninterrupted run would; writes `config.json`, `metrics.jsonl`, `tensorboard/` and
     `results.json`, and keeps the best dev epoch's checkpoint in `workdir/best_checkpoint`.
-    The run's first line on stderr names where its data come from (`data_source`).
+    With `config.progress`, the run's first line on stderr names where its data come from
+    (`data_source`).
+    A loss that stays non-finite (float32, bfloat16) stops the run with
+    `nonfinite.NonFiniteLoss`, its `results.json` a stop record with no score.
     Returns the last dev results: `{split: {metric: value}}` per dev split ("dev", or MNLI's
     two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
     plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
@@ -324,12 +336,13 @@ def train_and_evaluate(
     lead = jax.process_index() == 0
     resume.check_same_run(config, workdir)
     if lead:
-        print(f"isojax: {workdir}: {data_source(config)}", file=sys.stderr)
+        if config.progress:  # the progress display's first line (off: stderr keeps errors only)
+            print(f"isojax: {workdir}: {data_source(config)}", file=sys.stderr)
         (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
     run = setup(config, mesh=mesh)
     ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
     main_split = glue.get_task(config.task).dev_splits[0]  # MNLI: matched
-    state, position = resume.restore(ckpt, run.state, workdir, lead)
+    state, position = resume.restore(ckpt, run.state, workdir, lead, config)
     step = int(state.step)
     opt = config.optimizer
     log = reporting.RunLog(
@@ -347,19 +360,24 @@ def train_and_evaluate(
         ),
     )
 
-    save = lambda step, state: ckpt.save(step, state, position.to_json())  # noqa: E731
+    stamp = resume.config_stamp(config)  # saved with each checkpoint, checked on restore
+    save = lambda step, state: ckpt.save(step, state, position.to_json() | stamp)  # noqa: E731
+    loss_watch = nonfinite.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead)
     c0_pass_each_epoch = config.method == "istar" and config.istar.stabilizer.kind == "pass"
     num_epochs = -(-run.total_steps // run.steps_per_epoch)
     while step < run.total_steps and position.epoch < num_epochs:
         if c0_pass_each_epoch and position.batch == 0:
             state = c0_pass(run, state, config, position.epoch)
-        state, step, epoch_done = _train_epoch(run, state, config, position, step, log, save)
+        state, step, epoch_done = _train_epoch(
+            run, state, config, position, step, log, save, loss_watch
+        )
+        loss_watch.check(step, position.epoch, before="evaluating")
         results = evaluate_all(run, state, config, step, position.epoch + 1, log)
         is_best = position.note_eval(results, main_split)
         if epoch_done:
             position.epoch, position.batch = position.epoch + 1, 0
         if is_best:  # before the latest, so a resumed run never claims a best it lacks
-            best_ckpt.save(step, state, position.to_json())
+            best_ckpt.save(step, state, position.to_json() | stamp)
         save(step, state)
     log.close()
     ckpt.close()

@@ -60,6 +60,12 @@ def test_first_line_names_the_data_source(capsys, monkeypatch, tmp_path):
     line = _first_stderr_line(capsys, monkeypatch, config, tmp_path / "c")
     assert "glue/mrpc in /data/tfds" in line
 
+    config.progress = False  # no progress display: stderr keeps a refusal's one line alone
+    monkeypatch.setattr(train, "setup", lambda *a, **k: (_ for _ in ()).throw(_Stop()))
+    with pytest.raises(_Stop):
+        train.train_and_evaluate(config, tmp_path / "d")
+    assert capsys.readouterr().err == ""
+
 
 def test_progress_line_counts_epochs_from_1_as_the_summary(capsys, tmp_path):
     log = reporting.RunLog(
