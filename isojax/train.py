@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import pathlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -44,6 +45,7 @@ from isojax import (
     models,
     optim,
     precision,
+    preemption,
     regularizers,
     reporting,
     resume,
@@ -264,10 +266,11 @@ def _isotropy_jit(acc, c0, zeta):
     return steps.isotropy_metrics(acc, c0, zeta)
 
 
-def _train_epoch(run, state, config, position, step, log, save) -> tuple[Any, int, bool]:
+def _train_epoch(run, state, config, position, step, log, save, watch) -> tuple:
     """Trains from `position` to the end of its epoch or of the run; returns `(state, step,
-    epoch_done)` with `position.batch` advanced. `log.train` after each step; `save(step,
-    state)` every `config.checkpoint_every` steps (not at the epoch's end)."""
+    epoch_done, stop)` with `position.batch` advanced. `log.train` after each step; `save(step,
+    state)` every `config.checkpoint_every` steps (not at the epoch's end); `stop`: a signal
+    (`watch`, a `preemption.Watch`) ended the epoch early, before the run's last step."""
     epoch_done = position.batch == run.steps_per_epoch
     epoch_batches = train_batches(
         run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
@@ -278,11 +281,38 @@ def _train_epoch(run, state, config, position, step, log, save) -> tuple[Any, in
         position.add(step_metrics)
         log.train(step, position.epoch, position.pop_means)
         epoch_done = position.batch == run.steps_per_epoch
+        if watch.requested(step) and step < run.total_steps:
+            return state, step, epoch_done, True
         if step == run.total_steps or epoch_done:
             break
         if config.checkpoint_every and step % config.checkpoint_every == 0:
             save(step, state)
-    return state, step, epoch_done
+    return state, step, epoch_done, False
+
+
+def _end_epoch(run, state, config, position, step, epoch_done, log, best_ckpt, save) -> None:
+    """The dev evaluation after `_train_epoch`, and the checkpoints (best, then latest)."""
+    results = evaluate_all(run, state, config, step, position.epoch + 1, log)
+    is_best = position.note_eval(results, glue.get_task(config.task).dev_splits[0])  # MNLI: m
+    if epoch_done:
+        position.epoch, position.batch = position.epoch + 1, 0
+    if is_best:  # before the latest, so a resumed run never claims a best it lacks
+        best_ckpt.save(step, state, position.to_json())
+    save(step, state)
+
+
+def _save_and_exit(watch, save, step, state, closers, lead: bool):
+    """Preemption: the checkpoint of `step` (a second signal is ignored meanwhile), the
+    writers closed, one line naming it, then `preemption.Preempted` (exit status 75)."""
+    watch.saving = True
+    save(step, state)
+    for closer in closers:
+        closer.close()
+    ckpt = closers[1]
+    stopped = preemption.Preempted(step, str(ckpt.directory / str(step)), watch.signal_name)
+    if lead:
+        print(stopped.line(), file=sys.stderr, flush=True)
+    raise stopped
 
 
 def train_and_evaluate(
@@ -302,6 +332,9 @@ def train_and_evaluate(
     two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
     plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
     score on the first dev split (`isojax export/predict --best`).
+
+    SIGTERM or SIGINT (`preemption`): the running step finishes, its checkpoint is written at
+    that position, and `preemption.Preempted` (SystemExit, status 75) is raised; rerun to resume.
     """
     config_lib.validate_config(config)
     distributed.initialize_distributed()
@@ -313,7 +346,6 @@ def train_and_evaluate(
         (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
     run = setup(config, mesh=mesh)
     ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
-    main_split = glue.get_task(config.task).dev_splits[0]  # MNLI: matched
     state, position = resume.restore(ckpt, run.state, workdir, lead)
     step = int(state.step)
     opt = config.optimizer
@@ -335,17 +367,18 @@ def train_and_evaluate(
     save = lambda step, state: ckpt.save(step, state, position.to_json())  # noqa: E731
     c0_pass_each_epoch = config.method == "istar" and config.istar.stabilizer.kind == "pass"
     num_epochs = -(-run.total_steps // run.steps_per_epoch)
-    while step < run.total_steps and position.epoch < num_epochs:
-        if c0_pass_each_epoch and position.batch == 0:
-            state = c0_pass(run, state, config, position.epoch)
-        state, step, epoch_done = _train_epoch(run, state, config, position, step, log, save)
-        results = evaluate_all(run, state, config, step, position.epoch + 1, log)
-        is_best = position.note_eval(results, main_split)
-        if epoch_done:
-            position.epoch, position.batch = position.epoch + 1, 0
-        if is_best:  # before the latest, so a resumed run never claims a best it lacks
-            best_ckpt.save(step, state, position.to_json())
-        save(step, state)
+    with preemption.Watch() as watch:
+        while step < run.total_steps and position.epoch < num_epochs:
+            if c0_pass_each_epoch and position.batch == 0:
+                state = c0_pass(run, state, config, position.epoch)
+            state, step, epoch_done, stop = _train_epoch(
+                run, state, config, position, step, log, save, watch
+            )
+            if stop:
+                _save_and_exit(watch, save, step, state, (log, ckpt, best_ckpt), lead)
+            _end_epoch(run, state, config, position, step, epoch_done, log, best_ckpt, save)
+            if watch.signal_name is not None and step < run.total_steps:  # during eval/save
+                _save_and_exit(watch, save, step, state, (log, ckpt, best_ckpt), lead)
     log.close()
     ckpt.close()
     best_ckpt.close()
