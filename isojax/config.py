@@ -88,6 +88,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.packing = False
     c.row_buckets = config_dict.placeholder(tuple)  # packed row counts; None: 8 evenly spaced
     c.num_epochs = 3
+    # Micro-batches per optimizer update (isojax.accumulation): batch_size examples per update
+    # in k micro-batches of batch_size / k, gradients averaged over real examples.
+    c.grad_accum_steps = 1
     c.max_steps = config_dict.placeholder(int)  # None: num_epochs epochs; else stop after N
     c.max_train_examples = config_dict.placeholder(int)  # None: all; else the first N rows
     c.max_eval_examples = config_dict.placeholder(int)
@@ -187,6 +190,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _owned("optimizer", optim.check_hparams, **config.optimizer.to_dict())
     for name in ("batch_size", "eval_batch_size", "num_epochs", "log_every", "keep_checkpoints"):
         _check(int(config[name]) >= 1, f"{name} must be >= 1, got {config[name]}")
+    k = config.grad_accum_steps
+    _check(
+        int(k) >= 1 and config.batch_size % k == 0,
+        f"grad_accum_steps {k} must be >= 1 and divide batch_size {config.batch_size}",
+    )
     for name in ("max_steps", "checkpoint_every", "max_train_examples", "max_eval_examples"):
         value = config[name]
         _check(value is None or value >= 1, f"{name} must be None or >= 1, got {value}")

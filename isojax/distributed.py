@@ -85,10 +85,11 @@ def state_sharding(state: Any, mesh: jax.sharding.Mesh, *, fsdp: bool = False) -
     return jax.tree.map(spec, state)
 
 
-def global_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
+def global_batch(batch: dict, mesh: jax.sharding.Mesh, *, stacked: bool = False) -> dict:
     """This process's rows of a batch (padded, or packed: `isojax.data.packing`) -> global
-    arrays sharded over the mesh's data axis (packed: rows and examples each split evenly)."""
-    sharding = NamedSharding(mesh, P(DATA_AXIS))
+    arrays sharded over the mesh's data axis (packed: rows and examples each split evenly).
+    `stacked`: `[k, rows, ...]` micro-batches (`isojax.accumulation`), split along axis 1."""
+    sharding = NamedSharding(mesh, P(None, DATA_AXIS) if stacked else P(DATA_AXIS))
     keys = packing.BATCH_KEYS if packing.is_packed(batch) else BATCH_KEYS
     return {
         key: jax.make_array_from_process_local_data(sharding, np.asarray(batch[key]))

@@ -39,6 +39,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from isojax import (
+    accumulation,
     build,
     distributed,
     metrics,
@@ -113,19 +114,44 @@ def train_batches(
     start: int = 0,
     *,
     mesh: jax.sharding.Mesh | None = None,
+    batch_size: int | None = None,
 ) -> Iterator[dict]:
     """This process's rows of the training batches of `epoch` (shuffled by seed and epoch),
-    from batch `start` on; the last incomplete batch is dropped (`batches`)."""
+    from batch `start` on; the last incomplete batch is dropped (`batches`). `batch_size`:
+    default `config.batch_size`."""
     return batches(
         encoded,
         config,
-        batch_size=config.batch_size,
+        batch_size=batch_size or config.batch_size,
         mesh=mesh,
         shuffle=True,
         seed=config.seed,
         epoch=epoch,
         start_batch=start,
         drop_remainder=True,
+    )
+
+
+def update_batches(
+    encoded: batching.Encoded,
+    config: ml_collections.ConfigDict,
+    epoch: int,
+    start: int = 0,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+) -> Iterator[dict]:
+    """The batches of the optimizer updates of `epoch` from update `start` on: `train_batches`,
+    or with `config.grad_accum_steps = k > 1` each update's `k` micro-batches of
+    `batch_size / k` examples stacked (`accumulation.grouped`)."""
+    k = config.grad_accum_steps
+    if k == 1:
+        return train_batches(encoded, config, epoch, start, mesh=mesh)
+    micro = train_batches(
+        encoded, config, epoch, start * k, mesh=mesh, batch_size=config.batch_size // k
+    )
+    updates = batching.num_batches(len(encoded), config.batch_size, drop_remainder=True) - start
+    return accumulation.grouped(
+        micro, k, updates, pad_id=encoded.pad_id, process_index=jax.process_index()
     )
 
 
@@ -141,7 +167,10 @@ def make_objective(
         zeta=config.istar.zeta,
         include_padding=(config.istar if method == "istar" else config.cosreg).include_padding,
         stabilizer=config.istar.stabilizer.kind,
-        stabilizer_kwargs=tuple(config_lib.stabilizer_kwargs(config, steps_per_epoch).items()),
+        # A running stabiliser counts micro-batches: an epoch is k times the updates.
+        stabilizer_kwargs=tuple(
+            config_lib.stabilizer_kwargs(config, steps_per_epoch * config.grad_accum_steps).items()
+        ),
         cls_only=config.cls_only,
     )
 
@@ -169,17 +198,19 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
         )
     total_steps = config.max_steps or steps_per_epoch * config.num_epochs
     mesh = distributed.make_mesh() if mesh is None else mesh
-    for name in ("batch_size", "eval_batch_size"):
-        if config[name] % mesh.size:
-            raise ValueError(
-                f"config: {name} {config[name]} must be a multiple of the {mesh.size} devices"
-            )
+    micro = config.batch_size // config.grad_accum_steps
+    for name, size in (("batch_size / grad_accum_steps", micro), ("eval_batch_size", None)):
+        size = config.eval_batch_size if size is None else size
+        if size % mesh.size:
+            raise ValueError(f"config: {name} {size} must be a multiple of the {mesh.size} devices")
     objective = make_objective(config, task, steps_per_epoch)
     tx = build.make_optimizer(config, total_steps)
     state = build.create_train_state(
         config, model, encoder_params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
     )
-    train_fn, eval_fn, stabilize_fn = steps.jit_steps(state, mesh, fsdp=config.fsdp)
+    train_fn, eval_fn, stabilize_fn = steps.jit_steps(
+        state, mesh, fsdp=config.fsdp, grad_accum_steps=config.grad_accum_steps
+    )
     return Run(
         state=state,
         train_fn=train_fn,
@@ -203,7 +234,13 @@ def c0_pass(run: Run, state: steps.TrainState, config: ml_collections.ConfigDict
     replicated = NamedSharding(run.mesh, P())
     acc = regularizers.estimate_stabilizer(
         lambda acc, batch: run.stabilize_fn(state, distributed.global_batch(batch, run.mesh), acc),
-        train_batches(run.train_encoded, config, epoch, mesh=run.mesh),
+        train_batches(  # micro-batches under accumulation: a device holds those
+            run.train_encoded,
+            config,
+            epoch,
+            mesh=run.mesh,
+            batch_size=config.batch_size // config.grad_accum_steps,
+        ),
         jax.device_put(regularizers.stabilizer_init(run.hidden_size), replicated),
         num_points=config.istar.stabilizer.tokens,
     )
@@ -272,11 +309,13 @@ def _train_epoch(run, state, config, position, step, log, save, watch) -> tuple:
     state)` every `config.checkpoint_every` steps (not at the epoch's end); `stop`: a signal
     (`watch`, a `preemption.Watch`) ended the epoch early, before the run's last step."""
     epoch_done = position.batch == run.steps_per_epoch
-    epoch_batches = train_batches(
+    epoch_batches = update_batches(
         run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
     )
+    stacked = config.grad_accum_steps > 1
     for batch in epoch_batches:
-        state, step_metrics = run.train_fn(state, distributed.global_batch(batch, run.mesh))
+        batch = distributed.global_batch(batch, run.mesh, stacked=stacked)
+        state, step_metrics = run.train_fn(state, batch)
         step, position.batch = step + 1, position.batch + 1
         position.add(step_metrics)
         log.train(step, position.epoch, position.pop_means)
