@@ -209,9 +209,12 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_json(indent=2))
         return 0
-    from isojax import train
+    from isojax import hardware, train
 
-    results = train.train_and_evaluate(config, args.workdir)
+    try:
+        results = train.train_and_evaluate(config, args.workdir)
+    except hardware.DoesNotFit as err:  # the compiled step's memory: one line, status 2
+        raise cli_common.UsageError(str(err)) from None
     print(format_results(results))
     print(f"results: {pathlib.Path(args.workdir) / 'results.json'}")
     return 0

@@ -20,7 +20,7 @@ import pathlib
 import ml_collections
 from ml_collections import config_dict
 
-from isojax import norms, optim, precision
+from isojax import norms, optim, precision, profiling
 from isojax import stabilizer as stabilizer_lib
 from isojax.data import glue
 from isojax.models import heads
@@ -113,6 +113,13 @@ def default_config() -> ml_collections.ConfigDict:
     # isojax before this switch computed it (to reproduce an older run bit for bit).
     c.cls_only = True
     c.progress = True  # progress line on stderr (process 0)
+    # Per log window: step time, tokens/s, examples/s, FLOPs per step, MFU (isojax.throughput);
+    # at start the step's memory per device. MFU needs the device's peak FLOP/s: None takes it
+    # from isojax.hardware.PEAK_FLOPS (an unknown device: no MFU, and the run says so).
+    c.throughput = True
+    c.peak_flops = config_dict.placeholder(float)  # FLOP/s of one device
+    # (start, stop): a jax.profiler trace of steps start+1..stop into <workdir>/profile.
+    c.profile_steps = config_dict.placeholder(tuple)
     c.tensorboard = True  # TensorBoard event files besides metrics.jsonl
     return c
 
@@ -190,6 +197,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _owned("optimizer", optim.check_hparams, **config.optimizer.to_dict())
     for name in ("batch_size", "eval_batch_size", "num_epochs", "log_every", "keep_checkpoints"):
         _check(int(config[name]) >= 1, f"{name} must be >= 1, got {config[name]}")
+    _check(
+        config.peak_flops is None or config.peak_flops > 0,
+        f"peak_flops must be None or > 0, got {config.peak_flops}",
+    )
+    _owned("profile_steps", profiling.check_steps, config.profile_steps)
     k = config.grad_accum_steps
     _check(
         int(k) >= 1 and config.batch_size % k == 0,

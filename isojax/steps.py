@@ -247,6 +247,16 @@ def _accumulated_grads(state: TrainState, batch: dict, rng: jax.Array):
     return grads, (batch_stats, stabilizer, sums[0], sums[1], sums[2])
 
 
+def _counts(batch: dict) -> dict[str, jax.Array]:
+    """`examples` (real examples) and `real_tokens` (their tokens) of a batch, stacked or not:
+    the throughput figures' counts (`isojax.throughput`), global under `jax.jit`."""
+    if packing.is_packed(batch):
+        tokens = jnp.sum(batch["token_mask"])
+    else:
+        tokens = jnp.sum(batch["attention_mask"] * batch["example_mask"][..., None])
+    return {"examples": jnp.sum(batch["example_mask"]), "real_tokens": tokens}
+
+
 def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     """One update on `batch` (global arrays); returns the new state and float32 metrics.
 
@@ -255,7 +265,8 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     (`_accumulated_grads`).
 
     Metrics: `loss` (task + weight * penalty), `task_loss`, `penalty`, `grad_norm` (after
-    unscaling, before clipping), `grads_finite` (1/0), `loss_scale`.
+    unscaling, before clipping), `grads_finite` (1/0), `loss_scale`; `examples` and
+    `real_tokens` (counts, `_counts`).
     """
     rng = dropout_key(state)
     if batch["example_mask"].ndim == 2:
@@ -289,6 +300,7 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         "grad_norm": optax.tree.norm(grads),
         "grads_finite": grads_finite.astype(jnp.float32),
         "loss_scale": state.loss_scale.loss_scale.astype(jnp.float32),
+        **_counts(batch),
     }
     return new_state, jax.tree.map(lambda x: x.astype(jnp.float32), step_metrics)
 

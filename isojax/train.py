@@ -47,10 +47,12 @@ from isojax import (
     optim,
     precision,
     preemption,
+    profiling,
     regularizers,
     reporting,
     resume,
     steps,
+    throughput,
 )
 from isojax import config as config_lib
 from isojax import stabilizer as stabilizer_lib
@@ -303,21 +305,25 @@ def _isotropy_jit(acc, c0, zeta):
     return steps.isotropy_metrics(acc, c0, zeta)
 
 
-def _train_epoch(run, state, config, position, step, log, save, watch) -> tuple:
+def _train_epoch(run, state, config, position, step, log, save, watch, hooks=()) -> tuple:
     """Trains from `position` to the end of its epoch or of the run; returns `(state, step,
     epoch_done, stop)` with `position.batch` advanced. `log.train` after each step; `save(step,
-    state)` every `config.checkpoint_every` steps (not at the epoch's end); `stop`: a signal
+    state)` every `config.checkpoint_every` steps (not at the epoch's end); `hooks(step, state,
+    batch)` after each step, before its log line; `stop`: a signal
     (`watch`, a `preemption.Watch`) ended the epoch early, before the run's last step."""
     epoch_done = position.batch == run.steps_per_epoch
     epoch_batches = update_batches(
         run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
     )
-    stacked = config.grad_accum_steps > 1
+    stacked, meter = config.grad_accum_steps > 1, log.throughput
     for batch in epoch_batches:
         batch = distributed.global_batch(batch, run.mesh, stacked=stacked)
-        state, step_metrics = run.train_fn(state, batch)
+        train_fn = run.train_fn if meter is None else meter.executable(state, batch)
+        state, step_metrics = train_fn(state, batch)
         step, position.batch = step + 1, position.batch + 1
-        position.add(step_metrics)
+        for hook in hooks:  # the throughput meter, the profiler window
+            hook(step, state, batch)
+        position.add(step_metrics if meter is None else step_metrics | meter.counts())
         log.train(step, position.epoch, position.pop_means)
         epoch_done = position.batch == run.steps_per_epoch
         if watch.requested(step) and step < run.total_steps:
@@ -338,6 +344,20 @@ def _end_epoch(run, state, config, position, step, epoch_done, log, best_ckpt, s
     if is_best:  # before the latest, so a resumed run never claims a best it lacks
         best_ckpt.save(step, state, position.to_json())
     save(step, state)
+
+
+def _meter(run: Run, config: ml_collections.ConfigDict, lead: bool):
+    """The loop's `throughput.Meter` (None with `config.throughput` False)."""
+    if not config.throughput:
+        return None
+    return throughput.Meter(
+        run.train_fn,
+        run.mesh,
+        precision.get_policy(config.policy).compute_dtype,
+        peak_override=config.peak_flops,
+        loop_trips=config.grad_accum_steps,
+        verbose=lead,
+    )
 
 
 def _save_and_exit(watch, save, step, state, closers, lead: bool):
@@ -401,23 +421,40 @@ def train_and_evaluate(
             warmup_fraction=opt.warmup_fraction,
             kind=opt.schedule,
         ),
+        throughput=_meter(run, config, lead),
     )
+    hooks = []  # after each step: the meter's timing, the profiler window
+    if log.throughput is not None:
+        hooks.append(lambda step, state, batch: log.throughput.step(state))
+    profile = None
+    if config.profile_steps is not None:
+        profile = profiling.Window(workdir, *config.profile_steps, enabled=lead)
+        hooks.append(lambda step, state, batch: profile.step(step, state))
 
-    save = lambda step, state: ckpt.save(step, state, position.to_json())  # noqa: E731
+    def save(step, state):
+        ckpt.save(step, state, position.to_json())
+        if log.throughput is not None:  # the save's time is not the steps'
+            log.throughput.mark()
+
     c0_pass_each_epoch = config.method == "istar" and config.istar.stabilizer.kind == "pass"
     num_epochs = -(-run.total_steps // run.steps_per_epoch)
     with preemption.Watch() as watch:
         while step < run.total_steps and position.epoch < num_epochs:
             if c0_pass_each_epoch and position.batch == 0:
                 state = c0_pass(run, state, config, position.epoch)
+                if log.throughput is not None:  # the pass's time is not the steps'
+                    jax.block_until_ready(state)
+                    log.throughput.mark()
             state, step, epoch_done, stop = _train_epoch(
-                run, state, config, position, step, log, save, watch
+                run, state, config, position, step, log, save, watch, hooks
             )
             if stop:
                 _save_and_exit(watch, save, step, state, (log, ckpt, best_ckpt), lead)
             _end_epoch(run, state, config, position, step, epoch_done, log, best_ckpt, save)
             if watch.signal_name is not None and step < run.total_steps:  # during eval/save
                 _save_and_exit(watch, save, step, state, (log, ckpt, best_ckpt), lead)
+    if profile is not None:
+        profile.close()
     log.close()
     ckpt.close()
     best_ckpt.close()
