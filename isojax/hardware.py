@@ -27,6 +27,7 @@ import numpy as np
 
 # Peak dense FLOP/s per chip (per `jax.Device`), by dtype, matched in order on the lower-cased
 # `device_kind` (e.g. "NVIDIA H100 80GB HBM3", "TPU v5 lite"). Sources:
+#   L4 121 TFLOPS bf16 dense, 30.3 FP32: NVIDIA L4 data sheet.
 #   TPU v4 275 TFLOPS bf16, v5e 197, v5p 459, v6e (Trillium) 918: Google Cloud TPU system
 #     architecture pages (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e). Google publishes
 #     no f32 figure (f32 matmuls run as several bf16 passes): f32 is unknown there.
@@ -41,6 +42,7 @@ PEAK_FLOPS = (
     ("h200", {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12}),
     ("h100 pcie", {"bfloat16": 756e12, "float16": 756e12, "float32": 51e12}),
     ("h100", {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12}),
+    ("l4", {"bfloat16": 121e12, "float16": 121e12, "float32": 30.3e12}),
     ("a100", {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12}),
     ("tpu v4", {"bfloat16": 275e12}),
     ("tpu v5 lite", {"bfloat16": 197e12}),

@@ -113,3 +113,32 @@ def test_a_step_that_cannot_fit_fails_with_one_line():
     with pytest.raises(hardware.DoesNotFit, match=r"exceeds the 0.0 MiB of small: lower"):
         hardware.memory_line(compiled, _SmallDevice())
     assert "reports no memory limit" in hardware.memory_line(compiled, jax.devices()[0])
+
+
+def _initialize_calls(monkeypatch, env: dict) -> list:
+    from isojax import distributed
+
+    for key in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+                "ISOJAX_DISTRIBUTED", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"):  # fmt: skip
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    calls = []
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+    distributed.initialize_distributed()
+    return calls
+
+
+def test_launchers_start_the_distributed_runtime(monkeypatch):
+    """The README's recipes: explicit variables; `srun` with several tasks and
+    `ISOJAX_DISTRIBUTED=auto` (JAX's cluster detection); one process otherwise."""
+    explicit = {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
+    assert _initialize_calls(monkeypatch, explicit) == [
+        (("h:1",), {"num_processes": 2, "process_id": 1})
+    ]
+    assert _initialize_calls(monkeypatch, {"SLURM_NTASKS": "8"}) == [((), {})]
+    assert _initialize_calls(monkeypatch, {"SLURM_NTASKS": "1"}) == []
+    assert _initialize_calls(monkeypatch, {"ISOJAX_DISTRIBUTED": "auto"}) == [((), {})]
+    assert _initialize_calls(monkeypatch, {"ISOJAX_DISTRIBUTED": "off", "SLURM_NTASKS": "8"}) == []
+    assert _initialize_calls(monkeypatch, {}) == []
