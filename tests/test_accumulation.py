@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from isojax import accumulation, distributed, models, train
+from isojax import accumulation, distributed, models, steps, train
 from isojax import config as config_lib
 
 
@@ -108,3 +108,31 @@ def test_stack_pads_packed_rows_and_moves_global_rows():
     np.testing.assert_array_equal(out["input_ids"][0, 2], 7)
     np.testing.assert_array_equal(out["token_mask"][0, 2], 0)
     np.testing.assert_array_equal(out["cls_index"][:, :, 0], [[3, 4], [3, 4]])
+
+
+def test_micro_batches_weigh_real_examples(glue_dir, minilm_dir, monkeypatch):
+    """Micro-batches of 8 and of 4 real examples (+4 fillers) make the update of one batch of
+    the 12 (not the mean of the two micro-batch means): fails with weights 1/k."""
+    tiny = models.VARIANTS["tiny"]
+    monkeypatch.setitem(
+        models.VARIANTS, "tiny", tiny.replace(hidden_dropout=0.0, attention_dropout=0.0)
+    )
+    config = _config(glue_dir, minilm_dir, batch_size=8, buckets=(), max_length=32)
+    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    first, second = list(train.train_batches(run.train_encoded, config, 0))[:2]
+    second = second | {"example_mask": np.array([1] * 4 + [0] * 4, np.int32)}
+    keys = distributed.BATCH_KEYS
+    one = {k: np.concatenate([first[k], second[k][:4]]) for k in keys}
+    stacked = {k: np.stack([first[k], second[k]]) for k in keys}
+    step = jax.jit(steps.train_step)
+    want, want_metrics = step(run.state, one)
+    got, got_metrics = step(run.state, stacked)
+    jax.tree_util.tree_map_with_path(
+        lambda path, a, b: np.testing.assert_allclose(
+            np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path)
+        ),
+        jax.device_get(got.params),
+        jax.device_get(want.params),
+    )
+    assert float(got_metrics["loss"]) == pytest.approx(float(want_metrics["loss"]), rel=1e-5)
+    assert float(got_metrics["examples"]) == float(want_metrics["examples"]) == 12
