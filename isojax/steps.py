@@ -165,12 +165,13 @@ def penalty_mask(batch: dict, include_padding: bool) -> jax.Array:
 
 
 def _penalty(
-    state: TrainState, out: dict, batch: dict, stabilizer: dict | None
+    state: TrainState, out: dict, batch: dict, stabilizer: dict | None = None
 ) -> tuple[jax.Array, dict | None]:
-    """`(penalty [] float32, new stabiliser state)` from `stabilizer` (the state's, or the
-    previous micro-batch's); it changes only for a running I-STAR stabiliser. With weight 0
-    the penalty is a metric only (no backward pass)."""
+    """`(penalty [] float32, new stabiliser state)` from `stabilizer` (None: the state's;
+    under accumulation the previous micro-batch's); it changes only for a running I-STAR
+    stabiliser. With weight 0 the penalty is a metric only (no backward pass)."""
     objective = state.objective
+    stabilizer = state.stabilizer if stabilizer is None else stabilizer
     hidden = out["encoder"].hidden_states
     if objective.weight == 0.0 and objective.reads_tokens:
         hidden = jax.tree.map(jax.lax.stop_gradient, hidden)
