@@ -11,6 +11,10 @@ the wall time of the call that finished a run (a resumed run counts only its las
 Isotropy columns: the dev sentence vectors the head reads (`config.sentence`: the pooler
 output or [CLS]) before the normaliser, the classifier's input after it ("head": IsoBN's
 output), and every layer's tokens ("tokens Iso", the quantity I-STAR's penalty moves).
+
+It prints one progress line per row (the run's folder, its dev score, the minutes) and then the
+table, also saved as WORKDIR/table.md; each row's numbers stay in JSON beside the run:
+WORKDIR/pretrained.json, and each run's own results.json (with compare_minutes.json).
 """
 
 import argparse
@@ -93,7 +97,13 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         rows["pre-trained"] = pretrained_row(first)
         rows["pre-trained"]["minutes"] = (time.perf_counter() - start) / 60
-        print(f"pre-trained: {json.dumps(rows['pre-trained'])}", flush=True)
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "pretrained.json").write_text(json.dumps(rows["pre-trained"], indent=2) + "\n")
+        print(
+            f"pre-trained: evaluated in {rows['pre-trained']['minutes']:.1f} min "
+            f"({workdir / 'pretrained.json'})",
+            flush=True,
+        )
     for method, config in configs.items():
         run_dir = workdir / method
         timing = run_dir / "compare_minutes.json"  # training time of the run that finished it
@@ -103,7 +113,11 @@ def main(argv=None) -> int:
         if not timing.exists():
             timing.write_text(json.dumps((time.perf_counter() - start) / 60) + "\n")
         rows[method] = dict(results[split]) | {"minutes": json.loads(timing.read_text())}
-        print(f"{method}: {json.dumps(rows[method])}", flush=True)
+        print(
+            f"{method}: {split} score {rows[method]['score']:.4f} after "
+            f"{rows[method]['minutes']:.1f} min ({run_dir / 'results.json'})",
+            flush=True,
+        )
     print()
     print(f"{first.task} {split}, {first.model}, sentence vector: {first.sentence}, "
           f"{first.num_epochs} epochs, max length {first.max_length}, batch {first.batch_size}, "

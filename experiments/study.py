@@ -3,6 +3,7 @@
     python experiments/study.py experiments/configs/study_normalizers.py --dry-run
     python experiments/study.py experiments/configs/study_normalizers.py --budget-minutes 240
     python experiments/study.py experiments/configs/study_normalizers.py --tier 2
+    python experiments/study.py experiments/configs/study_normalizers.py --at-recorded-commit
 
 A grid file (`experiments/configs/study_*.py`) has `get_config(arg)` returning a ConfigDict:
 `name` (the study), `base` (an isojax train config: the shared recipe), `tiers` (`{"1": blocks,
@@ -18,11 +19,23 @@ its line goes to `experiments/results/<study>.jsonl` (`--results`). A cell whose
 skipped (a failed one too, unless `--retry-failed`, whose new line replaces it); a cell whose
 folder holds checkpoints but no line resumes from them (`train_and_evaluate` restores the
 newest checkpoint and the data position); a folder with `results.json` of the same config is
-recorded without training. `--budget-minutes` is checked between cells: a started cell runs to
-its end (or, killed, stays resumable), and the next call continues the grid. Cells share
-JAX's persistent compilation cache (`--compile-cache`, default RUNS/.jax_cache): a cell loads
-the steps that earlier cells compiled for the same shapes (the same executables). Lines are written
-whole, with one `write` under a lock, and a cell already recorded is never appended again.
+recorded without training. `--budget-minutes` (finite, >= 0) is checked between cells: a started
+cell runs to its end (or, killed, stays resumable), and the next call continues the grid. Cells
+share JAX's persistent compilation cache (`--compile-cache`, default RUNS/.jax_cache): a cell
+loads the steps that earlier cells compiled for the same shapes (the same executables).
+
+Several runners may share a grid (one machine or several over a shared disk, each with the same
+`--runs-dir` and `--results`): a runner claims a cell before training it (`study_records.claim`,
+a flock in the cell's folder, dropped when the runner exits or dies), skips a cell another
+runner holds, and at the end lists the cells it skipped so. Lines are written whole, with one
+`write` under the lock `<results>.lock` beside the results file, and a cell already recorded is
+never appended again.
+
+Records of a commit whose configs hash differently from this checkout's are not continued here:
+the runner refuses in one line that names the commit and the command continuing the study there.
+`--at-recorded-commit [DIR]` runs that command itself whenever the records were all made at one
+clean commit other than HEAD (`study_commit`: a worktree detached at the commit, its own
+`study.py`, this checkout's results file, runs folder and data folder).
 
 Each line (`record`): study, cell, tier, kind ("run" | "pretrained"), status ("ok" | "failed",
 with `error`), fields (every grid axis's value, plus task/method/seed), seed, config_hash
@@ -38,31 +51,49 @@ train_loss_epoch (the mean training loss of each epoch, see `read_run`), steps, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import fcntl
 import gc
 import hashlib
 import importlib.util
 import itertools
 import json
+import math
 import os
 import pathlib
 import signal
-import statistics
 import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import ml_collections
+
+if str(pathlib.Path(__file__).resolve().parent) not in sys.path:  # loaded by path (tests)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import study_commit  # noqa: E402
+import study_eta  # noqa: E402
+import study_records  # noqa: E402
+from study_eta import epoch_minutes  # noqa: E402, F401  (re-exported)
+from study_records import (  # noqa: E402, F401  (re-exported)
+    StudyError,
+    read_records,
+    read_records_locked,
+    write_record,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "experiments" / "results"
 PRETRAINED = "pretrained"
 LOSS_CHUNK_STEPS = 10  # steps per point of a record's train_loss curve
+
+
+class RecordedElsewhere(StudyError):
+    """Recorded cells hash differently here; `commit`: the one commit they were made at."""
+
+    def __init__(self, message: str, results: pathlib.Path, commit: str | None):
+        super().__init__(message)
+        self.results, self.commit = results, commit
 
 
 class Cell(NamedTuple):
@@ -83,7 +114,7 @@ def load_grid(spec: str) -> tuple[ml_collections.ConfigDict, object]:
     path, _, arg = spec.partition(":")
     path = pathlib.Path(path).resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"grid file {path} not found")
+        raise StudyError(f"grid file {path} not found")
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
     module_spec = importlib.util.spec_from_file_location(f"_grid_{path.stem}", path)
@@ -92,7 +123,7 @@ def load_grid(spec: str) -> tuple[ml_collections.ConfigDict, object]:
     grid = module.get_config(arg or None)
     for key in ("name", "base", "tiers"):
         if key not in grid:
-            raise ValueError(f"grid file {path}: get_config() has no {key!r}")
+            raise StudyError(f"grid file {path}: get_config() has no {key!r}")
     import study_recipe
 
     return grid, study_recipe
@@ -120,10 +151,10 @@ def grid_cells(grid: ml_collections.ConfigDict, max_tier: int) -> list[Cell]:
                 values = dict(zip(keys, combo, strict=True))
                 missing = {"task", "method", "seed"} - values.keys()
                 if missing:
-                    raise ValueError(f"grid {grid.name} tier {tier}: block {block} lacks {missing}")
+                    raise StudyError(f"grid {grid.name} tier {tier}: block {block} lacks {missing}")
                 name = cell_name(values)
                 if name in seen:
-                    raise ValueError(f"grid {grid.name}: cell {name} appears twice")
+                    raise StudyError(f"grid {grid.name}: cell {name} appears twice")
                 seen.add(name)
                 cells.append(Cell(name, tier, values))
     return cells
@@ -152,61 +183,8 @@ def config_hash(config: ml_collections.ConfigDict, recipe) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# The results file.
+# The machine.
 # ----------------------------------------------------------------------------------------------
-
-
-def read_records(path: pathlib.Path) -> list[dict]:
-    """The lines of a results JSONL (empty if there is none); a bad line raises, naming it."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    if text and not text.endswith("\n"):
-        raise ValueError(f"{path}: the last line is unfinished (a torn write); remove it")
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not JSON ({err})") from None
-    return records
-
-
-@contextlib.contextmanager
-def _locked(lock_path: pathlib.Path) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def write_record(path: pathlib.Path, record: dict, lock_path: pathlib.Path) -> None:
-    """Appends `record` as one line, in one `write`; a failed line of the same cell is replaced
-    (the file rewritten to a temporary and renamed); any other line of the cell raises."""
-    line = json.dumps(record, sort_keys=True, allow_nan=True) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(lock_path):
-        records = read_records(path)
-        same = [r for r in records if r["cell"] == record["cell"]]
-        if any(r["status"] != "failed" for r in same):
-            raise ValueError(f"{path}: cell {record['cell']} is recorded already")
-        if same:
-            kept = [r for r in records if r["cell"] != record["cell"]]
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept) + line)
-            os.replace(tmp, path)
-            return
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def git_state() -> tuple[str, bool]:
@@ -312,7 +290,7 @@ def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
 def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str) -> dict:
     """Runs (or resumes, or reads back) one cell; returns the run part of its record.
     Exceptions propagate after the attempt's wall time is saved."""
-    from isojax import train
+    from isojax import nonfinite, train
 
     start = time.monotonic()
     try:
@@ -321,7 +299,9 @@ def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str
             part = {"eval": _pretrained_eval(config), "train_loss": [], "train_loss_epoch": []}
             part["steps"] = 0
         else:
-            if not (workdir / "results.json").exists():
+            # A run stopped on a non-finite loss has a results.json without a score: rerun
+            # (it raises again, and the cell is recorded failed).
+            if not (workdir / "results.json").exists() or nonfinite.stopped(workdir):
                 train.train_and_evaluate(config, workdir)
             part = read_run(workdir)
     finally:
@@ -341,51 +321,6 @@ def _folder_config_matches(workdir: pathlib.Path, config, recipe) -> bool:
         return True
     before = ml_collections.ConfigDict(json.loads(saved.read_text()))
     return config_hash(before, recipe) == config_hash(config, recipe)
-
-
-# ----------------------------------------------------------------------------------------------
-# Time estimates.
-# ----------------------------------------------------------------------------------------------
-
-
-def epoch_minutes(records: list[dict], task: str, method: str, recipe, device: str = "") -> float:
-    """Measured minutes per epoch (a run's wall minutes over its evaluated epochs): the median
-    over ok runs on `device` of (task, method), else of the task; else the same on any device;
-    else `study_recipe.EPOCH_MINUTES_PRIOR`."""
-
-    def per_epoch(rows):
-        out = []
-        for r in rows:
-            epochs = max([e["epoch"] for e in r["eval"]] + [0])
-            if r["status"] == "ok" and r["kind"] == "run" and r["wall_minutes"] > 0 and epochs:
-                out.append(r["wall_minutes"] / epochs)
-        return out
-
-    same_task = [r for r in records if r["fields"]["task"] == task]
-    here = [r for r in same_task if r.get("device") == device]
-    for pool in (here, same_task):
-        for rows in ([r for r in pool if r["fields"]["method"] == method], pool):
-            measured = per_epoch(rows)
-            if measured:
-                return statistics.median(measured)
-    return recipe.EPOCH_MINUTES_PRIOR.get(task, max(recipe.EPOCH_MINUTES_PRIOR.values()))
-
-
-def estimate_minutes(
-    cell: Cell, config, records: list[dict], recipe, workdir, device: str = ""
-) -> float:
-    """Minutes left for `cell`: epochs x `epoch_minutes`, less the part a resumed folder has
-    done (its last evaluated epoch); a step-0 evaluation counts as 1/10 epoch."""
-    task, method = cell.values["task"], cell.values["method"]
-    minutes = epoch_minutes(records, task, method, recipe, device)
-    if method == PRETRAINED:
-        return 0.1 * minutes
-    done = max([row["epoch"] for row in read_run(workdir)["eval"]] + [0])
-    return max(0, recipe.get_field(config, "num_epochs") - done) * minutes
-
-
-def _clock(minutes: float) -> str:
-    return f"{int(minutes // 60)}h{int(minutes % 60):02d}m"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -413,6 +348,36 @@ def _config_of(cell: Cell, grid, recipe) -> ml_collections.ConfigDict:
     return cell_config(grid, recipe, cell.values)
 
 
+def check_budget(budget_minutes: float | None) -> None:
+    """A budget is None (no limit) or finite and >= 0: NaN compares false with every elapsed
+    time, so it would run the whole grid."""
+    if budget_minutes is not None and not (math.isfinite(budget_minutes) and budget_minutes >= 0):
+        raise StudyError(f"--budget-minutes must be a finite number >= 0, got {budget_minutes}")
+
+
+def results_path(study: str, results: str | os.PathLike | None) -> pathlib.Path:
+    return pathlib.Path(results) if results else RESULTS_DIR / f"{study}.jsonl"
+
+
+def check_hashes(results: pathlib.Path, records: list[dict], hashes: dict[str, str]) -> None:
+    """Refuses records whose config hash differs from this checkout's grid (`RecordedElsewhere`,
+    naming the commit they were made at when they share one)."""
+    by_cell = {r["cell"]: r for r in records}
+    changed = [c for c, h in hashes.items() if c in by_cell and by_cell[c]["config_hash"] != h]
+    if not changed:
+        return
+    first = by_cell[changed[0]]
+    commit = study_commit.recorded_commit(records, set(changed))
+    where = f"at commit {commit[:10]}" if commit else "at another commit"
+    raise RecordedElsewhere(
+        f"{results}: {len(changed)} recorded cells were made {where}, whose configs hash "
+        f"differently from this checkout's (cell {changed[0]}: {first['config_hash']} there, "
+        f"{hashes[changed[0]]} here): a changed recipe needs a new study name",
+        results,
+        commit,
+    )
+
+
 def run_grid(
     grid_spec: str,
     *,
@@ -424,26 +389,21 @@ def run_grid(
     retry_failed: bool = False,
     log=print,
 ) -> dict:
-    """Runs the cells of tiers 1..`tier` not yet recorded; returns counts
-    {"done", "failed", "ran", "left", "cells"} after this call."""
+    """Runs the cells of tiers 1..`tier` not yet recorded and not claimed by another runner;
+    returns counts {"cells", "done", "failed", "ran", "held", "left"} after this call ("held":
+    cells skipped because another runner held them)."""
+    check_budget(budget_minutes)
     grid, recipe = load_grid(grid_spec)
     study = grid.name
-    results = pathlib.Path(results) if results else RESULTS_DIR / f"{study}.jsonl"
+    results = results_path(study, results)
     study_dir = pathlib.Path(runs_dir) / study
-    lock = study_dir / ".results.lock"
     axes = grid_axes(grid)
     cells = plan(grid, recipe, tier)
-    records = read_records(results)
+    records = read_records_locked(results)
     by_cell = {r["cell"]: r for r in records}
     configs = {c.name: _config_of(c, grid, recipe) for c in cells}
     hashes = {name: config_hash(config, recipe) for name, config in configs.items()}
-    for cell in cells:
-        old = by_cell.get(cell.name)
-        if old is not None and old["config_hash"] != hashes[cell.name]:
-            raise ValueError(
-                f"{results}: cell {cell.name} was recorded with config hash {old['config_hash']}, "
-                f"the grid now gives {hashes[cell.name]}: a changed recipe needs a new study name"
-            )
+    check_hashes(results, records, hashes)
 
     device = device_name()
     import jax
@@ -454,96 +414,128 @@ def run_grid(
         old = by_cell.get(cell.name)
         return old is None or (retry_failed and old["status"] == "failed")
 
-    def left_minutes() -> float:
-        return sum(
-            estimate_minutes(c, configs[c.name], records, recipe, study_dir / c.name, device)
-            for c in cells
-            if todo(c)
-        )
+    def estimate(cell: Cell) -> float | None:
+        done = max([row["epoch"] for row in read_run(study_dir / cell.name)["eval"]] + [0])
+        config = configs[cell.name]
+        return study_eta.estimate_minutes(cell.values, config, records, recipe, done, device)
+
+    def left(explain: bool = False) -> str:
+        return study_eta.eta([estimate(c) for c in cells if todo(c)], explain)
 
     pending = [c for c in cells if todo(c)]
     failed = sum(by_cell.get(c.name, {}).get("status") == "failed" for c in cells)
     log(
         f"study {study} (tiers 1-{tier}): {len(cells)} cells, {len(cells) - len(pending)} "
-        f"recorded ({failed} failed), {len(pending)} to run; estimate {_clock(left_minutes())} "
-        f"-> {results}"
+        f"recorded ({failed} failed), {len(pending)} to run; estimate {left(True)} -> {results}"
     )
     if dry_run:
         for cell in pending:
-            minutes = estimate_minutes(
-                cell, configs[cell.name], records, recipe, study_dir / cell.name, device
+            minutes = estimate(cell)
+            busy = study_records.holder(study_dir / cell.name)
+            log(
+                f"  tier {cell.tier} {cell.name}: "
+                + ("time unknown" if minutes is None else f"~{minutes:.1f} min")
+                + (f" (running: {busy})" if busy else "")
             )
-            log(f"  tier {cell.tier} {cell.name}: ~{minutes:.1f} min")
-        return _counts(cells, by_cell, ran=0)
+        return _counts(cells, by_cell, ran=0, held=0)
 
     commit, dirty = git_state()
     start = time.monotonic()
-    ran = 0
+    ran, held = 0, {}
     for index, cell in enumerate(pending):
         elapsed = (time.monotonic() - start) / 60.0
         if budget_minutes is not None and elapsed >= budget_minutes:
             log(f"budget of {budget_minutes:g} min reached after {elapsed:.1f} min: stopping")
             break
         config, workdir = configs[cell.name], study_dir / cell.name
-        if not _folder_config_matches(workdir, config, recipe):
-            raise ValueError(f"{workdir} holds a run of another config: move it away")
-        log(
-            f"[{index + 1}/{len(pending)}] {cell.name} (tier {cell.tier}); grid left "
-            f"~{_clock(left_minutes())}, {elapsed:.1f} min into this call"
-        )
-        kind = PRETRAINED if cell.values["method"] == PRETRAINED else "run"
-        # Every axis with the cell's value (a pre-trained row has only task, method and seed).
-        fields = {
-            a: cell.values.get(a, None if kind == PRETRAINED else recipe.get_field(config, a))
-            for a in axes
-        }
-        record = {
-            "study": study,
-            "cell": cell.name,
-            "tier": cell.tier,
-            "kind": kind,
-            "fields": fields,
-            "seed": recipe.get_field(config, "seed"),
-            "config_hash": hashes[cell.name],
-            "config": json.loads(config.to_json()),
-            "git_commit": commit,
-            "git_dirty": dirty,
-            "device": device,
-            "jax_version": jax_version,
-            "sweep": grid.get("sweep", ""),
-            "baseline": dict(grid.get("baseline", ())),
-            "metric": "score",
-        }
-        try:
-            part = run_cell(config, workdir, record["kind"])
-            record |= {"status": "ok", "error": None} | part
-        except Exception as err:  # recorded; the grid goes on (KeyboardInterrupt stops it)
-            tail = "".join(traceback.format_exception(err)[-3:])
-            record |= {"status": "failed", "error": f"{type(err).__name__}: {err}\n{tail}"}
-            record |= read_run(workdir) | {"wall_minutes": _wall_seconds(workdir) / 60.0}
-            log(f"  FAILED: {type(err).__name__}: {err}")
-        record["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        write_record(results, record, lock)
+        claim = study_records.claim(workdir)
+        if not isinstance(claim, study_records.Claim):
+            held[cell.name] = claim
+            log(f"[{index + 1}/{len(pending)}] {cell.name}: held by {claim}; next cell")
+            continue
+        with claim:
+            # Another runner may have recorded it since this call read the results file.
+            now = {r["cell"]: r for r in read_records_locked(results)}.get(cell.name)
+            if now != by_cell.get(cell.name):
+                records = [r for r in records if r["cell"] != cell.name] + [now]
+                by_cell[cell.name] = now
+                log(f"[{index + 1}/{len(pending)}] {cell.name}: recorded by another runner")
+                continue
+            if not _folder_config_matches(workdir, config, recipe):
+                raise StudyError(f"{workdir} holds a run of another config: move it away")
+            log(
+                f"[{index + 1}/{len(pending)}] {cell.name} (tier {cell.tier}); grid left "
+                f"~{left()}, {elapsed:.1f} min into this call"
+            )
+            record = {
+                "study": study,
+                "cell": cell.name,
+                "tier": cell.tier,
+                **_record_head(cell, config, recipe, axes),
+                "config_hash": hashes[cell.name],
+                "config": json.loads(config.to_json()),
+                "git_commit": commit,
+                "git_dirty": dirty,
+                "device": device,
+                "jax_version": jax_version,
+                "sweep": grid.get("sweep", ""),
+                "baseline": dict(grid.get("baseline", ())),
+                "metric": "score",
+            }
+            record = _run_and_record(record, config, workdir, results, log)
         records = [r for r in records if r["cell"] != cell.name] + [record]
         by_cell[cell.name] = record
         ran += 1
-        last = record["eval"][-1] if record["eval"] else {}
-        log(
-            f"  {record['status']} in {record['wall_minutes']:.1f} min"
-            + (f", dev score {last['score']:.4f}" if "score" in last else "")
-        )
-    counts = _counts(cells, by_cell, ran=ran)
+    by_cell = {r["cell"]: r for r in read_records_locked(results)}  # other runners' lines too
+    records = list(by_cell.values())
+    counts = _counts(cells, by_cell, ran=ran, held=len(held))
     log(
         f"study {study}: {counts['done']}/{counts['cells']} recorded ({counts['failed']} failed), "
-        f"{counts['left']} left (~{_clock(left_minutes())})"
+        f"{counts['left']} left (~{left()})"
     )
+    if held:
+        log(
+            f"skipped {len(held)} cells another runner held: "
+            + "; ".join(f"{name} ({who})" for name, who in held.items())
+        )
     return counts
 
 
-def _counts(cells: list[Cell], by_cell: dict, *, ran: int) -> dict:
+def _record_head(cell: Cell, config, recipe, axes: list[str]) -> dict:
+    """kind, fields (every axis with the cell's value; a pre-trained row has only task, method
+    and seed) and seed of a cell's record."""
+    kind = PRETRAINED if cell.values["method"] == PRETRAINED else "run"
+    fields = {
+        a: cell.values.get(a, None if kind == PRETRAINED else recipe.get_field(config, a))
+        for a in axes
+    }
+    return {"kind": kind, "fields": fields, "seed": recipe.get_field(config, "seed")}
+
+
+def _run_and_record(record: dict, config, workdir: pathlib.Path, results, log) -> dict:
+    """Runs the cell of `record` (its head filled in), writes its line, returns the record."""
+    try:
+        part = run_cell(config, workdir, record["kind"])
+        record |= {"status": "ok", "error": None} | part
+    except Exception as err:  # recorded; the grid goes on (KeyboardInterrupt stops it)
+        tail = "".join(traceback.format_exception(err)[-3:])
+        record |= {"status": "failed", "error": f"{type(err).__name__}: {err}\n{tail}"}
+        record |= read_run(workdir) | {"wall_minutes": _wall_seconds(workdir) / 60.0}
+        log(f"  FAILED: {type(err).__name__}: {err}")
+    record["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    write_record(results, record)
+    last = record["eval"][-1] if record["eval"] else {}
+    log(
+        f"  {record['status']} in {record['wall_minutes']:.1f} min"
+        + (f", dev score {last['score']:.4f}" if "score" in last else "")
+    )
+    return record
+
+
+def _counts(cells: list[Cell], by_cell: dict, *, ran: int, held: int) -> dict:
     done = sum(c.name in by_cell for c in cells)
     failed = sum(by_cell.get(c.name, {}).get("status") == "failed" for c in cells)
-    return {"cells": len(cells), "done": done, "failed": failed, "ran": ran,
+    return {"cells": len(cells), "done": done, "failed": failed, "ran": ran, "held": held,
             "left": len(cells) - done}  # fmt: skip
 
 
@@ -553,11 +545,44 @@ def _terminate(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def _absolute(path) -> str | None:
+    return None if path is None else str(pathlib.Path(path).resolve())
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise StudyError(f"{message} (see `{self.prog} --help`)")
+
+
+def _continue_at_recorded_commit(args, options: list[tuple[str, object]], where: str) -> None:
+    """--at-recorded-commit: re-executes the runner of the commit the results file's records
+    share, from a worktree at `where` ("": `study_commit.default_worktree`); returns (runs
+    here) when the results file is empty or was recorded at this checkout's HEAD."""
+    grid, _ = load_grid(args.grid)
+    records = read_records_locked(results_path(grid.name, args.results))
+    if not records:
+        return
+    commit = study_commit.recorded_commit(records, {r["cell"] for r in records})
+    if commit is None:
+        made = sorted({str(r.get("git_commit"))[:10] for r in records})
+        raise StudyError(
+            f"--at-recorded-commit: the records were not all made at one clean commit ({made})"
+        )
+    if commit == git_state()[0]:
+        return
+    worktree = pathlib.Path(where) if where else study_commit.default_worktree(REPO, commit)
+    worktree = study_commit.ensure_worktree(REPO, commit, worktree)
+    argv = study_commit.old_argv(REPO, worktree, args.grid, options)
+    from isojax import config as config_lib
+
+    study_commit.reexec(argv, worktree, config_lib.default_glue_dir())
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("grid", help="grid file, e.g. experiments/configs/study_normalizers.py")
     parser.add_argument("--tier", type=int, default=1, help="run tiers 1..TIER (default 1)")
-    parser.add_argument("--budget-minutes", type=float, default=None)
+    parser.add_argument("--budget-minutes", type=float, default=None, help="finite, >= 0")
     parser.add_argument("--runs-dir", default=str(REPO / "runs"), help="RUNS_DIR/<study>/<cell>")
     parser.add_argument("--results", default=None, help="default experiments/results/<study>.jsonl")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and estimate only")
@@ -567,22 +592,60 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="folder of compiled steps shared by the cells (default RUNS_DIR/.jax_cache; '' off)",
     )
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
-    cache = pathlib.Path(args.runs_dir) / ".jax_cache" if args.compile_cache is None else None
-    if cache or args.compile_cache:
-        from isojax import distributed
-
-        distributed.enable_compilation_cache(cache or args.compile_cache)
-    run_grid(
-        args.grid,
-        tier=args.tier,
-        runs_dir=args.runs_dir,
-        results=args.results,
-        budget_minutes=args.budget_minutes,
-        dry_run=args.dry_run,
-        retry_failed=args.retry_failed,
+    parser.add_argument(
+        "--at-recorded-commit",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="continue the study with the code of the commit its records were made at, from a "
+        "git worktree at DIR (created if absent; default ../<checkout>-at-<commit>)",
     )
+    try:
+        args = parser.parse_args(argv)
+        check_budget(args.budget_minutes)
+        cache = args.compile_cache
+        options = [
+            ("--tier", args.tier),
+            ("--budget-minutes", args.budget_minutes),
+            ("--runs-dir", _absolute(args.runs_dir)),
+            ("--dry-run", args.dry_run),
+            ("--retry-failed", args.retry_failed),
+            ("--compile-cache", _absolute(cache) if cache else cache),
+        ]
+        if args.at_recorded_commit is not None:
+            grid, _ = load_grid(args.grid)
+            results = _absolute(results_path(grid.name, args.results))
+            _continue_at_recorded_commit(
+                args, [*options, ("--results", results)], args.at_recorded_commit
+            )
+        signal.signal(signal.SIGTERM, _terminate)
+        cache = pathlib.Path(args.runs_dir) / ".jax_cache" if args.compile_cache is None else None
+        if cache or args.compile_cache:
+            from isojax import distributed
+
+            distributed.enable_compilation_cache(cache or args.compile_cache)
+        run_grid(
+            args.grid,
+            tier=args.tier,
+            runs_dir=args.runs_dir,
+            results=args.results,
+            budget_minutes=args.budget_minutes,
+            dry_run=args.dry_run,
+            retry_failed=args.retry_failed,
+        )
+    except RecordedElsewhere as err:
+        hint = ""
+        if err.commit:
+            command = study_commit.continue_command(
+                REPO, err.commit, args.grid, [*options, ("--results", _absolute(err.results))]
+            )
+            hint = f"; to continue it there: {command} (or add --at-recorded-commit)"
+        print(f"study: {err}{hint}", file=sys.stderr)
+        return 2
+    except (StudyError, study_commit.CommitError) as err:
+        print(f"study: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -14,7 +14,8 @@ max length (`analysis.analyze_encoder`). Each goes to `experiments/results/<stud
 cosine of [CLS], of the pooled vector and of the classifier's input (after the normaliser), and
 the last layer's token IsoScore. A cell whose `summary.json` exists is not analysed again, so
 the script can be rerun as a grid grows. Needs the run folders (`--runs-dir` as given to
-`study.py`); not the results file alone, unlike `report.py`.
+`study.py`) of the cells not analysed yet; not the results file alone, unlike `report.py`. Run
+folders are not committed: without them, one line says where they were looked for.
 """
 
 from __future__ import annotations
@@ -84,6 +85,22 @@ def _row(name: str, summary: dict, link: str) -> str:
     return f"| {name} | " + " | ".join(cells) + f" | {tokens:.4f} | [figures]({link}) |"
 
 
+def missing_runs(chosen: list[dict], study_dir: pathlib.Path, out_root: pathlib.Path) -> list:
+    """The run folders (`study_dir/<cell>`, with `config.json`) that the analysis would read and
+    that are absent: a cell's folder where its summary is not cached, and for each task the
+    first cell's folder where the pre-trained summary is not."""
+    needed, tasks = [], set()
+    for r in chosen:
+        task = r["fields"]["task"]
+        cached = (out_root / r["cell"] / "summary.json").exists()
+        if task not in tasks:
+            tasks.add(task)
+            cached = cached and (out_root / f"{task}-pretrained" / "summary.json").exists()
+        if not cached:
+            needed.append(study_dir / r["cell"])
+    return [d for d in needed if not (d / "config.json").is_file()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", help="experiments/results/<study>.jsonl")
@@ -91,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     results = pathlib.Path(args.results)
+    if not results.is_file():
+        print(f"study_analyze: {results}: no such results file", file=sys.stderr)
+        return 2
     records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     chosen = [
         r for r in records
@@ -101,6 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     study = chosen[0]["study"]
     out_root = results.parent / f"{study}_analysis"
+    missing = missing_runs(chosen, pathlib.Path(args.runs_dir) / study, out_root)
+    if missing:
+        print(
+            f"study_analyze: {len(missing)} of the {len(chosen)} runs to analyse are not in "
+            f"{pathlib.Path(args.runs_dir) / study} (e.g. {missing[0]}): run folders are not "
+            "committed; give --runs-dir the folder study.py ran them in (its --runs-dir), or "
+            "run the cells again there (python experiments/study.py <grid file> --runs-dir "
+            f"{args.runs_dir})",
+            file=sys.stderr,
+        )
+        return 2
     by_task: dict[str, list[str]] = {}
     for r in chosen:
         run_dir = pathlib.Path(args.runs_dir) / study / r["cell"]

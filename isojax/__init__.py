@@ -14,7 +14,7 @@ owns: ARCHITECTURE.md.
 - ``metrics``: GLUE metrics.
 - ``config``, ``configs``: the fine-tuning config and its validation; the papers' recipes.
 - ``precision``, ``optim``, ``build``, ``steps``, ``distributed``, ``resume``, ``reporting``,
-  ``checkpointing``, ``train``: fine-tuning.
+  ``checkpointing``, ``nonfinite``, ``train``: fine-tuning.
 - ``runs``, ``predict``, ``export``: a run folder's model restored, its predictions and GLUE
   submission files, a Hugging Face folder with a model card.
 - ``analysis``, ``cli``: isotropy reports and the ``isojax`` command.

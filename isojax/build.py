@@ -18,7 +18,8 @@ import ml_collections
 import optax
 import tokenizers
 
-from isojax import distributed, models, norms, optim, precision, steps
+from isojax import config as config_lib
+from isojax import distributed, models, optim, precision, steps
 from isojax.config import TINY_MODEL
 from isojax.data import glue
 
@@ -31,14 +32,30 @@ def load_tokenizer(name_or_path: str) -> Any:
         return tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer = models.checkpoints.load_tokenizer(folder)
     if tokenizer is None:
-        raise ValueError(f"config.tokenizer: no tokenizer files in {folder}")
+        raise config_lib.ConfigError(f"config: tokenizer: no tokenizer files in {folder}")
     return tokenizer
+
+
+class VocabularyMismatch(config_lib.ConfigError):
+    """The tokenizer gives ids the model has no embedding for (one-line message)."""
 
 
 def _vocab_size(tokenizer: Any) -> int:
     if isinstance(tokenizer, tokenizers.Tokenizer):
         return tokenizer.get_vocab_size(with_added_tokens=True)
     return len(tokenizer)
+
+
+def check_vocabulary(tokenizer: Any, vocab_size: int, model: str, source: str) -> None:
+    """Refuses a tokenizer whose ids (added tokens included) reach `vocab_size`: `nn.Embed`
+    embeds such an id as NaN, and the run would train on NaN from its first step."""
+    size = _vocab_size(tokenizer)
+    if size > vocab_size:
+        raise VocabularyMismatch(
+            f"{source} has {size} token ids, more than model {model!r}'s vocab_size "
+            f"{vocab_size}: ids >= {vocab_size} have no embedding (use the model's own "
+            "tokenizer)"
+        )
 
 
 def load_encoder(
@@ -53,7 +70,8 @@ def load_encoder(
 
     Args:
       model: a model folder, a weights package, or "tiny-bert" (needs `tokenizer`).
-      tokenizer: a tokenizer folder; None: the model's own.
+      tokenizer: a tokenizer folder; None: the model's own. `VocabularyMismatch` (a
+        ValueError) when it has more ids than the model's vocabulary.
       max_length: tiny-bert's position table covers at least this many tokens (and 64).
       policy: compute and parameter dtypes (default float32).
       remat: recompute layer activations in the backward pass.
@@ -69,10 +87,30 @@ def load_encoder(
         )
         return models.Encoder(enc_config, **dtypes), None, tok
     pretrained = models.load_pretrained(model, **dtypes)
+    source = f"config.tokenizer {tokenizer!r}" if tok is not None else f"{model!r}'s tokenizer"
     tok = tok or pretrained.tokenizer
     if tok is None:
-        raise ValueError(f"model {model!r} has no tokenizer: set a tokenizer folder")
+        raise config_lib.ConfigError(
+            f"config: model {model!r} has no tokenizer: set config.tokenizer, a tokenizer folder"
+        )
+    check_vocabulary(tok, pretrained.module.config.vocab_size, model, source)
     return pretrained.module, pretrained.params, tok
+
+
+def check_max_length(config: ml_collections.ConfigDict) -> None:
+    """`ConfigError` unless the model's position table (its config.json, read before any
+    weights) covers `config.max_length` tokens; tiny-bert's table is sized to fit."""
+    if config.model == TINY_MODEL:
+        return
+    checkpoints = models.checkpoints
+    enc = checkpoints.load_config(checkpoints.resolve_folder(config.model))
+    positions = enc.max_position_embeddings - enc.position_offset
+    if config.max_length > positions:
+        raise config_lib.ConfigError(
+            f"config: max_length {config.max_length} exceeds the {positions} positions of model "
+            f"{config.model!r} (max_position_embeddings {enc.max_position_embeddings}, position "
+            f"offset {enc.position_offset})"
+        )
 
 
 def build_model(
@@ -80,6 +118,7 @@ def build_model(
 ) -> tuple[models.SequenceClassifier, dict | None, Any, int]:
     """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
     and the hidden size."""
+    check_max_length(config)
     encoder, encoder_params, tokenizer = load_encoder(
         config.model,
         config.tokenizer,
@@ -92,10 +131,7 @@ def build_model(
     if dropout is None:
         classifier_dropout = enc_config.classifier_dropout
         dropout = enc_config.hidden_dropout if classifier_dropout is None else classifier_dropout
-    normalizer = config.method if config.method in norms.NORMALIZERS else "none"
-    kwargs = dict(config.normalizer_kwargs.to_dict())
-    if normalizer == "isobn":
-        kwargs = config.isobn.to_dict() | kwargs
+    normalizer, kwargs = config_lib.normalizer_of(config)
     model = models.SequenceClassifier(
         encoder=encoder,
         num_labels=num_labels,

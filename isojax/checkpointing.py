@@ -8,7 +8,12 @@ Atomic: orbax's `CheckpointManager` writes each step into a temporary folder and
 once complete (`commit_success`), so a run killed while saving leaves the previous checkpoint
 as the newest one. A newest checkpoint that exists but cannot be read (a truncated file, a
 disk error) is reported with a `RuntimeWarning` and renamed `<step>.unreadable` (orbax then
-ignores it), and the one before it is used.
+ignores it), and the one before it is used. A reader (`read_only=True`: `isojax predict`,
+`export`, `analyze --run`) falls back the same way but renames, creates and deletes nothing.
+
+A save that fails for want of space (`ENOSPC`, also a quota's `EDQUOT`) removes its own
+unfinished folder and raises `CheckpointWriteError`, one line naming the folder and the error:
+the checkpoints saved before stay as they were.
 
 A checkpoint that reads fine but holds another train state (a code or config change added,
 removed, reshaped or retyped an array) is not damage: `restore` raises `CheckpointMismatch`,
@@ -18,9 +23,12 @@ metadata (names, shapes, dtypes) with the requested state before any array is re
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pathlib
+import re
+import shutil
 import warnings
 from typing import Any
 
@@ -34,6 +42,26 @@ class CheckpointMismatch(ValueError):
 
 class CheckpointNotFound(ValueError):
     """No checkpoint at the requested step."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written for want of space (one-line message naming the
+    folder); the older checkpoints are kept."""
+
+
+# What a full disk looks like inside orbax's error (tensorstore reports the OS error code).
+_NO_SPACE = re.compile(r"No space left on device|Disk quota exceeded|os_error_code='(28|122)'")
+
+
+def _no_space(err: BaseException) -> bool:
+    """Whether `err` (or an error it wraps) is a full disk or an exhausted quota."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if _NO_SPACE.search(str(err)):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 class _Unreadable(Exception):
@@ -79,16 +107,32 @@ class Checkpointer:
     Args:
       directory: the checkpoint folder (created if missing); one sub-folder per step.
       max_to_keep: how many of the newest checkpoints to keep (>= 2 keeps a fallback).
+      read_only: restore only: nothing under `directory` is created, renamed or deleted (an
+        unreadable step is skipped, not set aside); `save` raises.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 2):
+    def __init__(
+        self, directory: str | os.PathLike, *, max_to_keep: int = 2, read_only: bool = False
+    ):
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = pathlib.Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True
-        )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self.read_only = read_only
+        # orbax logs (absl WARNING) that a read-only manager neither saves nor deletes: that
+        # is what was asked for.
+        absl_logger = logging.getLogger("absl")
+        level = absl_logger.level
+        absl_logger.setLevel(logging.ERROR if read_only else level)
+        try:
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep,
+                enable_async_checkpointing=False,
+                create=not read_only,
+                read_only=read_only,
+            )
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        finally:
+            absl_logger.setLevel(level)
 
     def all_steps(self) -> list[int]:
         """Steps with a committed checkpoint, ascending."""
@@ -98,24 +142,56 @@ class Checkpointer:
         """Writes `state` (any pytree of arrays) and the JSON-able `position` as `step`.
 
         Blocks until the checkpoint is committed. A step saved already is left as it is.
+
+        Raises:
+          CheckpointWriteError: the disk (or quota) is full; the unfinished folder of `step`
+            is removed and the checkpoints before it are kept.
         """
+        if self.read_only:
+            raise ValueError(f"{self.directory}: opened read-only, cannot save step {step}")
         if step in self._manager.all_steps():
             return
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), position=ocp.args.JsonSave(position)
-            ),
-        )
-        self._manager.wait_until_finished()
+        # orbax's writer threads log each failure with its traceback (absl ERROR) before the
+        # save raises it: the one line below says it instead.
+        absl_logger = logging.getLogger("absl")
+        level = absl_logger.level
+        absl_logger.setLevel(logging.CRITICAL)
+        try:
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), position=ocp.args.JsonSave(position)
+                ),
+            )
+            self._manager.wait_until_finished()
+        except Exception as err:
+            if not _no_space(err):
+                raise
+            self._remove_unfinished(step)
+            kept = self.all_steps()
+            raise CheckpointWriteError(
+                errno.ENOSPC,
+                f"cannot write checkpoint step {step} in {self.directory}: "
+                f"{os.strerror(errno.ENOSPC)}; "
+                + (f"the checkpoints of steps {kept} are kept" if kept else "no older checkpoint"),
+            ) from None
+        finally:
+            absl_logger.setLevel(level)
+
+    def _remove_unfinished(self, step: int) -> None:
+        """Deletes `<step>.orbax-checkpoint-tmp*`, the folder of a save that failed."""
+        if jax.process_index() == 0:
+            for path in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(path, ignore_errors=True)
+        self._manager.reload()
 
     def restore(self, abstract_state: Any, *, step: int | None = None) -> tuple[Any, dict] | None:
         """The newest readable checkpoint (or the one at `step`) as `(state, position)`; None
         if there is none.
 
         Without `step`, only a read or format error of a checkpoint's files (truncated, empty,
-        unparsable) sets that checkpoint aside and falls back to the one before it. With
-        `step`, that checkpoint alone is read and nothing is moved.
+        unparsable) sets that checkpoint aside (renamed, unless `read_only`) and falls back to
+        the one before it. With `step`, that checkpoint alone is read and nothing is moved.
 
         Args:
           abstract_state: a pytree like the saved state whose leaves are arrays or
@@ -207,7 +283,8 @@ class Checkpointer:
             RuntimeWarning,
             stacklevel=3,
         )
-        self._set_aside(step)
+        if not self.read_only:
+            self._set_aside(step)
 
     def _set_aside(self, step: int) -> None:
         """Renames an unreadable step folder to `<step>.unreadable[-k]` (kept for inspection,

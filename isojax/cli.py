@@ -20,7 +20,14 @@
 The result is checked by `isojax.config.validate_config` before anything is loaded: an unknown
 task or method, or a hyperparameter out of range (zeta outside [0, 1], momentum outside
 (0, 1)), is one line on stderr and exit status 2. So is a flag of the older, longer command
-line (`--istar-zeta`, `--preset`, ...): the message names its replacement.
+line (`--istar-zeta`, `--preset`, ...): the message names its replacement. Bad input found
+while the run is built, before any training step, is one line too (`isojax.errors.InputError`):
+a malformed TSV (file:line), a model folder without weights or with sizes out of bounds, a
+`max_length` beyond the model's positions, a `batch_size` larger than the training data.
+
+Exit statuses: 0 done; 1 a full or read-only disk (one line naming the path); 2 a usage
+error (one line); 3 a run stopped because its training loss stayed non-finite
+(`isojax.nonfinite`: no score is reported).
 
 `analyze` is its own module, `isojax.cli_analyze`; what the commands share (the usage error,
 the parser that raises it, `--step | --best` and the restore of the run) is `isojax.cli_common`.
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import errno
 import importlib.util
 import pathlib
 import subprocess
@@ -117,8 +125,9 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
 
 def set_value(config: ml_collections.ConfigDict, key: str, value, source: str) -> None:
     """`config[key.path] = value`, type-checked by ConfigDict; errors name the key (and the
-    new spelling of a renamed one)."""
-    from isojax.config import RENAMED
+    new spelling of a renamed one). A key under an open field (`config.OPEN_FIELDS`:
+    `normalizer_kwargs.epsilon`) may be new: `validate_config` checks it with its owner."""
+    from isojax.config import OPEN_FIELDS, RENAMED
 
     if key in RENAMED:
         raise cli_common.UsageError(
@@ -132,7 +141,7 @@ def set_value(config: ml_collections.ConfigDict, key: str, value, source: str) -
                 f"{source}: unknown config field {'.'.join(parents[: i + 1])!r}"
             )
         node = node[part]
-    if leaf not in node:
+    if leaf not in node and ".".join(parents) not in OPEN_FIELDS:  # open: keys are free
         raise cli_common.UsageError(f"{source}: unknown config field {key!r}")
     try:
         node[leaf] = value
@@ -209,11 +218,15 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_json(indent=2))
         return 0
-    from isojax import hardware, train
+    from isojax import build, hardware, nonfinite, resume, train
 
     try:
         results = train.train_and_evaluate(config, args.workdir)
-    except hardware.DoesNotFit as err:  # the compiled step's memory: one line, status 2
+    except nonfinite.NonFiniteLoss as stop:  # no score: one line, status 3
+        print(f"{PROG} finetune: stopped: {stop}", file=sys.stderr)
+        return nonfinite.EXIT_STATUS
+    # The compiled step's memory (DoesNotFit) too: one line, status 2.
+    except (build.VocabularyMismatch, resume.ConfigChanged, hardware.DoesNotFit) as err:
         raise cli_common.UsageError(str(err)) from None
     print(format_results(results))
     print(f"results: {pathlib.Path(args.workdir) / 'results.json'}")
@@ -223,8 +236,14 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from isojax import export
 
+    try:  # before the restore: a refused folder costs nothing
+        export.check_destination(args.out, overwrite=args.overwrite)
+    except export.DestinationRefused as err:
+        raise cli_common.UsageError(str(err)) from None
     restored = cli_common.restore_run(args)
-    exported = export.export_run(restored, args.out, data_dir=args.data_dir)
+    exported = export.export_run(
+        restored, args.out, data_dir=args.data_dir, overwrite=args.overwrite
+    )
     where = f"{args.run_dir} ({restored.checkpoint} checkpoint, step {restored.step})"
     if exported.encoder_only is None:
         print(f"exported {where} to {args.out} as {exported.architecture}")
@@ -248,6 +267,16 @@ def _predictions_path(args: argparse.Namespace, split: str, several: bool) -> pa
 def cmd_predict(args: argparse.Namespace) -> int:
     from isojax import predict
 
+    # Before the restore: a destination of the wrong kind costs nothing.
+    for flag, check, path in (
+        ("--out", predict.check_file, args.out),
+        ("--glue-submission", predict.check_folder, args.glue_submission),
+    ):
+        try:
+            if path:
+                check(path)
+        except predict.OutputRefused as err:
+            raise cli_common.UsageError(f"{flag}: {err}") from None
     restored = cli_common.restore_run(args)
     task = restored.task
     try:
@@ -352,6 +381,11 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("run_dir", help="run folder (isojax finetune --workdir)")
     ex.add_argument("out", help="folder to write (config.json, model.safetensors, tokenizer)")
     ex.add_argument("--data-dir", help="glue_data folder, for a checkpoint without dev results")
+    ex.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier export in OUT (never a run folder)",
+    )
     cli_common.add_checkpoint_choice(ex)
     ex.set_defaults(run=cmd_export)
 
@@ -382,6 +416,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `isojax` console script; returns the exit status."""
+    from isojax import errors
     from isojax.data.glue import GlueDataNotFound
 
     parser = build_parser()
@@ -396,8 +431,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GlueDataNotFound as err:  # no glue_data folder and no usable tfds copy: one line
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except errors.InputError as err:  # a malformed TSV, model folder or config: one line
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        return 2
     except SystemExit as exit_:  # --help
         return exit_.code if isinstance(exit_.code, int) else 0
+    except OSError as err:  # a full or read-only disk: one line naming the path, status 1
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"{PROG} {args.command}: error: {where}{err.strerror}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -8,7 +8,12 @@ A field that may be absent is `None` (no 0 or -1 sentinels). The reference recip
 papers are `get_config()` files in `isojax.configs` (big_vision's layout), so an installed
 isojax carries them: `isojax finetune --config isobn`. Each value is checked by the module that
 owns it (`optim`, `norms`, `stabilizer`, `precision`, `glue`); `validate_config` only adds the
-field's path to that module's message.
+field's path to that module's message, and raises `ConfigError` (a `ValueError`), which
+`isojax finetune` prints as one line with exit status 2. A field with a value by default may
+not be None (except `optimizer.clip_norm`, None: no clipping, and `max_nonfinite_steps`,
+None: never stop). `normalizer_kwargs` is the one
+open field: its keys are the normaliser's hyper-parameters (`--set
+normalizer_kwargs.epsilon=1e-5`), checked by `norms.check_hparams`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import pathlib
 import ml_collections
 from ml_collections import config_dict
 
-from isojax import norms, optim, precision, profiling
+from isojax import errors, norms, optim, precision, profiling
 from isojax import stabilizer as stabilizer_lib
 from isojax.data import glue
 from isojax.models import heads
@@ -31,6 +36,25 @@ METHODS = (*norms.NORMALIZERS, "istar", "cosreg")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 LOSS_SCALES = ("auto", "dynamic", "none")
 TINY_MODEL = "tiny-bert"
+# Dict fields whose keys are not fixed by `default_config` (empty there): their owner checks the
+# keys (`norms.check_hparams`), and `--set FIELD.KEY=VALUE` may add one.
+OPEN_FIELDS = ("normalizer_kwargs",)
+# Normaliser fields the classifier head sets itself (from the policy and the mesh): not
+# hyper-parameters, so not `normalizer_kwargs` keys.
+HEAD_SETS = ("dtype", "param_dtype", "axis_name", "name", "parent", "use_running_average")
+# Fields with a value by default that accept None too (clip_norm None: clipping off;
+# max_nonfinite_steps None: never stop on a non-finite loss).
+NULLABLE = ("optimizer.clip_norm", "max_nonfinite_steps")
+# `jax.random.key(seed)` takes 32 bits: 2**32 would draw seed 0's keys again; numpy's
+# `default_rng((seed, epoch))` refuses negative seeds.
+MAX_SEED = 2**32 - 1
+
+
+class ConfigError(errors.InputError):
+    """A configuration that cannot run: one line naming the field (`isojax finetune`: exit
+    status 2). Raised by `validate_config`, and by the build for checks that need the model or
+    the data (`max_length` above the model's positions, a batch larger than the data)."""
+
 
 # Fields renamed by the flat layout (old spelling -> new), named in the error for an old key.
 RENAMED = {
@@ -105,6 +129,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = config_dict.placeholder(int)  # steps between checkpoints; None: epochs
     c.keep_checkpoints = 2
     c.log_every = 50
+    # Stop the run (exit status 3, isojax.nonfinite) once the training loss has been non-finite
+    # for this many consecutive steps (float32 / bfloat16; off under float16's dynamic loss
+    # scale); None: never stop.
+    c.max_nonfinite_steps = config_dict.FieldReference(10, int)
     c.fsdp = False  # shard parameters and optimizer state over devices
     c.remat = False  # recompute layer activations in the backward pass
     # Without a token penalty (istar, cosreg) the train step computes the encoder's last layer
@@ -156,21 +184,50 @@ def stabilizer_kwargs(config: ml_collections.ConfigDict, steps_per_epoch: int) -
     return {}
 
 
+def normalizer_of(config: ml_collections.ConfigDict) -> tuple[str, dict]:
+    """The head's normaliser and its keyword arguments: `config.method` when it is one of
+    `norms.NORMALIZERS` (else "none": a penalty method's head has no normaliser), with
+    `config.normalizer_kwargs` over `config.isobn` for IsoBN."""
+    name = config.method if config.method in norms.NORMALIZERS else "none"
+    kwargs = dict(config.normalizer_kwargs.to_dict())
+    if name == "isobn":
+        kwargs = config.isobn.to_dict() | kwargs
+    return name, kwargs
+
+
 def _owned(field: str, check, *args, **kwargs) -> None:
     """Runs an owning module's check; its ValueError comes back prefixed with `field`."""
     try:
         check(*args, **kwargs)
     except ValueError as err:
-        raise ValueError(f"config: {field}: {err}") from None
+        raise ConfigError(f"config: {field}: {err}") from None
 
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
-        raise ValueError(f"config: {message}")
+        raise ConfigError(f"config: {message}")
+
+
+def _lookup(config: ml_collections.ConfigDict, key: str):
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise ConfigError(f"config: field {key!r} is missing")
+        node = node[part]
+    return node
+
+
+def _check_present(config: ml_collections.ConfigDict) -> None:
+    """Every field with a value by default has one (not None), unless it is `NULLABLE`."""
+    for key, default in flatten(default_config().to_dict()).items():
+        if default is not None and key not in NULLABLE and _lookup(config, key) is None:
+            raise ConfigError(f"config: {key} must be set (its default is {default!r}), got None")
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
-    """Raises ValueError with one line naming the first bad field of `config`."""
+    """Raises `ConfigError` (a ValueError) with one line naming the first bad field of
+    `config`."""
+    _check_present(config)
     _owned("task", glue.get_task, config.task)
     _check(config.method in METHODS, f"unknown method {config.method!r}; known: {METHODS}")
     _check(
@@ -178,6 +235,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         f"sentence must be one of {heads.SENTENCE_VECTORS}, got {config.sentence!r}",
     )
     _owned("isobn", norms.check_hparams, "isobn", **config.isobn.to_dict())
+    normalizer, normalizer_kwargs = normalizer_of(config)
+    _owned("normalizer_kwargs", norms.check_hparams, normalizer, **normalizer_kwargs)
+    reserved = sorted(set(config.normalizer_kwargs) & set(HEAD_SETS))
+    _check(not reserved, f"normalizer_kwargs: {reserved} are set by the classifier head")
     _owned("istar.zeta", stabilizer_lib.check_zeta, config.istar.zeta)
     s = config.istar.stabilizer
     window = s.window if s.window is not None else (s.tokens if s.unit == "tokens" else 1)
@@ -198,6 +259,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     for name in ("batch_size", "eval_batch_size", "num_epochs", "log_every", "keep_checkpoints"):
         _check(int(config[name]) >= 1, f"{name} must be >= 1, got {config[name]}")
     _check(
+        isinstance(config.seed, int) and 0 <= config.seed <= MAX_SEED,
+        f"seed must be an integer in [0, 2**32 - 1], got {config.seed}",
+    )
+    _check(
         config.peak_flops is None or config.peak_flops > 0,
         f"peak_flops must be None or > 0, got {config.peak_flops}",
     )
@@ -207,7 +272,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         int(k) >= 1 and config.batch_size % k == 0,
         f"grad_accum_steps {k} must be >= 1 and divide batch_size {config.batch_size}",
     )
-    for name in ("max_steps", "checkpoint_every", "max_train_examples", "max_eval_examples"):
+    for name in (
+        "max_steps",
+        "checkpoint_every",
+        "max_train_examples",
+        "max_eval_examples",
+        "max_nonfinite_steps",
+    ):
         value = config[name]
         _check(value is None or value >= 1, f"{name} must be None or >= 1, got {value}")
     _check(config.max_length >= 4, f"max_length must be >= 4, got {config.max_length}")

@@ -11,12 +11,21 @@ sentence vectors, and the isojax version. `models.export_pretrained` writes the 
 normaliser that is affine at inference (IsoBN, batch norm, re-centring) is folded into the
 classifier; a head transformers' classes cannot compute (layer norm, raw [CLS]) leaves the
 encoder alone, and `Exported.encoder_only` says why.
+
+The destination (`check_destination`) must be absent or an empty folder; `overwrite=True` also
+takes a folder holding an earlier export (plain files beside a Hugging Face `config.json`). A
+run folder is refused either way (its `config.json` would be replaced), and so is any folder
+holding a sub-folder. The export is written into a temporary sibling folder and renamed into
+place, so an overwrite leaves no stale file of the earlier export (a `pytorch_model.bin` beside
+the new `model.safetensors`), and a failed export leaves the destination as it was.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import shutil
 import warnings
 from typing import NamedTuple
 
@@ -30,6 +39,50 @@ ISOTROPY_ROWS = (
     ("sentence", "sentence vector (the head's input)"),
     ("pre_logits", "after the normaliser (the classifier's input)"),
 )
+
+
+class DestinationRefused(ValueError):
+    """The export's folder is a run folder, a file, or not empty (one-line message)."""
+
+
+def check_destination(folder: str | pathlib.Path, *, overwrite: bool = False) -> None:
+    """Raises `DestinationRefused` unless `folder` is absent, an empty folder, or (with
+    `overwrite`) an earlier export: only plain files, one of them a Hugging Face
+    `config.json` (with "architectures"). A run folder (`runs.is_run_folder`) is never
+    taken."""
+    folder = pathlib.Path(folder)
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise DestinationRefused(f"{folder} is a file: export writes a folder")
+    if runs.is_run_folder(folder):
+        raise DestinationRefused(
+            f"{folder} is a run folder: an export there would replace its config.json; "
+            "choose another folder (--overwrite never replaces a run)"
+        )
+    entries = sorted(folder.iterdir())
+    if not entries:
+        return
+    if not overwrite:
+        raise DestinationRefused(
+            f"{folder} is not empty: choose an empty or new folder, or --overwrite to replace "
+            "an earlier export there"
+        )
+    folders = [p.name for p in entries if p.is_dir()]
+    if folders:
+        raise DestinationRefused(
+            f"{folder} holds the folder {folders[0]!r}: --overwrite replaces only an earlier "
+            "export (plain files); choose another folder"
+        )
+    try:
+        hf = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        hf = None
+    if not (isinstance(hf, dict) and "architectures" in hf):
+        raise DestinationRefused(
+            f"{folder} holds no Hugging Face config.json: --overwrite replaces only an earlier "
+            "export; choose another folder"
+        )
 
 
 class Exported(NamedTuple):
@@ -63,15 +116,40 @@ def dev_evaluation(restored: runs.Restored, data_dir: str | None = None) -> dict
 
 
 def export_run(
-    restored: runs.Restored, folder: str | pathlib.Path, *, data_dir: str | None = None
+    restored: runs.Restored,
+    folder: str | pathlib.Path,
+    *,
+    data_dir: str | None = None,
+    overwrite: bool = False,
 ) -> Exported:
     """Writes the Hugging Face folder and its model card; returns what was written.
 
     `data_dir` is read only when the checkpoint has no evaluation of its own (one saved
-    between epochs by `checkpoint_every`)."""
+    between epochs by `checkpoint_every`). `overwrite`: replace an earlier export in `folder`
+    (`check_destination`, which raises `DestinationRefused` for what it refuses)."""
     folder = pathlib.Path(folder)
-    task = restored.task
+    check_destination(folder, overwrite=overwrite)
     evaluation = dev_evaluation(restored, data_dir)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.export-tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        exported = _write(restored, tmp, evaluation)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = folder.parent / f".{folder.name}.export-old-{os.getpid()}"
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)  # an earlier export (or an empty folder), checked above
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+    return exported._replace(folder=folder)
+
+
+def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> Exported:
+    """The export itself, into `folder` (created)."""
+    task = restored.task
     variables = jax.device_get(restored.variables)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", hf_export.EncoderOnlyExport)

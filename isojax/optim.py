@@ -21,6 +21,7 @@ References:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -82,7 +83,22 @@ def check_hparams(
     adam_eps: float = 1e-8,
     clip_norm: float | None = None,
 ) -> None:
-    """Raises ValueError (one line naming the value) for a setting `make_optimizer` refuses."""
+    """Raises ValueError (one line naming the value) for a setting `make_optimizer` refuses.
+
+    Every number must be finite: an infinite learning rate or weight decay (`1e999` parses as
+    inf) turns the first update's parameters into inf/NaN, and the run would train on NaN."""
+    values = dict(
+        learning_rate=learning_rate,
+        warmup_fraction=warmup_fraction,
+        weight_decay=weight_decay,
+        b1=b1,
+        b2=b2,
+        adam_eps=adam_eps,
+        clip_norm=clip_norm,
+    )
+    for name, value in values.items():
+        if value is not None and not (isinstance(value, int | float) and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
     if not learning_rate > 0:
         raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
     if schedule not in SCHEDULES:

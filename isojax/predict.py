@@ -12,10 +12,16 @@ metrics equal the run's evaluation of that checkpoint. A dev split is cut to the
 `max_eval_examples`, as the run evaluated it; a test split is always whole.
 
 A submission file (`CoLA.tsv`, `MNLI-m.tsv`, ...; `SUBMISSION_FILES`) has the header
-`index\tprediction`, one row per test example in file order, `index` the test file's own, and
+`index\tprediction`, one row per test example in file order, `index` the test file's own
+`index` column (read and checked: non-negative integers, no repeats; TFDS's `idx` from
+tensorflow-datasets), and
 GLUE's label vocabulary: the task's TSV label values (`entailment`/`not_entailment` for RTE and
 QNLI, MNLI's three strings, 0/1 for CoLA, SST-2, MRPC and QQP), STS-B's score clipped to
 [0, 5]. Files of several runs (one per task) fill one folder, which zips into a submission.
+
+Outputs are written atomically (a temporary file renamed into place, removed if the write
+fails); `check_file` and `check_folder` refuse a destination of the wrong kind (a predictions
+file that is a folder, a submission folder that is a file) before anything is computed.
 
 References:
   Wang et al., `GLUE <https://arxiv.org/abs/1804.07461>`_, ICLR 2019; the submission format of
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import re
 
 import numpy as np
 
@@ -45,6 +52,57 @@ SUBMISSION_FILES = {
     ("rte", "test"): "RTE.tsv",
 }
 STSB_RANGE = (0.0, 5.0)
+INDEX_COLUMN = "index"  # the test files' own example ids, repeated by a submission
+
+
+class OutputRefused(ValueError):
+    """An output path of the wrong kind (one-line message)."""
+
+
+def check_file(path: str | pathlib.Path) -> None:
+    """Refuses (`OutputRefused`) a file destination that is a folder or lies under a file."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        raise OutputRefused(f"{path} is a folder: name the file to write")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputRefused(f"{path}: {parent} is a file, not a folder")
+            break
+
+
+def check_folder(path: str | pathlib.Path) -> None:
+    """Refuses (`OutputRefused`) a folder destination that is a file or lies under one."""
+    path = pathlib.Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputRefused(f"{path} is a file: name a folder")
+    check_file(path / "_")
+
+
+def file_index(path: pathlib.Path, count: int) -> list[int]:
+    """The `index` column of a GLUE test TSV (`count` data rows, as `glue.load_tsv` read
+    them): ValueError naming the file and line for a value that is not a non-negative
+    integer, a repeated value, or a row count that differs; row numbers 0.. when the file has
+    no `index` column."""
+    rows = glue._tsv_rows(path)  # the loader's own line splitting
+    _, header = next(rows, (1, [""]))
+    if INDEX_COLUMN not in header:
+        return list(range(count))
+    column = header.index(INDEX_COLUMN)
+    out, seen = [], {}
+    for number, fields in rows:
+        if fields == [""]:  # a blank line, as the loader reads it
+            continue
+        value = fields[column] if column < len(fields) else ""
+        if not re.fullmatch(r"[0-9]{1,18}", value):
+            raise ValueError(f"{path}:{number}: index {value!r} is not a non-negative integer")
+        if int(value) in seen:
+            raise ValueError(f"{path}:{number}: index {value} repeats line {seen[int(value)]}'s")
+        seen[int(value)] = number
+        out.append(int(value))
+    if len(out) != count:
+        raise ValueError(f"{path}: {len(out)} index values for {count} examples")
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +166,9 @@ def load_split(
     data_dir = data_dir or config.data_dir
     if data_dir:
         examples = glue.load_tsv(data_dir, task, split, labelled=labelled)
+        if split in task.test_splits:  # the file's own example ids, for the submission
+            index = file_index(glue.tsv_path(data_dir, task, split), len(examples))
+            examples = [e._replace(idx=i) for e, i in zip(examples, index, strict=True)]
     else:
         examples = glue.load_tfds(task, split, config.tfds_data_dir, labelled=labelled)
     limit = config.max_eval_examples
@@ -151,14 +212,20 @@ def predict(
 
 
 def _write_tsv(path: pathlib.Path, header: list[str], rows) -> pathlib.Path:
-    """Writes a TSV atomically (a temporary file renamed into place)."""
+    """Writes a TSV atomically (a temporary file renamed into place; removed if the write
+    fails). `OutputRefused` for a path that is a folder or under a file."""
+    check_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.write("\t".join(header) + "\n")
-        for row in rows:
-            f.write("\t".join(row) + "\n")
-    tmp.replace(path)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write("\t".join(header) + "\n")
+            for row in rows:
+                f.write("\t".join(row) + "\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -196,5 +263,6 @@ def write_submission(pred: Predictions, folder: str | pathlib.Path) -> pathlib.P
             f"a GLUE submission holds test-set predictions; {pred.task.name} {pred.split!r} "
             f"is not one of its test splits {list(pred.task.test_splits)}"
         )
+    check_folder(folder)
     rows = ([str(i), v] for i, v in zip(pred.idx, submission_values(pred), strict=True))
     return _write_tsv(pathlib.Path(folder) / name, ["index", "prediction"], rows)

@@ -6,14 +6,24 @@ ends with the same parameters, metrics and `metrics.jsonl` as an uninterrupted o
 
 A run folder keeps the newest checkpoints in `checkpoints/` and, beside them, the one with the
 best dev score so far in `best_checkpoint/` (the IsoBN protocol's early stopping).
+
+Each checkpoint's position JSON also holds the run's config (`config_stamp`: its fields and
+their SHA-256), so that a restore compares the config it is asked to use with the one the state
+was trained with (`check_stamp`), not with an editable `config.json`.
+
+`metrics.jsonl` follows the checkpoint: a resumed run drops the lines written after it, a fresh
+start (no checkpoint) begins an empty log, and a torn last line (a kill mid-write) is dropped
+with a warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import pathlib
 import sys
+import warnings
 
 import jax.numpy as jnp
 import ml_collections
@@ -79,7 +89,7 @@ class Position:
 # Fields a resumed run may change: they touch neither the train state nor the data order.
 _RESUMABLE_CHANGES = {
     "data_dir", "tfds_data_dir", "eval_batch_size", "max_eval_examples", "checkpoint_every",
-    "keep_checkpoints", "log_every", "progress", "tensorboard", "remat",
+    "keep_checkpoints", "log_every", "progress", "tensorboard", "remat", "max_nonfinite_steps",
     "throughput", "peak_flops", "profile_steps",
 }  # fmt: skip
 
@@ -95,6 +105,57 @@ def checkpointers(
     )
 
 
+class ConfigChanged(ValueError):
+    """A checkpoint restored with a config that changes the run (one line naming the fields)."""
+
+
+def _changed_fields(before: dict, now: dict) -> list[str]:
+    """Flat keys whose values differ between two flattened configs, except `_RESUMABLE_CHANGES`
+    and fields `before` lacks that `now` holds at their default (added by a newer isojax)."""
+    defaults = config_lib.flatten(json.loads(config_lib.default_config().to_json()))
+    missing = object()
+    return sorted(
+        key
+        for key in before.keys() | now.keys()
+        if key.split(".")[0] not in _RESUMABLE_CHANGES
+        and before.get(key, missing) != now.get(key, missing)
+        and not (key not in before and key in defaults and now.get(key) == defaults[key])
+    )
+
+
+def config_stamp(config: ml_collections.ConfigDict) -> dict:
+    """`{"config": {"sha256", "fields"}}`: the flattened config (JSON values) and the SHA-256 of
+    its fields that change the run (all but `_RESUMABLE_CHANGES`), saved with each checkpoint."""
+    fields = config_lib.flatten(json.loads(config.to_json()))
+    run = {k: v for k, v in fields.items() if k.split(".")[0] not in _RESUMABLE_CHANGES}
+    digest = hashlib.sha256(json.dumps(run, sort_keys=True).encode()).hexdigest()
+    return {"config": {"sha256": digest, "fields": fields}}
+
+
+def check_stamp(stamp: dict | None, config: ml_collections.ConfigDict, where: str) -> bool:
+    """Refuses (`ConfigChanged`) to restore the checkpoint `where` whose `config_stamp` differs
+    from `config` in a field that changes the run, naming each with both values. Returns False
+    for a checkpoint saved without a stamp (isojax before stamps: nothing to compare), True
+    when the config is the run's."""
+    if stamp is None:
+        return False
+    if stamp["sha256"] == config_stamp(config)["config"]["sha256"]:
+        return True
+    before, now = stamp["fields"], config_stamp(config)["config"]["fields"]
+    changed = _changed_fields(before, now)
+    if changed:
+        missing = "(absent)"
+        shown = "; ".join(
+            f"{k}: {before.get(k, missing)!r} -> {now.get(k, missing)!r}" for k in changed[:8]
+        )
+        raise ConfigChanged(
+            f"{where} was trained with another config ({shown}"
+            + ("; ..." if len(changed) > 8 else "")
+            + "): restore it with the config it was trained with (was config.json edited?)"
+        )
+    return True
+
+
 def check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
     """Refuses to resume checkpoints in `workdir` with a config that changes the run."""
     saved = workdir / "config.json"
@@ -102,36 +163,81 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> 
         return
     before = config_lib.flatten(json.loads(saved.read_text()))
     now = config_lib.flatten(json.loads(config.to_json()))
-    changed = sorted(
-        key
-        for key in before.keys() | now.keys()
-        if key.split(".")[0] not in _RESUMABLE_CHANGES and before.get(key) != now.get(key)
-    )
+    changed = _changed_fields(before, now)
     if changed:
-        raise ValueError(
+        raise ConfigChanged(
             f"{workdir} holds checkpoints of a run with another config ({', '.join(changed)} "
             "differ): resume with its config.json, or use a new workdir"
         )
 
 
-def restore(ckpt, state: steps.TrainState, workdir: pathlib.Path, lead: bool):
+def metrics_lines(path: pathlib.Path) -> list[tuple[str, dict]]:
+    """`(line, record)` of each line of a `metrics.jsonl`. A torn last line (no newline, or not
+    JSON: a kill mid-write) is left out with a `RuntimeWarning`; a bad line before the last
+    raises ValueError naming the file and line."""
+    text = path.read_text() if path.exists() else ""
+    lines = text.splitlines(keepends=True)
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line) if line.endswith("\n") else None
+        except json.JSONDecodeError:
+            record = None
+        if record is None and number == len(lines):
+            warnings.warn(
+                f"{path}:{number}: dropped a torn last line (a run killed while writing it): "
+                f"{line[:60]!r}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        if not isinstance(record, dict) or "step" not in record:
+            raise ValueError(f"{path}:{number}: not a metrics record: {line[:60]!r}")
+        out.append((line, record))
+    return out
+
+
+def _rewrite_log(path: pathlib.Path, kept: list[str]) -> None:
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+
+
+def restore(
+    ckpt,
+    state: steps.TrainState,
+    workdir: pathlib.Path,
+    lead: bool,
+    config: ml_collections.ConfigDict | None = None,
+):
     """`(state, Position)` from the newest usable checkpoint, or the fresh ones. A resumed run
-    drops the `metrics.jsonl` lines a killed run wrote after that checkpoint."""
+    drops the `metrics.jsonl` lines a killed run wrote after that checkpoint (and a torn last
+    line); a fresh start begins an empty `metrics.jsonl`. With `config`, a checkpoint trained
+    with another config (`check_stamp`) raises `ConfigChanged`."""
     restored = ckpt.restore(state)
+    path = workdir / "metrics.jsonl"
     if restored is None:
+        if lead and path.exists() and path.stat().st_size:
+            print(
+                f"isojax: {workdir} has no checkpoint: starting afresh, with a new {path.name}",
+                file=sys.stderr,
+            )
+            _rewrite_log(path, [])
         return state, Position()
     state, saved = restored
+    stamp = saved.pop("config", None)
+    step = int(state.step)
+    if config is not None:
+        check_stamp(stamp, config, f"checkpoint step {step} in {ckpt.directory}")
     position = Position(**saved)
     position.train_sums = {k: jnp.asarray(v, jnp.float32) for k, v in saved["train_sums"].items()}
-    step = int(state.step)
-    path = workdir / "metrics.jsonl"
     if lead and path.exists():
         lines = path.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
-        if len(kept) != len(lines):
-            tmp = path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(kept))
-            tmp.replace(path)
+        kept = [line for line, record in metrics_lines(path) if record["step"] <= step]
+        if kept != lines:
+            _rewrite_log(path, kept)
     if lead:
         print(
             f"isojax: resumed {workdir} at step {step} (epoch {position.epoch}, "

@@ -12,6 +12,14 @@ placed on the same kind of mesh, and the whole train state is read back by the
 `checkpointing.Checkpointer` that wrote it, so a config or code change that alters an array
 is named, not papered over. `isojax export`, `isojax predict` and `isojax analyze --run` start
 here.
+
+`config.json` is not trusted alone: a key that no config has is refused, and the config is
+compared with the one saved inside the checkpoint (`resume.check_stamp`), so an edit that
+changes the run (`sentence` pooled -> cls, `max_length`, ...) is refused with the field named
+instead of moving the scores silently. A checkpoint written before isojax saved its config
+there is restored with a `RuntimeWarning` that nothing could be compared. A restore only reads:
+a damaged newest checkpoint is skipped for the one before it, and no file of the run folder is
+renamed or written (`checkpointing.Checkpointer(read_only=True)`).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -84,13 +93,42 @@ class Restored:
         return last if last is not None and last.get("step") == self.step else None
 
 
+def is_run_folder(path: str | pathlib.Path) -> bool:
+    """Whether `path` holds a run (`train.train_and_evaluate`'s files): checkpoints, a
+    metrics log, results, or an isojax `config.json` (one with a task and a method)."""
+    path = pathlib.Path(path)
+    if any((path / name).exists() for name in (resume.LATEST_DIR, resume.BEST_DIR)):
+        return True
+    if any((path / name).is_file() for name in ("metrics.jsonl", "results.json")):
+        return True
+    try:
+        saved = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and {"task", "method"} <= saved.keys()
+
+
+def _unknown_fields(saved: dict) -> list[str]:
+    """Flat keys of `saved` that `config.default_config()` has not (a free-form sub-config,
+    `normalizer_kwargs`, takes any key)."""
+    known = config_lib.flatten(json.loads(config_lib.default_config().to_json()))
+    unknown = []
+    for key in config_lib.flatten(saved):
+        parts = key.split(".")
+        prefixes = (".".join(parts[:i]) for i in range(1, len(parts)))
+        if key not in known and not any(known.get(p) == {} for p in prefixes):
+            unknown.append(key)
+    return sorted(unknown)
+
+
 def load_config(run_dir: str | pathlib.Path) -> ml_collections.ConfigDict:
     """The run's `config.json` over `config.default_config()` (fields a newer isojax added keep
     their defaults), validated.
 
     Raises:
       RunNotRestorable: no `config.json`, or one that is not valid JSON or not a valid config;
-        one of an older layout names its first renamed field (`config.RENAMED`).
+        one of an older layout names its first renamed field (`config.RENAMED`); a key that no
+        config has (a typo) is named.
     """
     path = pathlib.Path(run_dir) / "config.json"
     if not path.is_file():
@@ -103,6 +141,9 @@ def load_config(run_dir: str | pathlib.Path) -> ml_collections.ConfigDict:
                 f"written by an older isojax: field {renamed[0]!r} is now "
                 f"{config_lib.RENAMED[renamed[0]]}"
             )
+        unknown = _unknown_fields(saved)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {', '.join(map(repr, unknown))}")
         config = config_lib.default_config()
         config.update(saved)
         config_lib.validate_config(config)
@@ -143,6 +184,8 @@ def restore(
         `step`: the message lists the saved steps); unreadable checkpoint files. One line.
       checkpointing.CheckpointMismatch: the checkpoint holds other arrays than this config
         builds (a changed config or code).
+        Also: `config.json` differs from the config saved with the checkpoint in a field
+        that changes the run (the message names each, `resume.ConfigChanged`'s words).
     """
     run_dir = pathlib.Path(run_dir)
     config = load_config(run_dir)
@@ -163,11 +206,23 @@ def restore(
     abstract = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
     )
-    with checkpointing.Checkpointer(folder) as ckpt:
+    with checkpointing.Checkpointer(folder, read_only=True) as ckpt:
         try:
             state, position = ckpt.restore(abstract, step=step)
         except (checkpointing.CheckpointNotFound, RuntimeError) as err:
             raise RunNotRestorable(f"{run_dir}: {err}") from None
+    where = f"checkpoint step {int(state.step)} in {folder}"
+    try:
+        stamped = resume.check_stamp(position.pop("config", None), config, where)
+    except resume.ConfigChanged as err:
+        raise RunNotRestorable(str(err)) from None
+    if not stamped:
+        warnings.warn(
+            f"{where} was saved without its config (isojax before config stamps): "
+            f"{run_dir / 'config.json'} is trusted as it is",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     _, eval_fn, _ = steps.jit_steps(state, mesh, fsdp=config.fsdp)
     return Restored(
         run_dir=run_dir,

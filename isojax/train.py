@@ -44,6 +44,7 @@ from isojax import (
     distributed,
     metrics,
     models,
+    nonfinite,
     optim,
     precision,
     preemption,
@@ -195,8 +196,9 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
         len(train_encoded), config.batch_size, drop_remainder=True
     )
     if steps_per_epoch == 0:
-        raise ValueError(
-            f"{len(train_encoded)} training examples make no full batch of {config.batch_size}"
+        raise config_lib.ConfigError(
+            f"config: batch_size {config.batch_size} is larger than the {len(train_encoded)} "
+            "training examples (the last incomplete batch is dropped: no step would run)"
         )
     total_steps = config.max_steps or steps_per_epoch * config.num_epochs
     mesh = distributed.make_mesh() if mesh is None else mesh
@@ -204,7 +206,9 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
     for name, size in (("batch_size / grad_accum_steps", micro), ("eval_batch_size", None)):
         size = config.eval_batch_size if size is None else size
         if size % mesh.size:
-            raise ValueError(f"config: {name} {size} must be a multiple of the {mesh.size} devices")
+            raise config_lib.ConfigError(
+                f"config: {name} {size} must be a multiple of the {mesh.size} devices"
+            )
     objective = make_objective(config, task, steps_per_epoch)
     tx = build.make_optimizer(config, total_steps)
     state = build.create_train_state(
@@ -305,12 +309,15 @@ def _isotropy_jit(acc, c0, zeta):
     return steps.isotropy_metrics(acc, c0, zeta)
 
 
-def _train_epoch(run, state, config, position, step, log, save, watch, hooks=()) -> tuple:
+def _train_epoch(
+    run, state, config, position, step, log, save, loss_watch, watch, hooks=()
+) -> tuple[Any, int, bool, bool]:
     """Trains from `position` to the end of its epoch or of the run; returns `(state, step,
     epoch_done, stop)` with `position.batch` advanced. `log.train` after each step; `save(step,
-    state)` every `config.checkpoint_every` steps (not at the epoch's end); `hooks(step, state,
-    batch)` after each step, before its log line; `stop`: a signal
-    (`watch`, a `preemption.Watch`) ended the epoch early, before the run's last step."""
+    state)` every `config.checkpoint_every` steps (not at the epoch's end); `loss_watch` (a
+    `nonfinite.LossWatch`) counts each loss and is checked at each log line; `hooks(step,
+    state, batch)` after each step, before its log line; `stop`: a signal (`watch`, a
+    `preemption.Watch`) ended the epoch early, before the run's last step."""
     epoch_done = position.batch == run.steps_per_epoch
     epoch_batches = update_batches(
         run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
@@ -326,24 +333,17 @@ def _train_epoch(run, state, config, position, step, log, save, watch, hooks=())
         position.add(step_metrics if meter is None else step_metrics | meter.counts())
         log.train(step, position.epoch, position.pop_means)
         epoch_done = position.batch == run.steps_per_epoch
+        loss_watch.update(step, step_metrics["loss"])
+        if step % config.log_every == 0 or step == run.total_steps or epoch_done:
+            loss_watch.check(step, position.epoch)
         if watch.requested(step) and step < run.total_steps:
             return state, step, epoch_done, True
         if step == run.total_steps or epoch_done:
             break
         if config.checkpoint_every and step % config.checkpoint_every == 0:
+            loss_watch.check(step, position.epoch, before="checkpointing")
             save(step, state)
     return state, step, epoch_done, False
-
-
-def _end_epoch(run, state, config, position, step, epoch_done, log, best_ckpt, save) -> None:
-    """The dev evaluation after `_train_epoch`, and the checkpoints (best, then latest)."""
-    results = evaluate_all(run, state, config, step, position.epoch + 1, log)
-    is_best = position.note_eval(results, glue.get_task(config.task).dev_splits[0])  # MNLI: m
-    if epoch_done:
-        position.epoch, position.batch = position.epoch + 1, 0
-    if is_best:  # before the latest, so a resumed run never claims a best it lacks
-        best_ckpt.save(step, state, position.to_json())
-    save(step, state)
 
 
 def _meter(run: Run, config: ml_collections.ConfigDict, lead: bool):
@@ -387,6 +387,8 @@ def train_and_evaluate(
     newest usable checkpoint in `workdir/checkpoints` (state and `resume.Position`), ending as
     an uninterrupted run would; writes `config.json`, `metrics.jsonl`, `tensorboard/` and
     `results.json`, and keeps the best dev epoch's checkpoint in `workdir/best_checkpoint`.
+    A loss that stays non-finite (float32, bfloat16) stops the run with
+    `nonfinite.NonFiniteLoss`, its `results.json` a stop record with no score.
     Returns the last dev results: `{split: {metric: value}}` per dev split ("dev", or MNLI's
     two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
     plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
@@ -405,7 +407,8 @@ def train_and_evaluate(
         (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
     run = setup(config, mesh=mesh)
     ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
-    state, position = resume.restore(ckpt, run.state, workdir, lead)
+    main_split = glue.get_task(config.task).dev_splits[0]  # MNLI: matched
+    state, position = resume.restore(ckpt, run.state, workdir, lead, config)
     step = int(state.step)
     opt = config.optimizer
     log = reporting.RunLog(
@@ -431,13 +434,17 @@ def train_and_evaluate(
         profile = profiling.Window(workdir, *config.profile_steps, enabled=lead)
         hooks.append(lambda step, state, batch: profile.step(step, state))
 
+    stamp = resume.config_stamp(config)  # saved with each checkpoint, checked on restore
+
     def save(step, state):
-        ckpt.save(step, state, position.to_json())
+        ckpt.save(step, state, position.to_json() | stamp)
         if log.throughput is not None:  # the save's time is not the steps'
             log.throughput.mark()
 
+    loss_watch = nonfinite.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead)
     c0_pass_each_epoch = config.method == "istar" and config.istar.stabilizer.kind == "pass"
     num_epochs = -(-run.total_steps // run.steps_per_epoch)
+    closers = (log, ckpt, best_ckpt)
     with preemption.Watch() as watch:
         while step < run.total_steps and position.epoch < num_epochs:
             if c0_pass_each_epoch and position.batch == 0:
@@ -446,13 +453,21 @@ def train_and_evaluate(
                     jax.block_until_ready(state)
                     log.throughput.mark()
             state, step, epoch_done, stop = _train_epoch(
-                run, state, config, position, step, log, save, watch, hooks
+                run, state, config, position, step, log, save, loss_watch, watch, hooks
             )
             if stop:
-                _save_and_exit(watch, save, step, state, (log, ckpt, best_ckpt), lead)
-            _end_epoch(run, state, config, position, step, epoch_done, log, best_ckpt, save)
+                loss_watch.check(step, position.epoch, before="checkpointing")
+                _save_and_exit(watch, save, step, state, closers, lead)
+            loss_watch.check(step, position.epoch, before="evaluating")
+            results = evaluate_all(run, state, config, step, position.epoch + 1, log)
+            is_best = position.note_eval(results, main_split)
+            if epoch_done:
+                position.epoch, position.batch = position.epoch + 1, 0
+            if is_best:  # before the latest, so a resumed run never claims a best it lacks
+                best_ckpt.save(step, state, position.to_json() | stamp)
+            save(step, state)
             if watch.signal_name is not None and step < run.total_steps:  # during eval/save
-                _save_and_exit(watch, save, step, state, (log, ckpt, best_ckpt), lead)
+                _save_and_exit(watch, save, step, state, closers, lead)
     if profile is not None:
         profile.close()
     log.close()

@@ -1,6 +1,7 @@
 """Loading and exporting Hugging Face checkpoints: real MiniLM-L6 weights, round trips, errors."""
 
 import json
+import pathlib
 import shutil
 
 import jax
@@ -249,6 +250,7 @@ def test_bad_folders_raise_naming_file_and_weight(tmp_path):
     with pytest.raises(ValueError) as err:
         models.load_pretrained(folder)
     message = str(err.value)
+    assert isinstance(err.value, config_lib.ModelNotLoadable) and "\n" not in message
     assert str(weights) in message
     assert (
         "mis-shaped: encoder.layer.1.intermediate.dense.weight is (37, 31) in the file, "
@@ -286,3 +288,93 @@ def test_half_precision_files_load_as_float32(tmp_path):
     assert kernel.dtype == jnp.float32
     expect = params["layer_0"]["attention"]["query"]["kernel"].astype(jnp.bfloat16)
     np.testing.assert_array_equal(kernel, expect.astype(jnp.float32))
+
+
+def _config_only_folder(tmp_path, **changes):
+    """A model folder holding only the tiny BERT's config.json, with `changes`."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**test_models.TINY_HF["bert"], **changes}))
+    return folder
+
+
+def _no_tracing(monkeypatch):
+    """Makes any trace of the encoder (shapes or parameters) fail the test."""
+
+    def traced(*args, **kwargs):
+        raise AssertionError("the encoder was traced")
+
+    monkeypatch.setattr(jax, "eval_shape", traced)
+    monkeypatch.setattr(models.encoder, "init_params", traced)
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("num_hidden_layers", 3000, "num_hidden_layers must be an integer in [1, 128], got 3000"),
+        ("num_attention_heads", 0, "num_attention_heads must be an integer in [1, 512], got 0"),
+        ("hidden_size", 10**9, "hidden_size must be an integer in [1, 32768], got 1000000000"),
+        ("hidden_size", 1e9, "hidden_size must be an integer in [1, 32768], got 1000000000.0"),
+        ("vocab_size", 10**9, "vocab_size must be an integer in [1, 2097152], got 1000000000"),
+        ("intermediate_size", 10**9, "intermediate_size must be an integer in [1, 131072]"),
+        ("max_position_embeddings", 10**9, "max_position_embeddings must be an integer in"),
+        ("num_hidden_layers", -1, "num_hidden_layers must be an integer in [1, 128], got -1"),
+        ("num_hidden_layers", "12", "num_hidden_layers must be an integer in [1, 128], got '12'"),
+    ],
+)
+def test_absurd_config_sizes_are_refused_before_tracing(tmp_path, monkeypatch, key, value, message):
+    """An untrusted config.json's sizes are checked before anything is traced (3000 layers
+    traced for 57 s before failing; 10^9 was refused by the weights' shapes, after a trace)."""
+    folder = _config_only_folder(tmp_path, **{key: value})
+    path = folder / "config.json"
+    _no_tracing(monkeypatch)
+    with pytest.raises(config_lib.ModelNotLoadable) as err:
+        models.load_pretrained(folder)
+    assert str(err.value).startswith(f"{path}: {message}") and "\n" not in str(err.value)
+
+
+def test_size_bounds_name_each_family_key_and_admit_real_models(monkeypatch):
+    """The bounds name the family's own key (DistilBERT `n_layers`) and admit the largest
+    BERT-family encoders (XLM-R XXL, ALBERT-xxlarge, Longformer's 4098 positions)."""
+    _no_tracing(monkeypatch)
+    with pytest.raises(ValueError, match=r"x.json: n_layers must be an integer in \[1, 128\]"):
+        hf = {**test_models.TINY_HF["distilbert"], "n_layers": 129}
+        config_lib.EncoderConfig.from_hf(hf, source="x.json")
+    albert = {**test_models.TINY_HF["albert"], "num_hidden_layers": 64, "inner_group_num": 3}
+    with pytest.raises(ValueError, match="num_hidden_layers x inner_group_num = 192 layer calls"):
+        config_lib.EncoderConfig.from_hf(albert)
+    with pytest.raises(ValueError, match=r"num_heads must be an integer in \[1, 512\], got 0"):
+        config_lib.EncoderConfig(num_heads=0)  # the dataclass itself, not only config.json
+    real = [
+        dict(model_type="xlm-roberta", vocab_size=250880, hidden_size=4096, num_hidden_layers=48,
+             num_attention_heads=32, intermediate_size=16384, max_position_embeddings=514),
+        dict(model_type="albert", vocab_size=30000, embedding_size=128, hidden_size=4096,
+             num_hidden_layers=12, num_attention_heads=64, intermediate_size=16384),
+        dict(model_type="bert", max_position_embeddings=4098, num_hidden_layers=128),
+    ]  # fmt: skip
+    real[0]["model_type"] = "roberta"  # XLM-R is a RoBERTa with a bigger vocabulary
+    for hf in real:
+        config_lib.EncoderConfig.from_hf(hf)
+    assert config_lib.VARIANTS["bert-large"].num_layers == 24  # the standard sizes build
+
+
+def test_malicious_pickle_is_refused_in_one_line(tmp_path):
+    """`pytorch_model.bin` is read with `torch.load(weights_only=True)`: a pickle that would
+    run code is refused before it runs, as one line naming the file."""
+    folder = _config_only_folder(tmp_path)
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (pathlib.Path.touch, (marker,))
+
+    torch.save({"embeddings.word_embeddings.weight": Payload()}, folder / "pytorch_model.bin")
+    with pytest.raises(config_lib.ModelNotLoadable) as err:
+        models.load_pretrained(folder)
+    assert not marker.exists()
+    message = str(err.value)
+    assert message.startswith(f"{folder / 'pytorch_model.bin'}: cannot read the weights")
+    assert "UnpicklingError" in message and "\n" not in message
+    (folder / "pytorch_model.bin").write_bytes(b"not a zip file")  # a damaged file
+    with pytest.raises(config_lib.ModelNotLoadable, match="pytorch_model.bin: cannot read"):
+        models.load_pretrained(folder)

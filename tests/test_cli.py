@@ -40,6 +40,32 @@ def run(capsys, argv):
         (["--max-steps", "2"], "--max-steps was removed: use --set max_steps=N"),
         (["--set", "preset=istar"], "'preset' was renamed: use --config isobn|istar"),
         (["--set", "istar.stabilizer_window=5"], "use istar.stabilizer.window"),
+        # `--set` garbage (issue 25: held).
+        (["--set", "batch_size"], "--set 'batch_size': expected key.path=value"),
+        (["--set", "=3"], "unknown config field ''"),
+        (["--set", "buckets=(32,"], "buckets='(32,'"),
+        (["--set", "optimizer=0.1"], "optimizer=0.1"),
+        # Issue 25 item 11: a negative seed, None where a value is needed, an unknown key of
+        # the normaliser (refused by norms.check_hparams before anything is built).
+        (["--seed", "-1"], "config: seed must be an integer in [0, 2**32 - 1], got -1"),
+        (["--set", "seed=4294967296"], "seed must be an integer in [0, 2**32 - 1]"),
+        (["--set", "log_every=None"], "config: log_every must be set (its default is 50)"),
+        (["--set", "batch_size=none"], "config: batch_size must be set"),
+        (
+            ["--method", "layernorm", "--set", "normalizer_kwargs.epsilonn=1e-5"],
+            "config: normalizer_kwargs: normalizer 'layernorm' has no hyper-parameter(s) "
+            "['epsilonn']",
+        ),
+        (
+            ["--method", "isobn", "--set", "normalizer_kwargs.epsilon=-1.0"],
+            "config: normalizer_kwargs: epsilon must be > 0",
+        ),
+        (["--set", "normalizer_kwargs.beta=0.5"], "normalizer 'none' has no hyper-parameter"),
+        (["--set", "normalizer_kwargs.a.b=1"], "unknown config field 'normalizer_kwargs.a'"),
+        (
+            ["--method", "layernorm", "--set", "normalizer_kwargs.dtype=float16"],
+            "normalizer_kwargs: ['dtype'] are set by the classifier head",
+        ),
     ],
 )
 def test_finetune_rejects_bad_values_with_one_line_and_status_2(capsys, tmp_path, flags, bad):
@@ -91,6 +117,28 @@ def test_config_precedence_file_then_flags_then_set(capsys, tmp_path):
     assert config["istar"]["weight"] == -2  # --set overrides everything
     assert config["buckets"] == [16, 48] and config["fsdp"] is True
     assert config["max_steps"] is None and config["optimizer"]["clip_norm"] is None
+
+
+def test_set_into_normalizer_kwargs_as_documented(capsys, tmp_path):
+    """ARCHITECTURE.md's `--set normalizer_kwargs.epsilon=1e-5` (a key of a field that is an
+    empty dict by default) works, from a --config file too, and reaches the normaliser's
+    check (issue 25 item 14)."""
+    argv = ["finetune", "--workdir", str(tmp_path / "run"), "--print-config"]
+    code, out, err = run(
+        capsys, [*argv, "--method", "layernorm", "--set", "normalizer_kwargs.epsilon=1e-5"]
+    )
+    assert code == 0, err
+    assert json.loads(out)["normalizer_kwargs"] == {"epsilon": 1e-5}
+    config_file = tmp_path / "kwargs_config.py"
+    config_file.write_text(
+        "import ml_collections\n"
+        "def get_config(arg):\n"
+        "    return ml_collections.ConfigDict(\n"
+        "        dict(method='isobn', normalizer_kwargs=dict(epsilon=1e-4, debias=True)))\n"
+    )
+    code, out, err = run(capsys, [*argv, "--config", str(config_file)])
+    assert code == 0, err
+    assert json.loads(out)["normalizer_kwargs"] == {"epsilon": 1e-4, "debias": True}
 
 
 def test_packaged_presets_are_configs(capsys, tmp_path):

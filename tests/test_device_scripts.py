@@ -6,6 +6,7 @@ holds the four study tasks' train and dev files, and the recorded commit is HEAD
 import filecmp
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -24,7 +25,8 @@ def _sh(script: str, *args: str, env: dict) -> subprocess.CompletedProcess:
     )
 
 
-def test_prepare_splits_and_run_reassembles_and_verifies(tmp_path, glue_dir):
+def _fake_package(tmp_path) -> tuple[pathlib.Path, bytes]:
+    """A small weights package: a few files and a 200 kB "weights" file (the one split)."""
     pkg = tmp_path / "site_here" / "fake_weights"
     (pkg / "model" / "sub").mkdir(parents=True)
     (pkg / "__pycache__").mkdir()
@@ -34,6 +36,11 @@ def test_prepare_splits_and_run_reassembles_and_verifies(tmp_path, glue_dir):
     (pkg / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"\0" * 64)
     big = np.random.default_rng(0).integers(0, 256, 200_001, dtype=np.uint8).tobytes()
     (pkg / "model" / "weights.safetensors").write_bytes(big)
+    return pkg, big
+
+
+def test_prepare_splits_and_run_reassembles_and_verifies(tmp_path, glue_dir):
+    pkg, big = _fake_package(tmp_path)
     dev = tmp_path / "dev"
     env = {
         "DEVICE_DIR": str(dev),
@@ -84,3 +91,39 @@ def test_prepare_splits_and_run_reassembles_and_verifies(tmp_path, glue_dir):
     (dev / "w1" / "part1").unlink()
     done = _sh("run.sh", "stage", env=env)
     assert done.returncode == 1 and ".device/w1 missing or damaged" in done.stderr
+
+
+def test_prepare_on_a_fresh_clone_stages_into_the_ignored_device_folder(tmp_path, glue_dir):
+    """A fresh clone has no .device/, which `/.device/` (a folder-only pattern) does not match
+    yet: prepare.sh still sees it ignored, stages there, and nothing staged is untracked; a
+    clone whose .gitignore lacks the rule is refused."""
+    pkg, _ = _fake_package(tmp_path)
+    clone = tmp_path / "clone"
+    (clone / "experiments" / "device").mkdir(parents=True)
+    shutil.copy(REPO / "experiments/device/prepare.sh", clone / "experiments/device")
+    shutil.copy(REPO / ".gitignore", clone / ".gitignore")
+    names = ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL")
+    git_env = os.environ | dict.fromkeys(names, "t")
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "fresh"]):
+        subprocess.run(["git", "-C", str(clone), *args], check=True, env=git_env)
+    assert not (clone / ".device").exists()
+    env = {"WEIGHTS_PKG": str(pkg), "GLUE_DIR": str(glue_dir), "PYTHON": sys.executable,
+           "SKIP_WHEELS": "1"}  # fmt: skip
+    env = {**env, "DEVICE_DIR": ""}
+    script = clone / "experiments/device/prepare.sh"
+
+    def prepare():
+        return subprocess.run(["bash", str(script)], env=os.environ | env, capture_output=True,
+                              text=True)  # fmt: skip
+
+    done = prepare()
+    assert done.returncode == 0, done.stderr
+    assert (clone / ".device/w1/part1").is_file() and (clone / ".device/w2/part2").is_file()
+    status = subprocess.run(["git", "-C", str(clone), "status", "--porcelain"],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    assert status.stdout == ""
+
+    (clone / ".gitignore").write_text("runs/\n")
+    shutil.rmtree(clone / ".device")
+    done = prepare()
+    assert done.returncode == 1 and ".device/ is not git-ignored here" in done.stderr

@@ -95,7 +95,7 @@ def untrained_run(workdir: pathlib.Path, config) -> pathlib.Path:
     workdir.mkdir(parents=True)
     (workdir / "config.json").write_text(config.to_json(indent=2))
     with checkpointing.Checkpointer(workdir / resume.LATEST_DIR) as ckpt:
-        ckpt.save(0, state, resume.Position().to_json())
+        ckpt.save(0, state, resume.Position().to_json() | resume.config_stamp(config))
     return workdir
 
 

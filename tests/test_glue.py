@@ -1,7 +1,9 @@
 """GLUE registry and sources: the real TSVs, a TFDS round trip, and broken files."""
 
+import ast
 import collections
 import os
+import pathlib
 import statistics
 import sys
 import urllib.error
@@ -168,13 +170,103 @@ def test_bad_score_names_file_and_line(tmp_path):
         glue.load_tsv(tmp_path, "stsb", "dev")
 
 
-@pytest.mark.parametrize("row", ["0\ta\tentailment", "0\ta\tb\tentailment\textra", ""])
+@pytest.mark.parametrize("row", ["0\ta\tentailment", "0\ta\tb\tentailment\textra", " "])
 def test_wrong_number_of_fields_names_file_and_line(tmp_path, row):
     path = _write(
         tmp_path, "rte", f"index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n{row}\n"
     )
-    with pytest.raises(ValueError, match=rf"{path}:3: \d tab-separated fields, expected 4"):
+    with pytest.raises(
+        glue.GlueDataInvalid, match=rf"{path}:3: \d tab-separated fields, expected 4"
+    ):
         glue.load_tsv(tmp_path, "rte", "dev")
+
+
+RTE_DEV = "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\tc\td\tnot_entailment\n"
+
+
+@pytest.mark.parametrize("ending", ["\n", "\n\n", "\r\n\r\n", "\n\n\n"])
+def test_blank_lines_at_the_end_are_skipped(tmp_path, ending):
+    """A newline too many at the end of a file is common and harmless: the same examples."""
+    _write(tmp_path, "rte", RTE_DEV.removesuffix("\n") + ending)
+    assert glue.load_tsv(tmp_path, "rte", "dev") == [
+        glue.Example("a", "b", 0, 0),
+        glue.Example("c", "d", 1, 1),
+    ]
+
+
+@pytest.mark.parametrize("blank", ["\n", "\r\n"])
+def test_blank_line_before_a_data_row_names_its_line(tmp_path, blank):
+    """A blank line inside the file (a cut or merged file) is refused with its line number."""
+    lines = RTE_DEV.splitlines(keepends=True)
+    path = _write(tmp_path, "rte", "".join([*lines[:2], blank, *lines[2:]]))
+    with pytest.raises(glue.GlueDataInvalid, match=rf"^{path}:3: blank line before line 4"):
+        glue.load_tsv(tmp_path, "rte", "dev")
+
+
+def test_crlf_and_bom_files_load_as_lf_ones(tmp_path):
+    """CRLF line ends and a UTF-8 BOM (MRPC's files have one) change no field or label."""
+    header = (
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    )
+    rows = ['0\tg\tf\ty\t0\ts\ts\tA "man\tB\t4.25', "1\tg\tf\ty\t1\ts\ts\tC\tD\t0"]
+    text = "\n".join([header, *rows]) + "\n"
+    expected = [glue.Example('A "man', "B", 4.25, 0), glue.Example("C", "D", 0.0, 1)]
+    for name, data in (
+        ("lf", text.encode()),
+        ("crlf", text.replace("\n", "\r\n").encode()),
+        ("bom+crlf", b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode()),
+    ):
+        path = _write(tmp_path, "stsb", "")
+        path.write_bytes(data)
+        assert glue.load_tsv(tmp_path, "stsb", "dev") == expected, name
+    # A lone "\r" inside a field is not a line end (a text-mode reader would split there).
+    path.write_bytes(text.replace('A "man', "A\rman").encode())
+    assert glue.load_tsv(tmp_path, "stsb", "dev")[0].text_a == "A\rman"
+
+
+def _imports(path) -> set[str]:
+    """The modules `path` imports, anywhere in it (module level or inside a function)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_data_modules_import_no_cycle_and_keep_their_names():
+    """glue (the TSVs, `load`) and tfds_source both import the registry module `tasks`; tfds_source
+    never imports glue, and the import graph of isojax.data (function-level imports included)
+    has no cycle. The registry's names stay importable from glue."""
+    folder = pathlib.Path(glue.__file__).parent
+    modules = {path.stem: path for path in folder.glob("*.py") if path.stem != "__init__"}
+    graph = {
+        name: {m for m in modules if f"isojax.data.{m}" in _imports(path) and m != name}
+        for name, path in modules.items()
+    }
+    assert "glue" not in graph["tfds_source"] and "tasks" in graph["tfds_source"], graph
+    assert graph["tasks"] == set(), graph
+    done, active = set(), []
+
+    def visit(name):
+        assert name not in active, f"import cycle: {' -> '.join([*active, name])}"
+        if name not in done:
+            active.append(name)
+            for other in graph[name]:
+                visit(other)
+            active.pop()
+            done.add(name)
+
+    for name in graph:
+        visit(name)
+    from isojax.data import tasks
+
+    for name in ("TASKS", "GlueTask", "Example", "get_task", "GlueDataNotFound", "GlueDataInvalid"):
+        assert getattr(glue, name) is getattr(tasks, name), name
+    assert glue.load_tfds is tfds_source.load_tfds
+    assert issubclass(glue.GlueDataInvalid, ValueError)
 
 
 def test_invalid_utf8_names_file_and_line(tmp_path):

@@ -1,5 +1,7 @@
-"""Tests for experiments/report.py: fixed small results JSONLs (written here) give the medians,
-paired bootstrap intervals, Pearson r and verdicts that NumPy / SciPy give."""
+"""Tests for experiments/report.py and its modules: fixed small results JSONLs (written here)
+give the medians, paired t intervals and p values, bootstrap intervals, Pearson / Spearman r and
+verdicts that NumPy / SciPy give; the record loading refuses duplicated cells, mixed commits and
+mixed devices with one line."""
 
 import importlib.util
 import json
@@ -13,6 +15,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("report", REPO / "experiments" / "report.py")
 report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(report)
+import report_records  # noqa: E402  (on sys.path once report.py is loaded)
+import report_verdicts  # noqa: E402
 
 # Dev score per (task, method, seed): [epoch 1, epoch 2]. isobn beats none on STS-B on every
 # seed by 0.02-0.04 at both epochs; on RTE the differences change sign. isobn lacks seed 5.
@@ -97,7 +101,7 @@ def _reference_ci(diffs) -> tuple[float, float]:
 
 def test_normalizers_report_gives_numpy_statistics_and_verdicts(tmp_path):
     path = _write(tmp_path, "fixture", _normalizers_records())
-    data = report.build(report.read_records(path))
+    data = report.build(report_records.read_records(path))
     assert data["tasks"] == ["stsb", "rte"] and data["baseline"] == "none"
     for task in ("stsb", "rte"):
         for method in ("none", "isobn"):
@@ -118,13 +122,18 @@ def test_normalizers_report_gives_numpy_statistics_and_verdicts(tmp_path):
             assert p[kind]["n"] == 4 and p[kind]["seeds"] == [1, 2, 3, 4]
             assert p[kind]["mean"] == pytest.approx(np.mean(diffs), abs=1e-12)
             lo, hi = _reference_ci(diffs)
-            assert (p[kind]["lo"], p[kind]["hi"]) == pytest.approx((lo, hi), abs=1e-12)
+            assert (p[kind]["boot_lo"], p[kind]["boot_hi"]) == pytest.approx((lo, hi), abs=1e-12)
             # SciPy's percentile bootstrap (other draws) agrees within Monte-Carlo error.
             sp = scipy.stats.bootstrap(
                 (np.array(diffs),), np.mean, n_resamples=10_000, method="percentile", random_state=1
             ).confidence_interval
-            assert p[kind]["lo"] == pytest.approx(sp.low, abs=0.003)
-            assert p[kind]["hi"] == pytest.approx(sp.high, abs=0.003)
+            assert p[kind]["boot_lo"] == pytest.approx(sp.low, abs=0.003)
+            assert p[kind]["boot_hi"] == pytest.approx(sp.high, abs=0.003)
+            # The verdicts' statistics: SciPy's paired t-test and its interval.
+            ref = scipy.stats.ttest_1samp(diffs, 0.0)
+            ci = ref.confidence_interval(0.95)
+            assert p[kind]["p"] == pytest.approx(ref.pvalue, rel=1e-9)
+            assert (p[kind]["lo"], p[kind]["hi"]) == pytest.approx((ci.low, ci.high), abs=1e-12)
         assert p["pre_logits_ev3"]["mean"] == pytest.approx(-0.10, abs=1e-12)
     # The average over both tasks, per seed.
     avg = data["task_average"]["isobn"]["best"]
@@ -133,7 +142,8 @@ def test_normalizers_report_gives_numpy_statistics_and_verdicts(tmp_path):
         for s in (1, 2, 3, 4)
     ]
     assert avg["mean"] == pytest.approx(np.mean(diffs), abs=1e-12)
-    assert (avg["lo"], avg["hi"]) == pytest.approx(_reference_ci(diffs), abs=1e-12)
+    assert (avg["boot_lo"], avg["boot_hi"]) == pytest.approx(_reference_ci(diffs), abs=1e-12)
+    assert avg["p"] == pytest.approx(scipy.stats.ttest_1samp(diffs, 0.0).pvalue, rel=1e-9)
     # Isotropy before / after.
     iso = data["per_task"]["stsb"]["isotropy"]
     assert iso["pretrained"]["sentence_ev3"] == 0.12
@@ -148,20 +158,27 @@ def test_normalizers_report_gives_numpy_statistics_and_verdicts(tmp_path):
         assert (tmp_path / f"fixture_{name}.png").stat().st_size > 1000
     none_last = [s[-1] for s in SCORES["stsb", "none"].values()]
     assert f"| stsb | none | 5 | {np.median(none_last):.3f} |" in md
-    assert "IsoBN improves fine-tuning (best dev epoch, as the protocol), stsb: **confirmed**" in md
-    assert "IsoBN improves fine-tuning (best dev epoch, as the protocol), rte: **not detected" in md
-    assert "IsoBN lowers EV3 of the classifier input (the paper: a lot), stsb: **confirmed**" in md
+    # STS-B: +0.03 on four seeds, t-test p = 0.005 (Holm over stsb, rte, average: 0.016), but
+    # the sign-flip p cannot go below 2^-4 = 0.0625 with four seeds.
+    claim = "IsoBN improves fine-tuning (best dev epoch, as the protocol)"
+    assert f"{claim}**: a family of 3 lines, Holm-adjusted over 3; the paper's size: +0.010" in md
+    assert f"{claim}, stsb: **confirmed (parametric only)** (isobn − none +0.0300, t 95 % [" in md
+    assert "Holm p = 0.016; sign-flip p = 0.062 (one-sided, toward the claim; floor 2^-4" in md
+    assert f"{claim}, rte: **not detected at this n**" in md
+    # The average: t-test p = 0.044 alone, 0.087 after Holm.
+    assert f"{claim}, average of the tasks: **not detected at this n**" in md
+    assert "IsoBN lowers EV3 of the classifier input (the paper: a lot), stsb: **confirmed" in md
     # IsoBN's EV3 shift (-0.10) beats batchnorm's (-0.04) on every shared seed (1-3).
     contrast = data["per_task"]["stsb"]["ev3_isobn_vs_batchnorm"]
     assert contrast["n"] == 3 and contrast["mean"] == pytest.approx(-0.06, abs=1e-12)
     assert "ev3_isobn_vs_batchnorm" not in data["per_task"]["rte"]  # no batchnorm arm
     assert (
         "IsoBN lowers EV3 of the classifier input more than batch normalisation does, stsb: "
-        "**confirmed** (EV3 isobn − batchnorm -0.060" in md
+        "**confirmed (parametric only)** (EV3 isobn − batchnorm -0.0600, t 95 %" in md
     )
     assert "pre-trained sentence vectors are anisotropic" in md and "**reversed**" in md
     assert "| rte-isobn-s5 | ValueError: config: bad |" in md
-    assert "10000 resamples" in md
+    assert "10000 resamples" in md and "no verdict rests on the bootstrap" in md
 
 
 def _sweep_records() -> tuple[list[dict], dict]:
@@ -195,7 +212,7 @@ def _sweep_records() -> tuple[list[dict], dict]:
 def test_sweep_report_gives_scipy_pearson_with_and_without_collapsed_runs(tmp_path):
     records, points = _sweep_records()
     path = _write(tmp_path, "sweep", records)
-    data = report.build(report.read_records(path))
+    data = report.build(report_records.read_records(path))
     assert data["baseline"] == "istar lambda=0" and data["sweep"] == "istar.weight"
     sw = data["per_task"]["stsb"]["sweep"]
     assert sw["n_collapsed"] == 3
@@ -215,33 +232,67 @@ def test_sweep_report_gives_scipy_pearson_with_and_without_collapsed_runs(tmp_pa
     assert sw["tokens_isoscore"]["all"]["r"] > 0.9
     assert sw["tokens_isoscore"]["without_collapsed"]["r"] < -0.8
 
+    # Spearman and the leave-one-lambda-out range, against SciPy.
+    x = np.array([p[3] for p in points])
+    y = np.array([p[2] for p in points])
+    got = sw["tokens_isoscore"]
+    assert got["spearman"]["r"] == pytest.approx(scipy.stats.spearmanr(x, y).statistic, abs=1e-12)
+    assert got["spearman"]["p"] == pytest.approx(scipy.stats.spearmanr(x, y).pvalue, rel=1e-9)
+    weights = np.array([p[0] for p in points])
+    loo = {w: np.corrcoef(x[weights != w], y[weights != w])[0, 1] for w in set(weights)}
+    assert got["leave_one_out"]["min"] == pytest.approx(min(loo.values()), abs=1e-12)
+    assert got["leave_one_out"]["max"] == pytest.approx(max(loo.values()), abs=1e-12)
+    assert got["leave_one_out"]["argmin"] == -5.0
+
     md = report.write_report(path).read_text()
     assert (tmp_path / "sweep_sweep.png").stat().st_size > 1000
-    assert "isotropy (IsoScore) is negatively correlated with the metric, stsb: **reversed**" in md
-    assert "without collapsed runs: confirmed" in md
-    assert "λ < 0 helps, stsb, istar lambda=-5: **reversed**" in md
-    assert "| stsb | IsoScore | 12 |" in md and "-0.677 / 0.001" in md
+    # Pearson r = +0.91 (p < 0.001) over all runs, but leaving out lambda = -5 gives -0.89: one
+    # value of the sweep decides the sign, so the line says "fragile" and why.
+    line = next(x for x in md.splitlines() if "isotropy (IsoScore) is negatively" in x)
+    assert "correlated with the metric, stsb: **fragile** (Pearson r = +0.912" in line
+    assert "Pearson alone: reversed; leaving out the runs at -5 gives r = -0.891" in line
+    assert "without collapsed runs: r = -0.891" in line
+    assert "**[I-STAR] isotropy is negatively correlated with the metric**: a family of 2" in md
+    # lambda = -5 loses 0.70 on every seed: reversed, but three seeds give sign-flip p >= 0.125.
+    assert "λ < 0 helps, stsb, istar lambda=-5: **reversed (parametric only)**" in md
+    assert "sign-flip p = 0.125 (one-sided, against the claim" in md
+    assert "| stsb | IsoScore | 12 | +0.912 |" in md and "-0.677 / 0.001" in md
+    assert "[-0.891 (-5 out), +0.980 (" in md
+
+
+def _paired_t(diffs: list[float]) -> dict:
+    """A `report_tables.paired` dict of these differences (through the module itself)."""
+    return report.tables.paired(dict(enumerate(diffs)), dict.fromkeys(range(len(diffs)), 0.0))
 
 
 @pytest.mark.parametrize(
-    "lo, hi, direction, expected",
+    "diffs, p_adj, direction, size, expected",
     [
-        (0.01, 0.05, +1, "confirmed"),
-        (-0.05, -0.01, +1, "reversed"),
-        (-0.01, 0.05, +1, "not detected at this n"),
-        (-0.05, -0.01, -1, "confirmed"),
-        (0.01, 0.05, -1, "reversed"),
-        (float("nan"), float("nan"), +1, "not detected at this n (no interval: n < 2)"),
+        ([0.05, 0.051, 0.049], 0.001, +1, None, "confirmed (parametric only)"),
+        ([0.05, 0.051, 0.049] * 2, 0.001, +1, None, "confirmed"),
+        ([-0.05, -0.051, -0.049] * 2, 0.001, +1, None, "reversed"),
+        ([-0.05, -0.051, -0.049] * 2, 0.001, -1, None, "confirmed"),
+        ([0.05, 0.051, 0.049] * 2, 0.001, -1, None, "reversed"),
+        ([0.05, 0.051, 0.049] * 2, 0.2, +1, None, "not detected at this n"),
+        # The paper's size outside the interval, 0 inside: smaller than claimed.
+        ([0.0046, 0.0009, 0.0034], 0.5, +1, 0.010, "smaller than claimed"),
+        ([-0.0046, -0.0009, -0.0034], 0.5, -1, 0.010, "smaller than claimed"),
+        ([0.0046, 0.0009, 0.0034], 0.5, +1, 0.005, "not detected at this n"),
+        # Significant but below the size: confirmed wins (the line says the size is excluded).
+        ([0.003, 0.0031, 0.0029] * 2, 0.001, +1, 0.010, "confirmed"),
+        ([0.1], float("nan"), +1, 0.010, "not tested (n < 2: no interval)"),
     ],
 )
-def test_verdict_rule(lo, hi, direction, expected):
-    assert report.verdict(lo, hi, direction) == expected
+def test_difference_verdict_rule(diffs, p_adj, direction, size, expected):
+    got = report_verdicts.difference_verdict(_paired_t(diffs), p_adj, direction, size)
+    assert got["verdict"] == expected
 
 
 def test_cosreg_verdicts_read_the_last_layer_token_statistics(tmp_path):
     """CosReg λ = ±1 against λ = 0 over 3 seeds: λ = +1 lowers the last-layer token mean cosine
-    on every seed (confirmed); λ = −1 grows the outlier dimension's |mean| on every seed
-    (confirmed); λ = +1 leaves the outlier alone (differences of both signs: not detected)."""
+    on every seed (confirmed, parametric only at n = 3); λ = −1 grows the outlier dimension's
+    |mean| on every seed (likewise); λ = +1 leaves the outlier alone (differences of both signs:
+    not detected)."""
     cosine = {0.0: 0.50, 1.0: 0.20, -1.0: 0.52}
     outlier = {0.0: 10.0, 1.0: 10.0, -1.0: 25.0}
     records = []
@@ -257,39 +308,158 @@ def test_cosreg_verdicts_read_the_last_layer_token_statistics(tmp_path):
             record["sweep"], record["baseline"] = "cosreg.weight", {"cosreg.weight": 0.0}
             records.append(record)
     md = report.write_report(_write(tmp_path, "cosreg", records)).read_text()
-    assert "λ = +1 lowers the last-layer token mean cosine, rte: **confirmed**" in md
-    assert "λ = -1 raises the |mean| of the outlier dimension, rte: **confirmed**" in md
+    assert "λ = +1 lowers the last-layer token mean cosine, rte: **confirmed (parametric" in md
+    assert "λ = -1 raises the |mean| of the outlier dimension, rte: **confirmed (parametric" in md
     assert "λ = +1 lowers the |mean| of the outlier dimension, rte: **not detected" in md
+    assert "mean cosine (λ > 0 lowers, λ < 0 raises)**: a family of 2 lines" in md
     # The I-STAR paper's correlations belong beside I-STAR's sweep, not CosReg's.
     sweep_table = md.split("## Isotropy against the task score")[1].split("## Verdicts")[0]
     assert "| rte | IsoScore | 9 |" in sweep_table
     assert "BERT" not in sweep_table and "35 runs" not in sweep_table
-    assert "λ = +1 leaves the token IsoScore alone, rte: **confirmed (no change detected)**" in md
+    # A claim that nothing moves is not "confirmed" by a test that finds nothing.
+    assert "λ = +1 leaves the token IsoScore alone, rte: **no change detected at this n**" in md
 
     # One seed gives no interval: the IsoScore line says so instead of "confirmed".
     one_seed = [r for r in records if r["seed"] == 1]
-    md = report.write_report(_write(tmp_path, "cosreg1", one_seed)).read_text()
-    assert "λ = +1 leaves the token IsoScore alone, rte: **not tested (no interval: n < 2)**" in md
+    md = _markdown(_write(tmp_path, "cosreg1", one_seed))
+    assert "λ = +1 leaves the token IsoScore alone, rte: **not tested (n < 2: no interval)**" in md
     assert "confirmed" not in md.split("## Verdicts")[1].split("[CosReg]", 1)[1]
 
 
-def test_header_names_devices_and_a_mixed_jsonl_is_refused_unless_allowed(tmp_path):
+def _markdown(path: pathlib.Path) -> str:
+    """The report's Markdown from the JSONL, through the report's loading (no figures)."""
+    records = report_records.load(path)
+    return report.render(records, report.build(records), {}, path.stem)
+
+
+def _two_arm_records(diffs: list[float], task: str = "stsb") -> list[dict]:
+    """`none` and `isobn` on one task, one epoch, isobn − none = `diffs` by seed."""
+    records = []
+    for seed, d in enumerate(diffs, 1):
+        base = 0.85 + 0.001 * seed
+        records.append(_record(f"{task}-none-s{seed}", task, "none", seed, [base]))
+        records.append(_record(f"{task}-isobn-s{seed}", task, "isobn", seed, [base + d]))
+    return records
+
+
+CLAIM = "[IsoBN] IsoBN improves fine-tuning (best dev epoch, as the protocol), stsb"
+
+
+def test_stsb_isobn_differences_are_smaller_than_claimed_not_confirmed(tmp_path):
+    """The committed STS-B IsoBN − none differences: every seed positive, so the old bootstrap
+    rule said "confirmed"; the t interval [-0.0017, +0.0077] holds 0 and excludes +0.010."""
+    md = _markdown(_write(tmp_path, "stsb", _two_arm_records([0.0046, 0.0009, 0.0034])))
+    line = next(x for x in md.splitlines() if x.startswith(f"- {CLAIM}"))
+    assert f"{CLAIM}: **smaller than claimed** (isobn − none +0.0030, t 95 % " in line
+    assert "t 95 % [-0.0017, +0.0077]; " in line
+    assert "t-test p = 0.113, Holm p = 0.113; sign-flip p = 0.125 (one-sided, toward" in line
+    assert "floor 2^-3 = 0.125); n = 3; the interval excludes the paper's +0.010" in line
+    assert "a family of 1 line, Holm-adjusted over 1; the paper's size: +0.010" in md
+
+
+def test_near_equal_differences_are_parametric_only_at_three_seeds_confirmed_at_six(tmp_path):
+    md3 = _markdown(_write(tmp_path, "three", _two_arm_records([0.050, 0.051, 0.049])))
+    assert f"{CLAIM}: **confirmed (parametric only)** (isobn − none +0.0500" in md3
+    assert "sign-flip p = 0.125" in md3
+    md6 = _markdown(_write(tmp_path, "six", _two_arm_records([0.050, 0.051, 0.049] * 2)))
+    assert f"{CLAIM}: **confirmed** (isobn − none +0.0500" in md6
+    assert "sign-flip p = 0.016 (one-sided, toward the claim; floor 2^-6 = 0.016)" in md6
+
+
+def test_holm_adjusts_over_the_lines_of_one_claim(tmp_path):
+    """Two tasks, each t-test p ~0.03 alone: Holm over the family (two tasks and their average)
+    lifts them above 0.05, so neither is confirmed, and the family names its size."""
+    records = _two_arm_records([0.010, 0.012, 0.016], "stsb")
+    records += _two_arm_records([0.010, 0.012, 0.016], "rte")
+    md = _markdown(_write(tmp_path, "holm", records))
+    p_one = scipy.stats.ttest_1samp([0.010, 0.012, 0.016], 0.0).pvalue
+    assert 0.01 < p_one < 0.05
+    assert "IsoBN improves fine-tuning (best dev epoch, as the protocol)**: a family of 3" in md
+    line = next(x for x in md.splitlines() if x.startswith(f"- {CLAIM}"))
+    assert f"t-test p = {p_one:.3f}, Holm p = {min(1.0, 3 * p_one):.3f}" in line
+    assert "**not detected at this n**" in line
+
+
+def test_a_duplicated_cell_is_refused_naming_both_lines(tmp_path, capsys):
+    records = _normalizers_records()
+    path = _write(tmp_path, "twice", records + records)  # a JSONL concatenated with itself
+    n = len(records)
+    with pytest.raises(report_records.RecordsError, match=rf"twice.jsonl:{n + 1}: cell "):
+        report_records.load(path)
+    assert report.main([str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is recorded already at line 1" in err
+    assert not (tmp_path / "twice.md").exists()
+
+
+def test_a_missing_file_a_bad_line_or_a_record_without_its_keys_is_one_line(tmp_path, capsys):
+    good = json.dumps(_normalizers_records()[0])
+    for name, text, expected in (
+        ("bad", good + "\n{oops\n", "bad.jsonl:2: not JSON"),
+        ("keys", good + '\n{"cell": "x", "kind": "run"}\n', "keys.jsonl:2: not a study record "
+         "(no 'status', 'fields', 'seed', 'eval')"),
+        ("empty", "\n", "empty.jsonl: no records"),
+    ):  # fmt: skip
+        (tmp_path / f"{name}.jsonl").write_text(text)
+        assert report.main([str(tmp_path / f"{name}.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and expected in err, err
+    assert report.main([str(tmp_path / "absent.jsonl")]) == 2
+    assert "absent.jsonl: no such results file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change", ["commit", "dirty"])
+def test_mixed_commits_or_a_dirty_tree_are_refused_unless_allowed(tmp_path, capsys, change):
+    records = _normalizers_records()
+    if change == "commit":
+        records[3]["git_commit"] = "b" * 40
+        expected = r"records from 2 commits \(aaaaaaaaaa x\d+; bbbbbbbbbb x1\)"
+    else:
+        records[3]["git_dirty"] = True
+        expected = r"records from 2 commits \(aaaaaaaaaa x\d+; aaaaaaaaaa \(dirty\) x1\)"
+    path = _write(tmp_path, "mixed", records)
+    with pytest.raises(report_records.RecordsError, match=expected):
+        report_records.load(path)
+    assert report.main([str(path)]) == 2
+    assert "--allow-mixed-commits" in capsys.readouterr().err
+    assert not (tmp_path / "mixed.md").exists()
+    records = report_records.load(path, allow_mixed_commits=True)
+    md = report.render(records, report.build(records), {}, "mixed")
+    assert "**Mixed commits** (`--allow-mixed-commits`)" in md
+    # Every record dirty (one commit): refused too.
+    for r in records:
+        r |= {"git_commit": "a" * 40, "git_dirty": True}
+    with pytest.raises(report_records.RecordsError, match=r"a dirty tree"):
+        report_records.load(_write(tmp_path, "dirty", records))
+
+
+def test_header_names_devices_and_a_mixed_jsonl_is_refused_unless_allowed(tmp_path, capsys):
     records = _normalizers_records()
     for r in records:
         r |= {"device": "cpu cpu x1", "jax_version": "0.10.2"}
     md = report.render(records, report.build(records), {}, "one")
     assert f"device: cpu cpu x1 (jax 0.10.2) x{len(records)}." in md
-    assert "Mixed devices" not in md
+    assert "Mixed devices" not in md and "Mixed commits" not in md
 
-    # One GPU line among CPU lines: refused, naming the file and both devices.
+    # One GPU line among CPU lines: refused with one line, naming the file and both devices.
     records[1] |= {"device": "gpu NVIDIA H200 x1", "jax_version": "0.11.2"}
     records[2].pop("jax_version")
     path = _write(tmp_path, "mixed", records)
-    with pytest.raises(ValueError, match=r"mixed.jsonl: records from 2 devices \(cpu cpu x1 x"):
-        report.main([str(path)])
+    assert report.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "mixed.jsonl: records from 2 devices (cpu cpu x1 x" in err
     assert not (tmp_path / "mixed.md").exists()
     assert report.main([str(path), "--allow-mixed-devices"]) == 0
     md = (tmp_path / "mixed.md").read_text()
     assert "gpu NVIDIA H200 x1 (jax 0.11.2) x1" in md
     assert "cpu cpu x1 (jax not recorded) x1" in md
     assert "**Mixed devices**" in md
+
+
+def test_help_names_a_results_file_that_exists(capsys):
+    with pytest.raises(SystemExit):
+        report.main(["--help"])
+    out = capsys.readouterr().out
+    named = [w.rstrip(".,)") for w in out.split() if ".jsonl" in w]
+    assert named and all((REPO / w).is_file() for w in named), named

@@ -111,7 +111,7 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
     # A zero budget stops before the first cell; a dry run writes nothing.
     assert study.run_grid(grid, budget_minutes=0, **kw)["ran"] == 0
     assert study.run_grid(grid, dry_run=True, **kw) == {
-        "cells": 4, "done": 0, "failed": 0, "ran": 0, "left": 4,
+        "cells": 4, "done": 0, "failed": 0, "ran": 0, "held": 0, "left": 4,
     }  # fmt: skip
     assert not results.exists()
 
@@ -135,7 +135,7 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
     monkeypatch.setattr(checkpointing.Checkpointer, "save", save)
     capsys.readouterr()
     counts = study.run_grid(grid, **kw)
-    assert counts == {"cells": 4, "done": 4, "failed": 1, "ran": 3, "left": 0}
+    assert counts == {"cells": 4, "done": 4, "failed": 1, "ran": 3, "held": 0, "left": 0}
     assert f"isojax: resumed {killed} at step 2" in capsys.readouterr().err
     records = {r["cell"]: r for r in study.read_records(results)}
     assert list(records) == ["rte-pretrained", "rte-none-s1", "rte-isobn-s1", "rte-none-lr=-1-s1"]
@@ -246,10 +246,10 @@ def test_estimates_use_measured_minutes_per_epoch_on_the_same_device():
 
 
 def test_write_record_refuses_duplicates_and_torn_lines(tmp_path):
-    path, lock = tmp_path / "s.jsonl", tmp_path / "lock"
-    study.write_record(path, {"cell": "a", "status": "ok"}, lock)
+    path = tmp_path / "s.jsonl"
+    study.write_record(path, {"cell": "a", "status": "ok"})
     with pytest.raises(ValueError, match="cell a is recorded already"):
-        study.write_record(path, {"cell": "a", "status": "ok"}, lock)
+        study.write_record(path, {"cell": "a", "status": "ok"})
     path.write_text(path.read_text() + '{"cell": "b"')
     with pytest.raises(ValueError, match="the last line is unfinished"):
         study.read_records(path)
@@ -278,3 +278,18 @@ def test_git_state_outside_a_repository_reads_the_recorded_commit(tmp_path, monk
     assert study.git_state() == ("c" * 40, False)
     monkeypatch.setenv("ISOJAX_GIT_DIRTY", "1")
     assert study.git_state() == ("c" * 40, True)
+
+
+def test_study_analyze_without_the_run_folders_says_so_in_one_line(tmp_path, capsys):
+    """Run folders are not committed: a results file alone gets one line naming where the runs
+    were looked for, not a traceback; a missing results file too."""
+    results = tmp_path / "s.jsonl"
+    record = {"study": "s", "cell": "rte-none-s1", "kind": "run", "status": "ok", "seed": 1,
+              "fields": {"task": "rte", "method": "none", "seed": 1}}  # fmt: skip
+    results.write_text(json.dumps(record) + "\n")
+    assert study_analyze.main([str(results), "--runs-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1 of the 1 runs to analyse are not in" in err
+    assert f"{tmp_path / 'runs' / 's' / 'rte-none-s1'}" in err and "not committed" in err
+    assert study_analyze.main([str(tmp_path / "none.jsonl")]) == 2
+    assert "no such results file" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Study `device_dry`: the tiny grid `run.sh go` runs instead of the study grids when
-`ISOJAX_DEVICE_DRY=1`, to test the device procedure end to end on a CPU (README, "On a GPU
-(device tool)").
+`ISOJAX_DEVICE_DRY=1`, to test the device procedure end to end on a CPU
+(experiments/device/README.md).
 
 A random 2-layer BERT ("tiny-bert") over the staged weights package's tokenizer (resolved by
 name, so through the reassembled package on PYTHONPATH), 16 RTE rows of the staged GLUE folder

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stages what a GPU session's two `run` calls carry to the device machine (README, "On a GPU
-# (device tool)"), in the git-ignored folder .device/ of this checkout:
+# Stages what the two commands of a GPU session carry to the GPU host
+# (experiments/device/README.md), in the git-ignored folder .device/ of this checkout:
 #
 #   .device/w1/      first half of the weights package's largest file (model.safetensors) + its
 #                    SHA-256: carried by call 1 ("stage"), and left on the warm machine
@@ -35,7 +35,9 @@ mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 bytes() { du -sb "$1" | cut -f1; }
 
 # .device must be ignored (.gitignore: /.device/), or all of it would travel with every call.
-if [ -z "${DEVICE_DIR:-}" ] && ! git check-ignore -q .device; then
+# A path inside it is asked about: `/.device/` matches only an existing folder, and a fresh
+# clone has none yet (`git check-ignore .device` would say "not ignored" there).
+if [ -z "${DEVICE_DIR:-}" ] && ! git check-ignore -q .device/w1/part1; then
     echo "prepare: .device/ is not git-ignored here: add /.device/ to .gitignore" >&2
     exit 1
 fi
@@ -86,6 +88,12 @@ dirty=0
 [ -z "$(git status --porcelain --untracked-files=no -- . ':!experiments/results')" ] || dirty=1
 printf 'ISOJAX_GIT_COMMIT=%s\nISOJAX_GIT_DIRTY=%s\n' "$commit" "$dirty" >"$dev/meta/git.env"
 git ls-files -z -- . ':!experiments/results' | xargs -0 sha256sum >"$dev/meta/tree.sha256"
+
+# --- Nothing staged may travel with the working tree (what git does not ignore travels).
+if [ -z "${DEVICE_DIR:-}" ] && [ -n "$(git ls-files --others --exclude-standard -- .device)" ]; then
+    echo "prepare: files under .device/ are not git-ignored: add /.device/ to .gitignore" >&2
+    exit 1
+fi
 
 # --- Sizes, and the calls.
 for d in w1 w2; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the device machine (README, "On a GPU (device tool)"), in the copy of the repository
+# Runs on the device machine (experiments/device/README.md), in the copy of the repository
 # root, over what experiments/device/prepare.sh staged in .device/. Modes:
 #
 #   run.sh stage          call 1 (carries .device/w1): checks that it arrived, prints sizes
@@ -165,7 +165,8 @@ for grid in $grids; do
     grep -E '^(study |\[|  ok|  FAILED|budget)' "$out/$study.log" | tail -n 80
 done
 
-# --- What comes back.
+# --- What comes back (the results files' locks are left out: no runner is left to hold them).
+rm -f "$out"/*.jsonl.lock
 "$python" - "$out"/*.jsonl <<'PY'
 import json, sys
 

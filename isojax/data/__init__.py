@@ -1,5 +1,6 @@
-"""GLUE data: tasks and sources (`glue`), tokenisation and fixed-shape batches (`batching`)."""
+"""GLUE data: the task registry (`tasks`), its sources (`glue`: TSVs and `load`; `tfds_source`),
+tokenisation and fixed-shape batches (`batching`)."""
 
-from isojax.data import batching, glue
+from isojax.data import batching, glue, tasks
 
-__all__ = ["batching", "glue"]
+__all__ = ["batching", "glue", "tasks"]

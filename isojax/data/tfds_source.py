@@ -3,7 +3,8 @@
     dev = tfds_source.load_tfds("rte", "dev", data_dir="~/tensorflow_datasets")  # validation
 
 `glue.load(..., source="tfds")` and `glue.load_tfds` read through `load_tfds`; tensorflow and
-tensorflow-datasets (the optional `tfds` extra) are imported only when a split is loaded.
+tensorflow-datasets (the optional `tfds` extra) are imported only when a split is loaded. The
+task registry and `Example` come from `isojax.data.tasks` (this module never imports `glue`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import pathlib
 import urllib.request
 
-from isojax.data import glue
+from isojax.data import tasks
 
 
 def _probe_download(url: str, timeout: float = 20.0) -> None:
@@ -34,13 +35,13 @@ def _tfds_download_url(builder) -> str:
 
 
 def load_tfds(
-    task: str | glue.GlueTask,
+    task: str | tasks.GlueTask,
     split: str,
     data_dir: str | os.PathLike | None = None,
     *,
     download: bool = True,
     labelled: bool = False,
-) -> list[glue.Example]:
+) -> list[tasks.Example]:
     """Examples of one split of tensorflow-datasets `glue/<task>`, sorted by `idx` (file order).
 
     Calls `tfds.load(f"glue/{task}", split=..., data_dir=data_dir, download=download)`: with a
@@ -51,7 +52,7 @@ def load_tfds(
     `tfds` extra).
 
     Args:
-      task: a task name or `glue.GlueTask`.
+      task: a task name or `tasks.GlueTask`.
       split: one of `task.all_splits` (dev splits map to TFDS "validation", "validation_matched",
         "validation_mismatched"; "train" and the test splits keep their names).
       data_dir: TFDS data folder; None for TFDS's default (`~/tensorflow_datasets`).
@@ -69,16 +70,16 @@ def load_tfds(
         folder TFDS looked in and both ways to supply GLUE.
       ValueError: unknown task or split, or a test split with `labelled`.
     """
-    task = glue.get_task(task)
+    task = tasks.get_task(task)
     task.check_split(split, labelled=labelled)
     tfds_split = task.tfds_split(split)
     data_dir = None if data_dir is None else os.fspath(pathlib.Path(data_dir).expanduser())
     try:
         import tensorflow_datasets as tfds  # Slow (imports TensorFlow): only for this source.
     except ImportError as error:
-        raise glue.GlueDataNotFound(
+        raise tasks.GlueDataNotFound(
             f"GLUE {task.name} {split}: tensorflow-datasets cannot be imported ({error}); "
-            + glue.how_to_supply(task, split, data_dir)
+            + tasks.how_to_supply(task, split, data_dir)
         ) from None
 
     _check_tfds_source(tfds, task, split, data_dir, download)
@@ -92,7 +93,9 @@ def load_tfds(
     return _examples_from_tfds(tfds, task, split, dataset)
 
 
-def _check_tfds_source(tfds, task: glue.GlueTask, split: str, data_dir: str | None, download: bool):
+def _check_tfds_source(
+    tfds, task: tasks.GlueTask, split: str, data_dir: str | None, download: bool
+):
     """Raises `GlueDataNotFound` unless `glue/<task>` is prepared in `data_dir` or (with
     `download`) its source answers one request."""
     # TFDS logs (absl WARNING) about a half-written dataset folder while it looks; the one-line
@@ -108,22 +111,22 @@ def _check_tfds_source(tfds, task: glue.GlueTask, split: str, data_dir: str | No
     if not prepared:
         looked = f"{builder.data_dir_root} (looked for {builder.data_dir})"
         if not download:
-            raise glue.GlueDataNotFound(
+            raise tasks.GlueDataNotFound(
                 f"GLUE {task.name} {split}: tensorflow-datasets glue/{task.name} is not "
-                f"prepared in {looked}; " + glue.how_to_supply(task, split, builder.data_dir_root)
+                f"prepared in {looked}; " + tasks.how_to_supply(task, split, builder.data_dir_root)
             )
         url = _tfds_download_url(builder)
         try:
             _probe_download(url)
         except OSError as error:
-            raise glue.GlueDataNotFound(
+            raise tasks.GlueDataNotFound(
                 f"GLUE {task.name} {split}: download of {url} failed ({error}), and "
                 f"glue/{task.name} is not prepared in {looked}; "
-                + glue.how_to_supply(task, split, builder.data_dir_root)
+                + tasks.how_to_supply(task, split, builder.data_dir_root)
             ) from None
 
 
-def _examples_from_tfds(tfds, task: glue.GlueTask, split: str, dataset) -> list[glue.Example]:
+def _examples_from_tfds(tfds, task: tasks.GlueTask, split: str, dataset) -> list[tasks.Example]:
     """The `Example`s of a loaded TFDS split, in file order (`idx` renumbered from 0)."""
     unlabelled = split in task.test_splits
     first, *second = task.tfds_text_features
@@ -138,7 +141,7 @@ def _examples_from_tfds(tfds, task: glue.GlueTask, split: str, dataset) -> list[
             else:
                 label = float(label) if task.is_regression else int(label)
             examples.append(
-                glue.Example(
+                tasks.Example(
                     text_a=a.decode("utf-8"),
                     text_b=None if b is None else b.decode("utf-8"),
                     label=label,

@@ -12,6 +12,7 @@ everything else is copied.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -103,6 +104,8 @@ ENCODER_PREFIX = {
     "distilbert": "distilbert",
     "albert": "albert",
 }
+# Weights named in the one-line error of a file that does not fit its config (then a count).
+_SHOWN_PROBLEMS = 4
 BASE_CLASS = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBertModel",
                "albert": "AlbertModel"}  # fmt: skip
 
@@ -235,16 +238,16 @@ def params_from_state_dict(
     )
     fatal = [m.hf_name for m in missing if m.path[0] not in init_missing]
     if mismatched or fatal:
-        raise ValueError(
+        problems = [f"missing: {name}" for name in fatal] + [
+            f"mis-shaped: {name} is {got} in the file, expected {want}"
+            for name, got, want in mismatched
+        ]
+        shown = problems[:_SHOWN_PROBLEMS]
+        if len(problems) > len(shown):
+            shown.append(f"and {len(problems) - len(shown)} more")
+        raise config_lib.ModelNotLoadable(
             f"{source}: cannot load a {cfg.family} encoder "
-            f"(expected names as in transformers' {BASE_CLASS[cfg.family]}):\n"
-            + "\n".join(
-                [f"  missing: {name}" for name in fatal]
-                + [
-                    f"  mis-shaped: {name} is {got} in the file, expected {want}"
-                    for name, got, want in mismatched
-                ]
-            )
+            f"(expected names as in transformers' {BASE_CLASS[cfg.family]}): " + "; ".join(shown)
         )
     if missing:
         fresh = encoder_lib.init_params(
@@ -269,7 +272,9 @@ def read_state_dict(folder: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
     """The weights of a local HF model folder as NumPy arrays, and the file they came from.
 
     Prefers `model.safetensors`, then a sharded `model.safetensors.index.json`, then
-    `pytorch_model.bin` (read with torch, `weights_only=True`).
+    `pytorch_model.bin` (read with torch, `weights_only=True`: a pickle that would run code or
+    build anything but tensors is refused before it runs). Raises `ModelNotLoadable` naming
+    the folder when it holds none of them, or the file that cannot be read.
     """
     from safetensors import numpy as safetensors_numpy
 
@@ -277,27 +282,44 @@ def read_state_dict(folder: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
     index = folder / "model.safetensors.index.json"
     torch_bin = folder / "pytorch_model.bin"
     if single.is_file():
-        return dict(safetensors_numpy.load_file(single)), str(single)
+        with _reading(single):
+            return dict(safetensors_numpy.load_file(single)), str(single)
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        with _reading(index):
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         out = {}
         for shard in shards:
-            out.update(safetensors_numpy.load_file(folder / shard))
+            with _reading(folder / shard):
+                out.update(safetensors_numpy.load_file(folder / shard))
         return out, str(index)
     if torch_bin.is_file():
         try:
             import torch
         except ImportError as err:
-            raise ValueError(
+            raise config_lib.ModelNotLoadable(
                 f"{torch_bin}: reading pytorch_model.bin needs torch; convert the folder to "
                 "model.safetensors or install torch"
             ) from err
-        state = torch.load(torch_bin, map_location="cpu", weights_only=True)
-        return {k: v.float().numpy() for k, v in state.items()}, str(torch_bin)
-    raise ValueError(
+        with _reading(torch_bin):
+            state = torch.load(torch_bin, map_location="cpu", weights_only=True)
+            return {k: v.float().numpy() for k, v in state.items()}, str(torch_bin)
+    raise config_lib.ModelNotLoadable(
         f"{folder}: no weights found (looked for model.safetensors, "
         "model.safetensors.index.json, pytorch_model.bin)"
     )
+
+
+@contextlib.contextmanager
+def _reading(path: pathlib.Path):
+    """Any error reading `path` (damaged, truncated, a refused pickle, not a state dict) as
+    `ModelNotLoadable`: one line naming the file and the reader's first line."""
+    try:
+        yield
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise config_lib.ModelNotLoadable(
+            f"{path}: cannot read the weights ({type(err).__name__}: {first})"
+        ) from err
 
 
 def resolve_folder(name_or_path: str | pathlib.Path) -> pathlib.Path:
@@ -310,7 +332,7 @@ def resolve_folder(name_or_path: str | pathlib.Path) -> pathlib.Path:
     module = str(name_or_path).replace("-", "_")
     spec = importlib.util.find_spec(module) if module.isidentifier() else None
     if spec is None or spec.origin is None:
-        raise ValueError(
+        raise config_lib.ModelNotLoadable(
             f"{name_or_path!r} is neither a model folder nor an installed weights package"
         )
     package = pathlib.Path(spec.origin).parent
@@ -318,14 +340,17 @@ def resolve_folder(name_or_path: str | pathlib.Path) -> pathlib.Path:
 
 
 def load_config(folder: pathlib.Path) -> config_lib.EncoderConfig:
-    """`config.json` of a model folder -> EncoderConfig (errors name the file)."""
+    """`config.json` of a model folder -> EncoderConfig; `ModelNotLoadable` names the file
+    (and the key: a size out of `config.SIZE_BOUNDS` is refused before anything is traced)."""
     path = folder / "config.json"
     if not path.is_file():
-        raise ValueError(f"{path}: no config.json in the model folder")
+        raise config_lib.ModelNotLoadable(f"{path}: no config.json in the model folder")
     try:
-        hf = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from err
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise config_lib.ModelNotLoadable(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(hf, dict):
+        raise config_lib.ModelNotLoadable(f"{path}: not a JSON object but a {type(hf).__name__}")
     return config_lib.EncoderConfig.from_hf(hf, source=str(path))
 
 

@@ -19,6 +19,8 @@ import dataclasses
 import json
 from typing import Any
 
+from isojax import errors
+
 FAMILIES = ("bert", "roberta", "distilbert", "albert")
 
 # field -> (HF key, HF default) per family; a None HF key means the family has no such setting.
@@ -85,6 +87,51 @@ _RUNTIME_KEYS = {
 }  # fmt: skip
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 
+# Inclusive bounds of the sizes a `config.json` may give, checked before anything is traced or
+# allocated (a file is untrusted input: 3000 layers traced for a minute before failing, a
+# hidden size of 10^9 asks for petabytes). Each is about 8x the largest BERT-family encoder
+# with absolute positions: XLM-R XXL (48 layers, hidden 4096, 32 heads, feed-forward 16384,
+# vocabulary 250k), ALBERT-xxlarge (64 heads), Longformer (4098 positions). Tracing cost grows
+# with the layer calls (layers x ALBERT's inner_group_num), so those are bounded together.
+SIZE_BOUNDS = {
+    "vocab_size": (1, 2**21),
+    "hidden_size": (1, 2**15),
+    "num_layers": (1, 128),
+    "num_heads": (1, 512),
+    "intermediate_size": (1, 2**17),
+    "max_position_embeddings": (1, 2**16),
+    "type_vocab_size": (0, 1024),
+    "embedding_size": (1, 2**15),
+    "num_hidden_groups": (1, 128),
+    "inner_group_num": (1, 128),
+}
+MAX_LAYER_CALLS = 128
+
+
+class ModelNotLoadable(errors.InputError):
+    """A model folder that cannot be used: no config.json or no weights, a config.json that is
+    not JSON, names no supported encoder or gives a size outside `SIZE_BOUNDS`, weights that
+    do not fit it or that `torch.load(weights_only=True)` refuses. One line naming the file."""
+
+
+def check_sizes(sizes: dict[str, Any], names: dict[str, str] | None = None) -> None:
+    """Raises ValueError for a size that is not an integer within `SIZE_BOUNDS` (None is
+    allowed for `embedding_size` only), or more layer calls than `MAX_LAYER_CALLS`; `names`
+    gives the spelling of each field in the message (a family's `config.json` keys)."""
+    names = names or {}
+    for field, (low, high) in SIZE_BOUNDS.items():
+        if field not in sizes or (field == "embedding_size" and sizes[field] is None):
+            continue
+        value = sizes[field]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(
+                f"{names.get(field, field)} must be an integer in [{low}, {high}], got {value!r}"
+            )
+    calls = sizes.get("num_layers", 1) * sizes.get("inner_group_num", 1)
+    if calls > MAX_LAYER_CALLS:
+        layers, inner = (names.get(f, f) for f in ("num_layers", "inner_group_num"))
+        raise ValueError(f"{layers} x {inner} = {calls} layer calls, more than {MAX_LAYER_CALLS}")
+
 
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
@@ -123,6 +170,7 @@ class EncoderConfig:
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"unsupported model family {self.family!r}; supported: {FAMILIES}")
+        check_sizes({field: getattr(self, field) for field in SIZE_BOUNDS})
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}"
@@ -174,14 +222,18 @@ class EncoderConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], *, source: str = "config.json") -> EncoderConfig:
-        """Parse a Hugging Face `config.json` dict; `source` names the file in errors."""
+        """Parse a Hugging Face `config.json` dict; `source` names the file in errors.
+
+        Raises `ModelNotLoadable` (one line, naming `source` and the file's key) for an
+        unsupported family or position embedding, a size outside `SIZE_BOUNDS`, a hidden size
+        that is not a multiple of the heads, or another inconsistent setting."""
         family = hf.get("model_type")
-        if family not in HF_KEYS:
-            raise ValueError(
+        if not isinstance(family, str) or family not in HF_KEYS:
+            raise ModelNotLoadable(
                 f"{source}: model_type {family!r} is not supported; supported: {FAMILIES}"
             )
         if hf.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(
+            raise ModelNotLoadable(
                 f"{source}: position_embedding_type {hf['position_embedding_type']!r} is not "
                 "supported (absolute only)"
             )
@@ -189,12 +241,16 @@ class EncoderConfig:
         fields = {name: hf.get(key, default) for name, (key, default) in table.items()}
         if family == "distilbert":
             fields["type_vocab_size"] = 0
+        try:
+            check_sizes(fields, {name: key for name, (key, _) in table.items()})
+        except ValueError as err:
+            raise ModelNotLoadable(f"{source}: {err}") from None
         used = {key for key, _ in table.values()} | _RUNTIME_KEYS | {"position_embedding_type"}
         extra = tuple(sorted((k, json.dumps(v)) for k, v in hf.items() if k not in used))
         try:
             return cls(family=family, extra=extra, **fields)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"{source}: {err}") from err
+            raise ModelNotLoadable(f"{source}: {err}") from err
 
     def to_hf(self) -> dict[str, Any]:
         """The `config.json` dict transformers' PyTorch classes read (inverse of `from_hf`)."""

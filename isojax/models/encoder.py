@@ -376,8 +376,10 @@ class Encoder(nn.Module):
       layer's work, and `hidden_states` is then empty. For training steps whose loss reads only
       the sentence vector (no token penalty).
 
-    Dropout, when `deterministic=False`, draws from the `'dropout'` rng. Token ids outside the
-    vocabulary and `cls_index` outside the batch are not checked (JAX clamps gathers).
+    Dropout, when `deterministic=False`, draws from the `'dropout'` rng. Token ids are not
+    checked here: an id at or beyond `vocab_size` embeds as NaN (`nn.Embed`'s gather fills
+    out-of-range rows with NaN; `isojax.build` refuses a tokenizer with more ids than the
+    vocabulary). A `cls_index` outside the batch is clamped (JAX's gather).
     """
 
     config: config_lib.EncoderConfig

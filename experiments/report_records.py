@@ -1,0 +1,194 @@
+"""Loading a study's results JSONL for the report, and reading one record.
+
+A JSONL holds one line per cell (`experiments/study.py` writes it so: a failed line is replaced,
+never repeated). `load` refuses, each with one line naming the file:
+
+- a line that is not JSON, or a file without records;
+- a cell recorded twice (a JSONL concatenated with itself would turn n = 3 seeds into 6 and
+  shrink the std);
+- records of several devices (`device`: "cpu cpu x1", "gpu NVIDIA H200 x1"), unless
+  `allow_mixed_devices`: run times and the rounding of the scores differ between devices, so a
+  GPU replicate goes to its own JSONL;
+- records of several commits, or of a dirty tree (`git_commit`, `git_dirty`), unless
+  `allow_mixed_commits`: a grid runs from a worktree pinned at one commit, so the code of every
+  cell is the same and known.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import pathlib
+
+PRETRAINED = "pretrained"
+TASK_ORDER = ("cola", "mrpc", "stsb", "rte")
+METRIC_NAMES = {
+    "cola": "Matthews corr.",
+    "mrpc": "(accuracy + F1) / 2",
+    "stsb": "(Pearson + Spearman) / 2",
+    "rte": "accuracy",
+    "sst2": "accuracy",
+    "qnli": "accuracy",
+}
+# The dev score of a constant prediction (the majority class; 0 for a correlation), from the
+# local dev TSVs: RTE 146/277 not_entailment; MRPC 279/408 paraphrases (accuracy 0.684, F1 0.812).
+CHANCE = {"cola": 0.0, "mrpc": 0.7480, "stsb": 0.0, "rte": 0.5271}
+
+
+# The keys the report reads from every record (what `experiments/study.py` writes).
+REQUIRED = ("cell", "kind", "status", "fields", "seed", "eval")
+
+
+class RecordsError(ValueError):
+    """A results JSONL the report refuses; the message is one line naming the file."""
+
+
+def read_records(path: pathlib.Path) -> list[dict]:
+    """The JSONL's records, in file order. Raises RecordsError on a line that is not a JSON
+    object, on an empty file, and on a cell recorded twice (naming both lines)."""
+    records, seen = [], {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise RecordsError(f"{path}:{number}: not JSON ({err})") from None
+        missing = [k for k in REQUIRED if k not in record] if isinstance(record, dict) else []
+        if not isinstance(record, dict) or missing:
+            what = f"no {', '.join(map(repr, missing))}" if missing else "not a JSON object"
+            raise RecordsError(f"{path}:{number}: not a study record ({what})")
+        key = (record.get("study"), record["cell"])
+        if key in seen:
+            raise RecordsError(
+                f"{path}:{number}: cell {record['cell']!r} is recorded already at line "
+                f"{seen[key]}: a cell has one line (was the JSONL concatenated with itself?)"
+            )
+        seen[key] = number
+        records.append(record)
+    if not records:
+        raise RecordsError(f"{path}: no records")
+    return records
+
+
+def device_counts(records: list[dict]) -> collections.Counter:
+    """`"<device> (jax <version>)"` -> number of records; "not recorded" where a record lacks
+    the field (records written before `jax_version` existed)."""
+    return collections.Counter(
+        "{} (jax {})".format(
+            r.get("device") or "device not recorded", r.get("jax_version") or "not recorded"
+        )
+        for r in records
+    )
+
+
+def commit_counts(records: list[dict]) -> collections.Counter:
+    """`"<commit[:10]>"` (with " (dirty)" for a dirty tree) -> number of records."""
+    return collections.Counter(
+        f"{(r.get('git_commit') or 'unknown')[:10]}{' (dirty)' if r.get('git_dirty') else ''}"
+        for r in records
+    )
+
+
+def check_one_device(records: list[dict], path: pathlib.Path, allow_mixed: bool) -> None:
+    """Raises RecordsError when the records come from several devices, unless `allow_mixed`."""
+    devices = collections.Counter(r.get("device") or "device not recorded" for r in records)
+    if len(devices) > 1 and not allow_mixed:
+        found = "; ".join(f"{d} x{n}" for d, n in devices.items())
+        raise RecordsError(
+            f"{path}: records from {len(devices)} devices ({found}): keep each device's runs in "
+            "its own JSONL, or pass --allow-mixed-devices to pool them in one report"
+        )
+
+
+def check_one_commit(records: list[dict], path: pathlib.Path, allow_mixed: bool) -> None:
+    """Raises RecordsError when the records come from several commits or from a dirty tree,
+    unless `allow_mixed`."""
+    commits = commit_counts(records)
+    dirty = any(r.get("git_dirty") for r in records)
+    if (len(commits) > 1 or dirty) and not allow_mixed:
+        found = "; ".join(f"{c} x{n}" for c, n in commits.items())
+        what = f"{len(commits)} commits" if len(commits) > 1 else "a dirty tree"
+        raise RecordsError(
+            f"{path}: records from {what} ({found}): a grid runs from a worktree pinned at one "
+            "clean commit; pass --allow-mixed-commits to pool them in one report"
+        )
+
+
+def load(
+    path: str | pathlib.Path,
+    *,
+    allow_mixed_devices: bool = False,
+    allow_mixed_commits: bool = False,
+) -> list[dict]:
+    """`read_records`, then the device and commit checks (RecordsError on a refusal)."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise RecordsError(f"{path}: no such results file")
+    records = read_records(path)
+    check_one_device(records, path, allow_mixed_devices)
+    check_one_commit(records, path, allow_mixed_commits)
+    return records
+
+
+def dev_rows(record: dict) -> list[dict]:
+    """The evaluations of the record's first dev split, by epoch."""
+    if not record["eval"]:
+        return []
+    split = record["eval"][0]["split"]
+    return sorted((r for r in record["eval"] if r["split"] == split), key=lambda r: r["epoch"])
+
+
+def last_value(record: dict, key: str = "score") -> float:
+    rows = dev_rows(record)
+    return float(rows[-1].get(key, math.nan)) if rows else math.nan
+
+
+def best_score(record: dict) -> float:
+    """The best dev score over the epochs (the [IsoBN] protocol's early stopping on dev)."""
+    return max((float(r["score"]) for r in dev_rows(record)), default=math.nan)
+
+
+def varied_fields(runs: list[dict]) -> list[str]:
+    """Fields other than task and seed that take more than one value over the runs, method
+    first."""
+    keys = list(dict.fromkeys(k for r in runs for k in r["fields"]))
+    out = [
+        k
+        for k in keys
+        if k not in ("task", "seed") and len({json.dumps(r["fields"].get(k)) for r in runs}) > 1
+    ]
+    return sorted(out, key=lambda k: k != "method")
+
+
+def arm_label(record: dict, varied: list[str]) -> str:
+    """`method`, then `field=value` for the other varied fields, e.g. `istar lambda=-0.5`."""
+    parts = [str(record["fields"]["method"])]
+    for key in varied:
+        if key != "method":
+            value = record["fields"].get(key)
+            name = {"istar.weight": "lambda", "cosreg.weight": "lambda"}.get(key, key)
+            parts.append(f"{name}={format(value, 'g') if isinstance(value, float) else value}")
+    return " ".join(parts)
+
+
+def is_baseline(record: dict) -> bool:
+    base = record.get("baseline") or {}
+    return bool(base) and all(record["fields"].get(k) == v for k, v in base.items())
+
+
+def collapsed(record: dict, baseline_median: float) -> bool:
+    """A run is collapsed when its last-epoch score is below halfway between chance (`CHANCE`,
+    a constant prediction) and the baseline arm's median: score - chance < (median - chance)/2.
+    Never when the baseline itself is at chance or below."""
+    task = record["fields"]["task"]
+    chance = CHANCE.get(task, 0.0)
+    if not math.isfinite(baseline_median) or baseline_median <= chance:
+        return False
+    return last_value(record) - chance < 0.5 * (baseline_median - chance)
+
+
+def task_key(task: str) -> tuple:
+    """Sort key: the SPEC's task order, then others by name."""
+    return (TASK_ORDER.index(task) if task in TASK_ORDER else len(TASK_ORDER), task)

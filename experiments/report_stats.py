@@ -1,0 +1,194 @@
+"""Small-n statistics of a study report: pure functions of float lists, float64 throughout.
+
+For a paired difference d_i = arm_i − baseline_i over the n seeds both arms have (`paired_test`):
+
+- the mean d̄ and the paired t 95 % interval d̄ ± t_{0.975, n−1} · s / √n (s: std with ddof 1);
+- the two-sided paired t-test p = 2 · P(T_{n−1} ≥ |d̄| / (s / √n));
+- the sign-flip permutation p, one-sided in the claimed direction: under "no effect" each d_i is
+  as likely to have either sign, so p = #{sign patterns ε ∈ {±1}ⁿ : Σ ε_i |d_i| ≥ Σ d_i} / 2ⁿ
+  (direction +1; ≤ for −1), exact over all 2ⁿ patterns up to n = `EXACT_MAX_N`, above it
+  (1 + #hits) / (1 + `MC_DRAWS`) over `MC_DRAWS` random patterns from
+  `numpy.random.default_rng(MC_SEED)`;
+- the smallest sign-flip p that n allows, 2⁻ⁿ (three seeds cannot go below 0.125);
+- the percentile bootstrap interval (`bootstrap_ci`), kept as a figure: no verdict rests on it.
+
+`holm` adjusts the p values of one family of lines (Holm 1979, step-down Bonferroni). For a
+sweep (`correlation`): Pearson r and p, Spearman ρ and p, and the range of Pearson r when each
+value of the swept field is left out in turn.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.stats
+
+RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+EXACT_MAX_N = 16
+MC_DRAWS = 100_000
+MC_SEED = 0
+LEVEL = 0.95
+
+
+def summary(values: list[float]) -> dict:
+    """n, median, mean, std (ddof 1; NaN for n < 2)."""
+    x = np.asarray(values, np.float64)
+    return {
+        "n": len(x),
+        "median": float(np.median(x)) if len(x) else math.nan,
+        "mean": float(np.mean(x)) if len(x) else math.nan,
+        "std": float(np.std(x, ddof=1)) if len(x) > 1 else math.nan,
+    }
+
+
+def bootstrap_ci(
+    diffs: list[float], *, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float]:
+    """Percentile bootstrap 95 % interval of the mean of `diffs`: `resamples` draws of n
+    indices with replacement (`default_rng(seed).integers(0, n, (resamples, n))`), the 2.5th
+    and 97.5th percentiles (numpy's linear interpolation) of the resampled means. NaN for n < 2.
+    With n = 3 the resampled mean takes only 10 values: a figure, not a test."""
+    d = np.asarray(diffs, np.float64)
+    if len(d) < 2:
+        return math.nan, math.nan
+    idx = np.random.default_rng(seed).integers(0, len(d), size=(resamples, len(d)))
+    lo, hi = np.percentile(d[idx].mean(axis=1), [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def t_test(diffs: list[float], level: float = LEVEL) -> dict:
+    """The one-sample (paired) t-test of mean 0: {"mean", "lo", "hi", "p"} with the two-sided
+    `level` interval d̄ ± t_{(1+level)/2, n−1} s/√n and the two-sided p. NaN for n < 2. When
+    every difference is equal (s = 0) the interval is the point and p is 0 (1 if they are all
+    0), as `scipy.stats.ttest_1samp` gives for t = ±inf."""
+    d = np.asarray(diffs, np.float64)
+    n = len(d)
+    mean = float(d.mean()) if n else math.nan
+    if n < 2:
+        return {"mean": mean, "lo": math.nan, "hi": math.nan, "p": math.nan}
+    se = float(d.std(ddof=1)) / math.sqrt(n)
+    if se == 0.0:
+        return {"mean": mean, "lo": mean, "hi": mean, "p": 1.0 if mean == 0.0 else 0.0}
+    half = float(scipy.stats.t.ppf(0.5 + level / 2, n - 1)) * se
+    p = 2.0 * float(scipy.stats.t.sf(abs(mean) / se, n - 1))
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "p": min(p, 1.0)}
+
+
+def sign_flip_p(
+    diffs: list[float], direction: int, *, draws: int = MC_DRAWS, seed: int = MC_SEED
+) -> dict:
+    """One-sided sign-flip p of Σ d_i in `direction` (+1: the claim says > 0, −1: < 0).
+
+    {"p", "min_p" (2⁻ⁿ), "method" ("exact, 2ⁿ patterns" or "Monte Carlo, N draws")}. Exact
+    up to n = `EXACT_MAX_N`: the fraction of the 2ⁿ patterns whose flipped sum is at least the
+    observed one (in `direction`), the identity included, so p ≥ 2⁻ⁿ. Above it, `draws`
+    uniform patterns from `default_rng(seed)` and p = (1 + hits) / (1 + draws). A relative
+    tolerance of 1e-12 counts float ties as ties. NaN for n = 0."""
+    d = direction * np.asarray(diffs, np.float64)
+    n = len(d)
+    if n == 0:
+        return {"p": math.nan, "min_p": math.nan, "method": "none"}
+    observed = float(d.sum())
+    tol = 1e-12 * max(float(np.abs(d).sum()), 1e-300)
+    if n <= EXACT_MAX_N:
+        bits = (np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1
+        signs = 1.0 - 2.0 * bits
+        flipped = signs @ np.abs(d)
+        p = float(np.mean(flipped >= observed - tol))
+        method = f"exact, 2^{n} patterns"
+    else:
+        rng = np.random.default_rng(seed)
+        hits = 0
+        for start in range(0, draws, 10_000):
+            signs = rng.choice((-1.0, 1.0), size=(min(10_000, draws - start), n))
+            hits += int(np.sum(signs @ np.abs(d) >= observed - tol))
+        p = (1 + hits) / (1 + draws)
+        method = f"Monte Carlo, {draws} draws, default_rng({seed})"
+    return {"p": p, "min_p": 2.0**-n, "method": method}
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment of one family: with the m finite p values sorted,
+    p_(1) ≤ … ≤ p_(m), adjusted p_(i) = max_{j ≤ i} min(1, (m − j + 1) p_(j)); returned in the
+    input's order. NaN entries (lines with nothing to test) stay NaN and do not count in m."""
+    p = np.asarray(pvalues, np.float64)
+    out = np.full(len(p), math.nan)
+    finite = np.flatnonzero(np.isfinite(p))
+    m = len(finite)
+    order = finite[np.argsort(p[finite], kind="stable")]
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[index]))
+        out[index] = running
+    return [float(v) for v in out]
+
+
+def pearson(x: list[float], y: list[float]) -> dict:
+    """`scipy.stats.pearsonr` (r, two-sided p) and n over the finite pairs; NaN below 3 points
+    or for a constant."""
+    x, y = _finite(x, y)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return {"n": len(x), "r": math.nan, "p": math.nan}
+    result = scipy.stats.pearsonr(x, y)
+    return {"n": len(x), "r": float(result.statistic), "p": float(result.pvalue)}
+
+
+def spearman(x: list[float], y: list[float]) -> dict:
+    """`scipy.stats.spearmanr` (ρ, two-sided p) and n over the finite pairs; NaN as `pearson`."""
+    x, y = _finite(x, y)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return {"n": len(x), "r": math.nan, "p": math.nan}
+    result = scipy.stats.spearmanr(x, y)
+    return {"n": len(x), "r": float(result.statistic), "p": float(result.pvalue)}
+
+
+def leave_one_out(x: list[float], y: list[float], groups: list) -> dict:
+    """Pearson r with each group (a value of the swept field, all its seeds) left out in turn:
+    {"min", "max", "argmin", "argmax" (the group left out), "n_groups"}; NaN with fewer than 3
+    groups, where leaving one out leaves too little to correlate."""
+    keys = list(dict.fromkeys(groups))
+    rs = {}
+    if len(keys) >= 3:
+        for key in keys:
+            keep = [i for i, g in enumerate(groups) if g != key]
+            rs[key] = pearson([x[i] for i in keep], [y[i] for i in keep])["r"]
+    rs = {k: r for k, r in rs.items() if math.isfinite(r)}
+    if not rs:
+        return {"min": math.nan, "max": math.nan, "argmin": None, "argmax": None, "n_groups": 0}
+    lo, hi = min(rs, key=rs.get), max(rs, key=rs.get)
+    return {"min": rs[lo], "max": rs[hi], "argmin": lo, "argmax": hi, "n_groups": len(keys)}
+
+
+def correlation(x: list[float], y: list[float], groups: list) -> dict:
+    """Pearson, Spearman and the leave-one-group-out range of Pearson r of one sweep."""
+    return {
+        "pearson": pearson(x, y),
+        "spearman": spearman(x, y),
+        "leave_one_out": leave_one_out(x, y, groups),
+    }
+
+
+def paired_test(diffs: list[float], direction: int) -> dict:
+    """Everything a verdict line prints about a paired difference, `direction` being the claim's
+    sign: n, mean, t interval (lo, hi), two-sided t p, the one-sided sign-flip p (and its floor
+    2⁻ⁿ and method), and the bootstrap interval (boot_lo, boot_hi)."""
+    t = t_test(diffs)
+    flip = sign_flip_p(diffs, direction)
+    boot = bootstrap_ci(diffs)
+    return {
+        "n": len(diffs),
+        **t,
+        "flip_p": flip["p"],
+        "flip_min_p": flip["min_p"],
+        "flip_method": flip["method"],
+        "boot_lo": boot[0],
+        "boot_hi": boot[1],
+    }
+
+
+def _finite(x, y) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    keep = np.isfinite(x) & np.isfinite(y)
+    return x[keep], y[keep]

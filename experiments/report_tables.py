@@ -1,0 +1,337 @@
+"""The numbers of a study report (`build`) and its Markdown tables.
+
+`build(records)` groups the finished runs by task and arm (an arm: the method and every other
+varied field but the seed) and gives, as nested dicts:
+
+- per task x arm: n, median, mean ± std (ddof 1) of the dev score at the last epoch and at the
+  best dev epoch (the [IsoBN] protocol: evaluate after every epoch, keep the best; selected and
+  reported on the same dev set, so optimistic);
+- paired differences against the grid's baseline arm over the seeds both have (`paired`): the
+  differences, their mean, paired t 95 % interval and two-sided p, and the percentile bootstrap
+  interval (a figure only), for the score and the isotropy measures;
+- the average over tasks per seed (the [IsoBN] "average of GLUE tasks" claim);
+- isotropy before (the grid's step-0 "pretrained" rows) and after fine-tuning (median over
+  seeds, last epoch);
+- for a sweep (the grid's `sweep` field, e.g. I-STAR's lambda): per task, the all-layer token
+  IsoScore and IsoScore* against the score: Pearson r and p with and without collapsed runs,
+  Spearman ρ and p, and Pearson r with each swept value left out in turn.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+import report_stats as stats
+from report_records import (
+    CHANCE,
+    PRETRAINED,
+    arm_label,
+    best_score,
+    collapsed,
+    dev_rows,
+    is_baseline,
+    last_value,
+    task_key,
+    varied_fields,
+)
+
+# SPEC.md §9: Pearson r / p of isotropy vs the task metric over 35 runs per cell ([I-STAR]).
+ISTAR_PAPER = {
+    "BERT": {"rte": (-0.418, 0.012), "mrpc": (-0.115, 0.511), "cola": (-0.227, 0.190),
+             "stsb": (-0.677, 0.001)},
+    "ALBERT": {"rte": (-0.424, 0.011), "mrpc": (-0.184, 0.330), "cola": (0.195, 0.261),
+               "stsb": (-0.624, 0.004)},
+    "DistilBERT": {"rte": (-0.840, 0.003), "mrpc": (-0.532, 0.003), "cola": (-0.641, 0.003),
+                   "stsb": (-0.713, 0.005)},
+}  # fmt: skip
+ISOTROPY = (
+    ("sentence_ev3", "EV3 pooled"),
+    ("pre_logits_ev3", "EV3 head input"),
+    ("sentence_mean_cosine", "mean cos pooled"),
+    ("pre_logits_mean_cosine", "mean cos head input"),
+    ("tokens_isoscore", "IsoScore tokens"),
+    ("tokens_isoscore_star", "IsoScore* tokens"),
+)
+# The CosReg claim's quantities: last-layer tokens' mean cosine (its penalty) and the mean of
+# their outlier dimension (max over dimensions of |mean|).
+COSREG_KEYS = ("last_tokens_mean_cosine", "last_tokens_max_abs_mean")
+PAIRED_KEYS = (
+    "sentence_ev3",
+    "pre_logits_ev3",
+    "sentence_mean_cosine",
+    "tokens_isoscore",
+    *COSREG_KEYS,
+)
+SWEEP_KEYS = (("tokens_isoscore", "IsoScore"), ("tokens_isoscore_star", "IsoScore*"))
+
+
+def paired(arm: dict[int, float], base: dict[int, float]) -> dict:
+    """arm − base over the shared seeds: {"n", "seeds", "diffs", "mean", "lo", "hi" (paired t
+    95 %), "p" (two-sided t-test), "boot_lo", "boot_hi" (percentile bootstrap)}."""
+    seeds = sorted(set(arm) & set(base))
+    diffs = [arm[s] - base[s] for s in seeds]
+    boot = stats.bootstrap_ci(diffs)
+    return {
+        "n": len(seeds),
+        "seeds": seeds,
+        "diffs": diffs,
+        **stats.t_test(diffs),
+        "boot_lo": boot[0],
+        "boot_hi": boot[1],
+    }
+
+
+def build(records: list[dict]) -> dict:
+    """Every number of the report, as nested dicts (also what the tests check)."""
+    runs = [r for r in records if r["kind"] == "run" and r["status"] == "ok"]
+    pre = {r["fields"]["task"]: r for r in records if r["kind"] == PRETRAINED and r["eval"]}
+    varied = varied_fields(runs)
+    tasks = sorted({r["fields"]["task"] for r in runs}, key=task_key)
+    arms: dict[str, dict[str, list[dict]]] = {t: collections.defaultdict(list) for t in tasks}
+    baseline_label = None
+    for r in runs:
+        label = arm_label(r, varied)
+        arms[r["fields"]["task"]][label].append(r)
+        if is_baseline(r):
+            baseline_label = label
+    sweep = next((r["sweep"] for r in runs if r.get("sweep")), "")
+    out = {"tasks": tasks, "varied": varied, "baseline": baseline_label, "per_task": {}}
+    out["sweep"] = sweep
+    for task in tasks:
+        t = out["per_task"][task] = {"arms": {}, "paired": {}, "isotropy": {}}
+        labels = sorted(arms[task], key=lambda a: _arm_key(arms[task][a][0], a, baseline_label))
+        for label in labels:
+            rows = arms[task][label]
+            t["arms"][label] = {
+                "last": stats.summary([last_value(r) for r in rows]),
+                "best": stats.summary([best_score(r) for r in rows]),
+                "seeds": sorted(r["seed"] for r in rows),
+            }
+            t["isotropy"][label] = {
+                key: float(np.median([last_value(r, key) for r in rows])) for key, _ in ISOTROPY
+            }
+        if task in pre:
+            row = dev_rows(pre[task])[0]
+            t["isotropy"][PRETRAINED] = {k: float(row.get(k, math.nan)) for k, _ in ISOTROPY}
+        base_rows = arms[task].get(baseline_label, []) if baseline_label else []
+        for label in labels:
+            if label == baseline_label or not base_rows:
+                continue
+            rows = arms[task][label]
+            t["paired"][label] = {
+                "last": paired(_by_seed(rows, last_value), _by_seed(base_rows, last_value)),
+                "best": paired(_by_seed(rows, best_score), _by_seed(base_rows, best_score)),
+            }
+            for key in PAIRED_KEYS:
+                fn = _metric(key)
+                t["paired"][label][key] = paired(_by_seed(rows, fn), _by_seed(base_rows, fn))
+        # [IsoBN]'s contrast: IsoBN lowers EV3 of the classifier input more than batchnorm does.
+        isobn, batchnorm = arm_of(labels, "isobn"), arm_of(labels, "batchnorm")
+        if isobn and batchnorm:
+            fn = _metric("pre_logits_ev3")
+            t["ev3_isobn_vs_batchnorm"] = paired(
+                _by_seed(arms[task][isobn], fn), _by_seed(arms[task][batchnorm], fn)
+            )
+        if sweep:
+            base_median = t["arms"][baseline_label]["last"]["median"] if base_rows else math.nan
+            t["sweep"] = _sweep(
+                [r for rows in arms[task].values() for r in rows], sweep, base_median
+            )
+    # The average over tasks per seed (the [IsoBN] "average of GLUE tasks" claim), where every
+    # task has the seed.
+    out["task_average"] = {}
+    if baseline_label and len(tasks) > 1:
+        for label in dict.fromkeys(a for t in tasks for a in out["per_task"][t]["paired"]):
+            if not all(label in arms[t] and baseline_label in arms[t] for t in tasks):
+                continue
+            for kind, fn in (("last", last_value), ("best", best_score)):
+                arm_avg = _seed_average([_by_seed(arms[t][label], fn) for t in tasks])
+                base_avg = _seed_average([_by_seed(arms[t][baseline_label], fn) for t in tasks])
+                out["task_average"].setdefault(label, {})[kind] = paired(arm_avg, base_avg)
+    return out
+
+
+def _sweep(runs: list[dict], sweep: str, base_median: float) -> dict:
+    """One task's sweep: the points, and per isotropy measure the correlations with the score."""
+    flags = [collapsed(r, base_median) for r in runs]
+    out = {"n_collapsed": int(sum(flags)), "points": []}
+    for r, flag in zip(runs, flags, strict=True):
+        out["points"].append(
+            {
+                "value": r["fields"].get(sweep),
+                "seed": r["seed"],
+                "score": last_value(r),
+                "tokens_isoscore": last_value(r, "tokens_isoscore"),
+                "tokens_isoscore_star": last_value(r, "tokens_isoscore_star"),
+                "collapsed": flag,
+            }
+        )
+    pts = out["points"]
+    kept = [p for p in pts if not p["collapsed"]]
+    for key, _ in SWEEP_KEYS:
+        x, y, values = [p[key] for p in pts], [p["score"] for p in pts], [p["value"] for p in pts]
+        both = stats.correlation(x, y, values)
+        out[key] = {
+            "all": both["pearson"],
+            "spearman": both["spearman"],
+            "leave_one_out": both["leave_one_out"],
+            "without_collapsed": stats.pearson([p[key] for p in kept], [p["score"] for p in kept]),
+        }
+    return out
+
+
+def _metric(key: str):
+    return lambda r: last_value(r, key)
+
+
+def arm_of(labels, method: str) -> str | None:
+    """The arm label of `method` (its first word), if the task has one."""
+    return next((label for label in labels if label.split()[0] == method), None)
+
+
+def _by_seed(rows: list[dict], fn) -> dict[int, float]:
+    return {r["seed"]: fn(r) for r in rows}
+
+
+def _seed_average(per_task: list[dict[int, float]]) -> dict[int, float]:
+    seeds = set.intersection(*(set(d) for d in per_task))
+    return {s: float(np.mean([d[s] for d in per_task])) for s in seeds}
+
+
+def _arm_key(record: dict, label: str, baseline: str | None) -> tuple:
+    values = [v for k, v in record["fields"].items() if k not in ("task", "seed", "method")]
+    numeric = [v for v in values if isinstance(v, int | float)]
+    return (label != baseline, str(record["fields"]["method"]), numeric, label)
+
+
+# ----------------------------------------------------------------------------------------------
+# Formatting and the tables.
+# ----------------------------------------------------------------------------------------------
+
+
+def f(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def fp(p: float) -> str:
+    """A p-value: 3 decimals, or 2 significant digits below 0.001."""
+    return f(p) if not math.isfinite(p) or p >= 0.001 else f"{p:.1e}"
+
+
+def signed(x: float, digits: int = 4) -> str:
+    return "—" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}"
+
+
+def interval(p: dict, lo: str = "lo", hi: str = "hi") -> str:
+    """`+0.0029 [-0.0018, +0.0077]`: the mean and an interval of a `paired` dict."""
+    if not p["n"]:
+        return "—"
+    return f"{signed(p['mean'])} [{signed(p[lo])}, {signed(p[hi])}]"
+
+
+def _ms(s: dict) -> str:
+    return f"{f(s['mean'])} ± {f(s['std'])}"
+
+
+def scores_table(data: dict) -> list[str]:
+    md = [
+        "| task | arm | n | last: median | last: mean ± std | best: median | best: mean ± std |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for task in data["tasks"]:
+        for label, a in data["per_task"][task]["arms"].items():
+            md.append(
+                f"| {task} | {label} | {a['last']['n']} | {f(a['last']['median'])} | "
+                f"{_ms(a['last'])} | {f(a['best']['median'])} | {_ms(a['best'])} |"
+            )
+    return md
+
+
+def paired_table(data: dict) -> list[str]:
+    """Per task x arm: mean difference, t 95 % interval and two-sided t p (last and best epoch),
+    the bootstrap interval of the best epoch, and the EV3 / IsoScore differences."""
+    md = [
+        "| task | arm | n | last epoch: mean [t 95 %] | p | best epoch: mean [t 95 %] | p | "
+        "best: bootstrap 95 % | EV3 head input [t 95 %] | token IsoScore [t 95 %] |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def row(task, label, p, ev3="", iso=""):
+        boot = f"[{signed(p['best']['boot_lo'])}, {signed(p['best']['boot_hi'])}]"
+        return (
+            f"| {task} | {label} | {p['last']['n']} | {interval(p['last'])} | "
+            f"{fp(p['last']['p'])} | {interval(p['best'])} | {fp(p['best']['p'])} | {boot} | "
+            f"{ev3} | {iso} |"
+        )
+
+    for task in data["tasks"]:
+        for label, p in data["per_task"][task]["paired"].items():
+            md.append(
+                row(task, label, p, interval(p["pre_logits_ev3"]), interval(p["tokens_isoscore"]))
+            )
+    for label, avg in data["task_average"].items():
+        md.append(row(f"average of {len(data['tasks'])} tasks", label, avg))
+    return md
+
+
+def isotropy_table(data: dict) -> list[str]:
+    md = [
+        "| task | arm | " + " | ".join(name for _, name in ISOTROPY) + " |",
+        "|---|---|" + "---|" * len(ISOTROPY),
+    ]
+    for task in data["tasks"]:
+        iso = data["per_task"][task]["isotropy"]
+        for label in [PRETRAINED] * (PRETRAINED in iso) + [k for k in iso if k != PRETRAINED]:
+            md.append(
+                f"| {task} | {label} | " + " | ".join(f(iso[label][k]) for k, _ in ISOTROPY) + " |"
+            )
+    return md
+
+
+def sweep_table(data: dict) -> list[str]:
+    """Per task x measure: Pearson r / p (all runs), Spearman ρ / p, the leave-one-value-out
+    range of Pearson r, Pearson without the collapsed runs, and the I-STAR paper's values (I-STAR
+    sweeps only: the paper's correlations are over its λ sweep)."""
+    models = ("BERT", "ALBERT", "DistilBERT") if data["sweep"] == "istar.weight" else ()
+    md = [
+        "| task | measure | n | Pearson r | p | Spearman ρ | p | r, one value left out | "
+        "collapsed | n w/o | r w/o | p w/o |" + "".join(f" {m} |" for m in models),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(models),
+    ]
+    for task in data["tasks"]:
+        sw = data["per_task"][task]["sweep"]
+        paper = [ISTAR_PAPER[m].get(task) for m in models]
+        cells = [
+            f" {r:+.3f} / {p:.3f} |" if r is not None else " — |"
+            for r, p in (x or (None, None) for x in paper)
+        ]
+        for key, name in SWEEP_KEYS:
+            a, s, w = sw[key]["all"], sw[key]["spearman"], sw[key]["without_collapsed"]
+            md.append(
+                f"| {task} | {name} | {a['n']} | {signed(a['r'], 3)} | {fp(a['p'])} | "
+                f"{signed(s['r'], 3)} | {fp(s['p'])} | {loo_range(sw[key]['leave_one_out'])} | "
+                f"{sw['n_collapsed']} | {w['n']} | {signed(w['r'], 3)} | {fp(w['p'])} |"
+                + "".join(cells)
+            )
+    return md
+
+
+def loo_range(loo: dict) -> str:
+    """`[-0.42 (5 out), +0.27 (-1 out)]`: the leave-one-value-out range of Pearson r."""
+    if not math.isfinite(loo["min"]):
+        return "—"
+    return (
+        f"[{signed(loo['min'], 3)} ({value(loo['argmin'])} out), "
+        f"{signed(loo['max'], 3)} ({value(loo['argmax'])} out)]"
+    )
+
+
+def value(v) -> str:
+    """A swept value as the report writes it: `-5`, `0.1`."""
+    return format(v, "g") if isinstance(v, int | float) else str(v)
+
+
+def chance_note() -> str:
+    return ", ".join(f"{k} {v}" for k, v in CHANCE.items())
