@@ -218,14 +218,15 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_json(indent=2))
         return 0
-    from isojax import build, nonfinite, resume, train
+    from isojax import build, hardware, nonfinite, resume, train
 
     try:
         results = train.train_and_evaluate(config, args.workdir)
     except nonfinite.NonFiniteLoss as stop:  # no score: one line, status 3
         print(f"{PROG} finetune: stopped: {stop}", file=sys.stderr)
         return nonfinite.EXIT_STATUS
-    except (build.VocabularyMismatch, resume.ConfigChanged) as err:
+    # The compiled step's memory (DoesNotFit) too: one line, status 2.
+    except (build.VocabularyMismatch, resume.ConfigChanged, hardware.DoesNotFit) as err:
         raise cli_common.UsageError(str(err)) from None
     print(format_results(results))
     print(f"results: {pathlib.Path(args.workdir) / 'results.json'}")

@@ -25,7 +25,7 @@ import pathlib
 import ml_collections
 from ml_collections import config_dict
 
-from isojax import errors, norms, optim, precision
+from isojax import errors, norms, optim, precision, profiling
 from isojax import stabilizer as stabilizer_lib
 from isojax.data import glue
 from isojax.models import heads
@@ -112,6 +112,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.packing = False
     c.row_buckets = config_dict.placeholder(tuple)  # packed row counts; None: 8 evenly spaced
     c.num_epochs = 3
+    # Micro-batches per optimizer update (isojax.accumulation): batch_size examples per update
+    # in k micro-batches of batch_size / k, gradients averaged over real examples.
+    c.grad_accum_steps = 1
     c.max_steps = config_dict.placeholder(int)  # None: num_epochs epochs; else stop after N
     c.max_train_examples = config_dict.placeholder(int)  # None: all; else the first N rows
     c.max_eval_examples = config_dict.placeholder(int)
@@ -138,6 +141,13 @@ def default_config() -> ml_collections.ConfigDict:
     # isojax before this switch computed it (to reproduce an older run bit for bit).
     c.cls_only = True
     c.progress = True  # progress line on stderr (process 0)
+    # Per log window: step time, tokens/s, examples/s, FLOPs per step, MFU (isojax.throughput);
+    # at start the step's memory per device. MFU needs the device's peak FLOP/s: None takes it
+    # from isojax.hardware.PEAK_FLOPS (an unknown device: no MFU, and the run says so).
+    c.throughput = True
+    c.peak_flops = config_dict.placeholder(float)  # FLOP/s of one device
+    # (start, stop): a jax.profiler trace of steps start+1..stop into <workdir>/profile.
+    c.profile_steps = config_dict.placeholder(tuple)
     c.tensorboard = True  # TensorBoard event files besides metrics.jsonl
     return c
 
@@ -251,6 +261,16 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _check(
         isinstance(config.seed, int) and 0 <= config.seed <= MAX_SEED,
         f"seed must be an integer in [0, 2**32 - 1], got {config.seed}",
+    )
+    _check(
+        config.peak_flops is None or config.peak_flops > 0,
+        f"peak_flops must be None or > 0, got {config.peak_flops}",
+    )
+    _owned("profile_steps", profiling.check_steps, config.profile_steps)
+    k = config.grad_accum_steps
+    _check(
+        int(k) >= 1 and config.batch_size % k == 0,
+        f"grad_accum_steps {k} must be >= 1 and divide batch_size {config.batch_size}",
     )
     for name in (
         "max_steps",

@@ -8,8 +8,9 @@ statistic (IsoBN's moments, IsoScore*, C0, the dev-set moments) is over the glob
 no explicit collective.
 
 Multi-process: launch one process per host with `JAX_COORDINATOR_ADDRESS`,
-`JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` set; `initialize_distributed` (called by
-`train.train_and_evaluate`) starts JAX's distributed runtime from them.
+`JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` set, or under `srun` (SLURM), or with
+`ISOJAX_DISTRIBUTED=auto` (a Cloud TPU pod slice: JAX detects it); `initialize_distributed`
+(called by `train.train_and_evaluate`) starts JAX's distributed runtime.
 """
 
 from __future__ import annotations
@@ -33,17 +34,36 @@ BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "exampl
 def initialize_distributed() -> bool:
     """`jax.distributed.initialize` when this process was launched as one of several.
 
-    Reads `JAX_COORDINATOR_ADDRESS` (host:port of process 0), `JAX_NUM_PROCESSES` and
-    `JAX_PROCESS_ID`; does nothing when they are unset or JAX is initialised already. Call
-    it before any other JAX work. Returns True when it initialised.
+    In this order:
+      - `JAX_COORDINATOR_ADDRESS` (host:port of process 0), `JAX_NUM_PROCESSES` and
+        `JAX_PROCESS_ID` all set: initialise from them;
+      - `ISOJAX_DISTRIBUTED=auto`: `jax.distributed.initialize()` with JAX's own cluster
+        detection (Cloud TPU pod slices, SLURM, Open MPI, Kubernetes);
+      - a SLURM step of several tasks (`SLURM_STEP_NUM_TASKS` or `SLURM_NTASKS` > 1, as under
+        `srun`): the same detection;
+      - otherwise, or with `ISOJAX_DISTRIBUTED=off`, nothing (one process).
+    Nothing either when JAX is initialised already. Call it before any other JAX work. The
+    distributed runtime also brings JAX's preemption service (`isojax.preemption`). Returns
+    True when it initialised.
     """
+    if jax.distributed.is_initialized():
+        return False
+    mode = os.environ.get("ISOJAX_DISTRIBUTED", "").lower()
+    if mode not in ("", "auto", "off"):
+        raise ValueError(f"ISOJAX_DISTRIBUTED must be auto or off, got {mode!r}")
+    if mode == "off":
+        return False
     address = os.environ.get("JAX_COORDINATOR_ADDRESS")
     count = os.environ.get("JAX_NUM_PROCESSES")
     index = os.environ.get("JAX_PROCESS_ID")
-    if not (address and count and index) or jax.distributed.is_initialized():
-        return False
-    jax.distributed.initialize(address, num_processes=int(count), process_id=int(index))
-    return True
+    if address and count and index:
+        jax.distributed.initialize(address, num_processes=int(count), process_id=int(index))
+        return True
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS") or "1"
+    if mode == "auto" or int(tasks) > 1:
+        jax.distributed.initialize()
+        return True
+    return False
 
 
 def enable_compilation_cache(folder: str | os.PathLike) -> None:
@@ -85,10 +105,11 @@ def state_sharding(state: Any, mesh: jax.sharding.Mesh, *, fsdp: bool = False) -
     return jax.tree.map(spec, state)
 
 
-def global_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
+def global_batch(batch: dict, mesh: jax.sharding.Mesh, *, stacked: bool = False) -> dict:
     """This process's rows of a batch (padded, or packed: `isojax.data.packing`) -> global
-    arrays sharded over the mesh's data axis (packed: rows and examples each split evenly)."""
-    sharding = NamedSharding(mesh, P(DATA_AXIS))
+    arrays sharded over the mesh's data axis (packed: rows and examples each split evenly).
+    `stacked`: `[k, rows, ...]` micro-batches (`isojax.accumulation`), split along axis 1."""
+    sharding = NamedSharding(mesh, P(None, DATA_AXIS) if stacked else P(DATA_AXIS))
     keys = packing.BATCH_KEYS if packing.is_packed(batch) else BATCH_KEYS
     return {
         key: jax.make_array_from_process_local_data(sharding, np.asarray(batch[key]))

@@ -2,8 +2,8 @@
 on stderr (`Progress`). Only process 0 writes (`enabled`).
 
 Each `metrics.jsonl` line is `{"step", "epoch", "split", **values}`: "train" lines every
-`config.log_every` steps (means over those steps, with the learning rate), one line per dev split
-after each epoch.
+`config.log_every` steps (means over those steps, with the learning rate and the window's
+throughput figures, `isojax.throughput`), one line per dev split after each epoch.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Progress:
         self._start_time = self._last_time = time.perf_counter()
         self._start_step: int | None = None
 
-    def update(self, step: int, epoch: int, loss: float | None) -> None:
+    def update(self, step: int, epoch: int, loss: float | None, rates: dict | None = None) -> None:
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -76,13 +76,25 @@ class Progress:
         text = f"step {step}/{self.total} epoch {epoch}"
         if loss is not None:
             text += f" loss {loss:.4f}"
-        text += f" {rate:.2f} steps/s eta {eta}"
+        text += f" {rate:.2f} steps/s eta {eta}" + _rates_text(rates or {})
         sys.stderr.write(f"\r{text}\033[K" if self.tty else text + "\n")
         sys.stderr.flush()
 
     def close(self) -> None:
         if self.tty:
             sys.stderr.write("\n")
+
+
+def _rates_text(rates: dict) -> str:
+    """` 1.2e+04 tok/s 31 ex/s MFU 12.3%` of a window's throughput figures (those present)."""
+    text = ""
+    if "real_tokens_per_s" in rates:
+        text += f" {rates['real_tokens_per_s']:.3g} tok/s"
+    if "examples_per_s" in rates:
+        text += f" {rates['examples_per_s']:.3g} ex/s"
+    if "mfu" in rates:
+        text += f" MFU {rates['mfu']:.1%}"
+    return text
 
 
 class RunLog:
@@ -106,18 +118,22 @@ class RunLog:
         progress: bool,
         tensorboard: bool,
         learning_rate: Callable,
+        throughput=None,
     ):
         self.writer = MetricWriter(workdir, enabled=enabled, tensorboard=tensorboard)
         self.progress = Progress(total_steps, every=every, enabled=enabled and progress)
         self.total_steps, self.every, self.learning_rate = total_steps, every, learning_rate
+        self.throughput = throughput  # a `throughput.Meter`: its window figures join the record
 
     def train(self, step: int, epoch: int, pop_means: Callable[[], dict[str, float]]) -> None:
         if step % self.every and step != self.total_steps:
             self.progress.update(step, epoch + 1, None)
             return
         means = pop_means() | {"learning_rate": float(self.learning_rate(step - 1))}
+        if self.throughput is not None:
+            means = self.throughput.window(means)
         self.writer.write("train", step, epoch, means)
-        self.progress.update(step, epoch + 1, means["loss"])
+        self.progress.update(step, epoch + 1, means["loss"], means)
 
     def close(self) -> None:
         self.progress.close()

@@ -90,6 +90,7 @@ class Position:
 _RESUMABLE_CHANGES = {
     "data_dir", "tfds_data_dir", "eval_batch_size", "max_eval_examples", "checkpoint_every",
     "keep_checkpoints", "log_every", "progress", "tensorboard", "remat", "max_nonfinite_steps",
+    "throughput", "peak_flops", "profile_steps",
 }  # fmt: skip
 
 

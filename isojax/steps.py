@@ -164,22 +164,24 @@ def penalty_mask(batch: dict, include_padding: bool) -> jax.Array:
     return jnp.broadcast_to(batch["example_mask"][:, None], batch["attention_mask"].shape)
 
 
-def _penalty(state: TrainState, out: dict, batch: dict) -> tuple[jax.Array, dict | None]:
-    """`(penalty [] float32, new stabiliser state)`; the state changes only for a running
-    I-STAR stabiliser. With weight 0 the penalty is a metric only (no backward pass)."""
+def _penalty(
+    state: TrainState, out: dict, batch: dict, stabilizer: dict | None = None
+) -> tuple[jax.Array, dict | None]:
+    """`(penalty [] float32, new stabiliser state)` from `stabilizer` (None: the state's;
+    under accumulation the previous micro-batch's); it changes only for a running I-STAR
+    stabiliser. With weight 0 the penalty is a metric only (no backward pass)."""
     objective = state.objective
+    stabilizer = state.stabilizer if stabilizer is None else stabilizer
     hidden = out["encoder"].hidden_states
     if objective.weight == 0.0 and objective.reads_tokens:
         hidden = jax.tree.map(jax.lax.stop_gradient, hidden)
     # The mask carries the padding choice, so the functions below never drop it themselves.
     mask = penalty_mask(batch, objective.include_padding)
     if objective.method == "istar":
-        return stabilizer_lib.penalty_and_update(
-            istar_module(objective), state.stabilizer, hidden, mask
-        )
+        return stabilizer_lib.penalty_and_update(istar_module(objective), stabilizer, hidden, mask)
     if objective.method == "cosreg":
-        return regularizers.cosreg_penalty(hidden[-1], mask), state.stabilizer
-    return jnp.zeros([], jnp.float32), state.stabilizer
+        return regularizers.cosreg_penalty(hidden[-1], mask), stabilizer
+    return jnp.zeros([], jnp.float32), stabilizer
 
 
 def dropout_key(state: TrainState) -> jax.Array:
@@ -188,18 +190,14 @@ def dropout_key(state: TrainState) -> jax.Array:
     return jax.random.fold_in(key, state.step)
 
 
-def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-    """One update on `batch` (global arrays); returns the new state and float32 metrics.
-
-    Metrics: `loss` (task + weight * penalty), `task_loss`, `penalty`, `grad_norm` (after
-    unscaling, before clipping), `grads_finite` (1/0), `loss_scale`.
-    """
+def _grads(state: TrainState, batch_stats, stabilizer, batch: dict, rng: jax.Array):
+    """Gradients of the scaled objective on one (micro-)batch with the given running
+    statistics, and `(new batch_stats, new stabiliser, task loss, penalty, objective)`."""
     objective = state.objective
-    rng = dropout_key(state)
 
     def loss_fn(params):
         (logits, out), updates = state.apply_fn(
-            {"params": params, "batch_stats": state.batch_stats},
+            {"params": params, "batch_stats": batch_stats},
             **packing.model_inputs(batch),
             deterministic=False,
             use_running_average=False,
@@ -209,12 +207,73 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
             mutable=["batch_stats"],
         )
         loss = task_loss(logits, batch["labels"], batch["example_mask"], objective.regression)
-        penalty, stabilizer = _penalty(state, out, batch)
+        penalty, new_stabilizer = _penalty(state, out, batch, stabilizer)
         total = loss + objective.weight * penalty  # penalty added before scaling
-        aux = (updates.get("batch_stats", {}), stabilizer, loss, penalty, total)
+        aux = (updates.get("batch_stats", {}), new_stabilizer, loss, penalty, total)
         return state.loss_scale.scale(total), aux
 
-    grads, aux = jax.grad(loss_fn, has_aux=True)(state.params)
+    return jax.grad(loss_fn, has_aux=True)(state.params)
+
+
+def _accumulated_grads(state: TrainState, batch: dict, rng: jax.Array):
+    r"""`_grads` over `k` stacked micro-batches (`[k, rows, ...]` arrays) in one `lax.scan`.
+
+    Micro-batch `i` holds `n_i` real examples (`example_mask`; packed micro-batches differ)
+    and gets the dropout key `fold_in(rng, i)`. The gradient is the real-example average
+    :math:`g = \sum_i n_i g_i / \sum_i n_i` of the micro-batches' mean-loss gradients, i.e.
+    the gradient of the mean loss over all `sum n_i` examples; the losses are averaged alike.
+    Running statistics (normaliser `batch_stats`, a running I-STAR stabiliser) go through the
+    micro-batches in order, each seeing the one before (PyTorch accumulation). Gradients sum
+    in float32.
+    """
+    counts = jnp.sum(batch["example_mask"].astype(jnp.float32), axis=1)  # [k]
+    weights = counts / jnp.maximum(jnp.sum(counts), 1.0)  # [k]
+    k = counts.shape[0]
+
+    def body(carry, xs):
+        grads_sum, batch_stats, stabilizer, sums = carry
+        micro, weight, i = xs
+        grads, (batch_stats, stabilizer, *losses) = _grads(
+            state, batch_stats, stabilizer, micro, jax.random.fold_in(rng, i)
+        )
+        grads_sum = jax.tree.map(lambda a, g: a + weight * g.astype(jnp.float32), grads_sum, grads)
+        return (grads_sum, batch_stats, stabilizer, sums + weight * jnp.stack(losses)), None
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+    init = (zeros, state.batch_stats, state.stabilizer, jnp.zeros([3], jnp.float32))
+    (grads, batch_stats, stabilizer, sums), _ = jax.lax.scan(
+        body, init, (batch, weights, jnp.arange(k))
+    )
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    return grads, (batch_stats, stabilizer, sums[0], sums[1], sums[2])
+
+
+def _counts(batch: dict) -> dict[str, jax.Array]:
+    """`examples` (real examples) and `real_tokens` (their tokens) of a batch, stacked or not:
+    the throughput figures' counts (`isojax.throughput`), global under `jax.jit`."""
+    if packing.is_packed(batch):
+        tokens = jnp.sum(batch["token_mask"])
+    else:
+        tokens = jnp.sum(batch["attention_mask"] * batch["example_mask"][..., None])
+    return {"examples": jnp.sum(batch["example_mask"]), "real_tokens": tokens}
+
+
+def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+    """One update on `batch` (global arrays); returns the new state and float32 metrics.
+
+    `batch`: one batch (`example_mask` `[b]`), or `k` micro-batches stacked (`[k, b]`,
+    `config.grad_accum_steps`): one update from their real-example-averaged gradient
+    (`_accumulated_grads`).
+
+    Metrics: `loss` (task + weight * penalty), `task_loss`, `penalty`, `grad_norm` (after
+    unscaling, before clipping), `grads_finite` (1/0), `loss_scale`; `examples` and
+    `real_tokens` (counts, `_counts`).
+    """
+    rng = dropout_key(state)
+    if batch["example_mask"].ndim == 2:
+        grads, aux = _accumulated_grads(state, batch, rng)
+    else:
+        grads, aux = _grads(state, state.batch_stats, state.stabilizer, batch, rng)
     batch_stats, stabilizer, loss, penalty, total = aux
     grads = state.loss_scale.unscale(grads)
     grads_finite = precision.all_finite(grads)
@@ -242,6 +301,7 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         "grad_norm": optax.tree.norm(grads),
         "grads_finite": grads_finite.astype(jnp.float32),
         "loss_scale": state.loss_scale.loss_scale.astype(jnp.float32),
+        **_counts(batch),
     }
     return new_state, jax.tree.map(lambda x: x.astype(jnp.float32), step_metrics)
 
@@ -353,15 +413,20 @@ def stabilizer_step(state: TrainState, batch: dict, acc: stats.MomentState) -> s
     return regularizers.stabilizer_update(acc, hidden, mask)
 
 
-def jit_steps(state: TrainState, mesh: jax.sharding.Mesh, *, fsdp: bool = False):
+def jit_steps(
+    state: TrainState, mesh: jax.sharding.Mesh, *, fsdp: bool = False, grad_accum_steps: int = 1
+):
     """`(train_step, eval_step, stabilizer_step)` compiled for `mesh`; the state is donated
-    to `train_step`, and its sharding is kept from step to step."""
+    to `train_step`, and its sharding is kept from step to step. `grad_accum_steps` > 1:
+    `train_step` takes stacked micro-batches (`distributed.global_batch(..., stacked=True)`)."""
     shardings = distributed.state_sharding(state, mesh, fsdp=fsdp)
     data = NamedSharding(mesh, P(distributed.DATA_AXIS))
+    stacked = NamedSharding(mesh, P(None, distributed.DATA_AXIS))  # [k, rows, ...]
+    train_data = data if grad_accum_steps == 1 else stacked
     replicated = NamedSharding(mesh, P())
     train = jax.jit(
         train_step,
-        in_shardings=(shardings, data),
+        in_shardings=(shardings, train_data),
         out_shardings=(shardings, replicated),
         donate_argnums=0,
     )

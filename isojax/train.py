@@ -39,6 +39,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from isojax import (
+    accumulation,
     build,
     distributed,
     metrics,
@@ -46,10 +47,13 @@ from isojax import (
     nonfinite,
     optim,
     precision,
+    preemption,
+    profiling,
     regularizers,
     reporting,
     resume,
     steps,
+    throughput,
 )
 from isojax import config as config_lib
 from isojax import stabilizer as stabilizer_lib
@@ -113,19 +117,44 @@ def train_batches(
     start: int = 0,
     *,
     mesh: jax.sharding.Mesh | None = None,
+    batch_size: int | None = None,
 ) -> Iterator[dict]:
     """This process's rows of the training batches of `epoch` (shuffled by seed and epoch),
-    from batch `start` on; the last incomplete batch is dropped (`batches`)."""
+    from batch `start` on; the last incomplete batch is dropped (`batches`). `batch_size`:
+    default `config.batch_size`."""
     return batches(
         encoded,
         config,
-        batch_size=config.batch_size,
+        batch_size=batch_size or config.batch_size,
         mesh=mesh,
         shuffle=True,
         seed=config.seed,
         epoch=epoch,
         start_batch=start,
         drop_remainder=True,
+    )
+
+
+def update_batches(
+    encoded: batching.Encoded,
+    config: ml_collections.ConfigDict,
+    epoch: int,
+    start: int = 0,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+) -> Iterator[dict]:
+    """The batches of the optimizer updates of `epoch` from update `start` on: `train_batches`,
+    or with `config.grad_accum_steps = k > 1` each update's `k` micro-batches of
+    `batch_size / k` examples stacked (`accumulation.grouped`)."""
+    k = config.grad_accum_steps
+    if k == 1:
+        return train_batches(encoded, config, epoch, start, mesh=mesh)
+    micro = train_batches(
+        encoded, config, epoch, start * k, mesh=mesh, batch_size=config.batch_size // k
+    )
+    updates = batching.num_batches(len(encoded), config.batch_size, drop_remainder=True) - start
+    return accumulation.grouped(
+        micro, k, updates, pad_id=encoded.pad_id, process_index=jax.process_index()
     )
 
 
@@ -141,7 +170,10 @@ def make_objective(
         zeta=config.istar.zeta,
         include_padding=(config.istar if method == "istar" else config.cosreg).include_padding,
         stabilizer=config.istar.stabilizer.kind,
-        stabilizer_kwargs=tuple(config_lib.stabilizer_kwargs(config, steps_per_epoch).items()),
+        # A running stabiliser counts micro-batches: an epoch is k times the updates.
+        stabilizer_kwargs=tuple(
+            config_lib.stabilizer_kwargs(config, steps_per_epoch * config.grad_accum_steps).items()
+        ),
         cls_only=config.cls_only,
     )
 
@@ -170,17 +202,21 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
         )
     total_steps = config.max_steps or steps_per_epoch * config.num_epochs
     mesh = distributed.make_mesh() if mesh is None else mesh
-    for name in ("batch_size", "eval_batch_size"):
-        if config[name] % mesh.size:
+    micro = config.batch_size // config.grad_accum_steps
+    for name, size in (("batch_size / grad_accum_steps", micro), ("eval_batch_size", None)):
+        size = config.eval_batch_size if size is None else size
+        if size % mesh.size:
             raise config_lib.ConfigError(
-                f"config: {name} {config[name]} must be a multiple of the {mesh.size} devices"
+                f"config: {name} {size} must be a multiple of the {mesh.size} devices"
             )
     objective = make_objective(config, task, steps_per_epoch)
     tx = build.make_optimizer(config, total_steps)
     state = build.create_train_state(
         config, model, encoder_params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
     )
-    train_fn, eval_fn, stabilize_fn = steps.jit_steps(state, mesh, fsdp=config.fsdp)
+    train_fn, eval_fn, stabilize_fn = steps.jit_steps(
+        state, mesh, fsdp=config.fsdp, grad_accum_steps=config.grad_accum_steps
+    )
     return Run(
         state=state,
         train_fn=train_fn,
@@ -204,7 +240,13 @@ def c0_pass(run: Run, state: steps.TrainState, config: ml_collections.ConfigDict
     replicated = NamedSharding(run.mesh, P())
     acc = regularizers.estimate_stabilizer(
         lambda acc, batch: run.stabilize_fn(state, distributed.global_batch(batch, run.mesh), acc),
-        train_batches(run.train_encoded, config, epoch, mesh=run.mesh),
+        train_batches(  # micro-batches under accumulation: a device holds those
+            run.train_encoded,
+            config,
+            epoch,
+            mesh=run.mesh,
+            batch_size=config.batch_size // config.grad_accum_steps,
+        ),
         jax.device_put(regularizers.stabilizer_init(run.hidden_size), replicated),
         num_points=config.istar.stabilizer.tokens,
     )
@@ -268,31 +310,68 @@ def _isotropy_jit(acc, c0, zeta):
 
 
 def _train_epoch(
-    run, state, config, position, step, log, save, loss_watch
-) -> tuple[Any, int, bool]:
+    run, state, config, position, step, log, save, loss_watch, watch, hooks=()
+) -> tuple[Any, int, bool, bool]:
     """Trains from `position` to the end of its epoch or of the run; returns `(state, step,
-    epoch_done)` with `position.batch` advanced. `log.train` after each step; `save(step,
+    epoch_done, stop)` with `position.batch` advanced. `log.train` after each step; `save(step,
     state)` every `config.checkpoint_every` steps (not at the epoch's end); `loss_watch` (a
-    `nonfinite.LossWatch`) counts each loss and is checked at each log line."""
+    `nonfinite.LossWatch`) counts each loss and is checked at each log line; `hooks(step,
+    state, batch)` after each step, before its log line; `stop`: a signal (`watch`, a
+    `preemption.Watch`) ended the epoch early, before the run's last step."""
     epoch_done = position.batch == run.steps_per_epoch
-    epoch_batches = train_batches(
+    epoch_batches = update_batches(
         run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
     )
+    stacked, meter = config.grad_accum_steps > 1, log.throughput
     for batch in epoch_batches:
-        state, step_metrics = run.train_fn(state, distributed.global_batch(batch, run.mesh))
+        batch = distributed.global_batch(batch, run.mesh, stacked=stacked)
+        train_fn = run.train_fn if meter is None else meter.executable(state, batch)
+        state, step_metrics = train_fn(state, batch)
         step, position.batch = step + 1, position.batch + 1
-        position.add(step_metrics)
+        for hook in hooks:  # the throughput meter, the profiler window
+            hook(step, state, batch)
+        position.add(step_metrics if meter is None else step_metrics | meter.counts())
         log.train(step, position.epoch, position.pop_means)
         epoch_done = position.batch == run.steps_per_epoch
         loss_watch.update(step, step_metrics["loss"])
         if step % config.log_every == 0 or step == run.total_steps or epoch_done:
             loss_watch.check(step, position.epoch)
+        if watch.requested(step) and step < run.total_steps:
+            return state, step, epoch_done, True
         if step == run.total_steps or epoch_done:
             break
         if config.checkpoint_every and step % config.checkpoint_every == 0:
             loss_watch.check(step, position.epoch, before="checkpointing")
             save(step, state)
-    return state, step, epoch_done
+    return state, step, epoch_done, False
+
+
+def _meter(run: Run, config: ml_collections.ConfigDict, lead: bool):
+    """The loop's `throughput.Meter` (None with `config.throughput` False)."""
+    if not config.throughput:
+        return None
+    return throughput.Meter(
+        run.train_fn,
+        run.mesh,
+        precision.get_policy(config.policy).compute_dtype,
+        peak_override=config.peak_flops,
+        loop_trips=config.grad_accum_steps,
+        verbose=lead,
+    )
+
+
+def _save_and_exit(watch, save, step, state, closers, lead: bool):
+    """Preemption: the checkpoint of `step` (a second signal is ignored meanwhile), the
+    writers closed, one line naming it, then `preemption.Preempted` (exit status 75)."""
+    watch.saving = True
+    save(step, state)
+    for closer in closers:
+        closer.close()
+    ckpt = closers[1]
+    stopped = preemption.Preempted(step, str(ckpt.directory / str(step)), watch.signal_name)
+    if lead:
+        print(stopped.line(), file=sys.stderr, flush=True)
+    raise stopped
 
 
 def data_source(config: ml_collections.ConfigDict) -> str:
@@ -328,6 +407,9 @@ def train_and_evaluate(
     two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
     plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
     score on the first dev split (`isojax export/predict --best`).
+
+    SIGTERM or SIGINT (`preemption`): the running step finishes, its checkpoint is written at
+    that position, and `preemption.Preempted` (SystemExit, status 75) is raised; rerun to resume.
     """
     config_lib.validate_config(config)
     distributed.initialize_distributed()
@@ -358,27 +440,52 @@ def train_and_evaluate(
             warmup_fraction=opt.warmup_fraction,
             kind=opt.schedule,
         ),
+        throughput=_meter(run, config, lead),
     )
+    hooks = []  # after each step: the meter's timing, the profiler window
+    if log.throughput is not None:
+        hooks.append(lambda step, state, batch: log.throughput.step(state))
+    profile = None
+    if config.profile_steps is not None:
+        profile = profiling.Window(workdir, *config.profile_steps, enabled=lead)
+        hooks.append(lambda step, state, batch: profile.step(step, state))
 
     stamp = resume.config_stamp(config)  # saved with each checkpoint, checked on restore
-    save = lambda step, state: ckpt.save(step, state, position.to_json() | stamp)  # noqa: E731
+
+    def save(step, state):
+        ckpt.save(step, state, position.to_json() | stamp)
+        if log.throughput is not None:  # the save's time is not the steps'
+            log.throughput.mark()
+
     loss_watch = nonfinite.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead)
     c0_pass_each_epoch = config.method == "istar" and config.istar.stabilizer.kind == "pass"
     num_epochs = -(-run.total_steps // run.steps_per_epoch)
-    while step < run.total_steps and position.epoch < num_epochs:
-        if c0_pass_each_epoch and position.batch == 0:
-            state = c0_pass(run, state, config, position.epoch)
-        state, step, epoch_done = _train_epoch(
-            run, state, config, position, step, log, save, loss_watch
-        )
-        loss_watch.check(step, position.epoch, before="evaluating")
-        results = evaluate_all(run, state, config, step, position.epoch + 1, log)
-        is_best = position.note_eval(results, main_split)
-        if epoch_done:
-            position.epoch, position.batch = position.epoch + 1, 0
-        if is_best:  # before the latest, so a resumed run never claims a best it lacks
-            best_ckpt.save(step, state, position.to_json() | stamp)
-        save(step, state)
+    closers = (log, ckpt, best_ckpt)
+    with preemption.Watch() as watch:
+        while step < run.total_steps and position.epoch < num_epochs:
+            if c0_pass_each_epoch and position.batch == 0:
+                state = c0_pass(run, state, config, position.epoch)
+                if log.throughput is not None:  # the pass's time is not the steps'
+                    jax.block_until_ready(state)
+                    log.throughput.mark()
+            state, step, epoch_done, stop = _train_epoch(
+                run, state, config, position, step, log, save, loss_watch, watch, hooks
+            )
+            if stop:
+                loss_watch.check(step, position.epoch, before="checkpointing")
+                _save_and_exit(watch, save, step, state, closers, lead)
+            loss_watch.check(step, position.epoch, before="evaluating")
+            results = evaluate_all(run, state, config, step, position.epoch + 1, log)
+            is_best = position.note_eval(results, main_split)
+            if epoch_done:
+                position.epoch, position.batch = position.epoch + 1, 0
+            if is_best:  # before the latest, so a resumed run never claims a best it lacks
+                best_ckpt.save(step, state, position.to_json() | stamp)
+            save(step, state)
+            if watch.signal_name is not None and step < run.total_steps:  # during eval/save
+                _save_and_exit(watch, save, step, state, closers, lead)
+    if profile is not None:
+        profile.close()
     log.close()
     ckpt.close()
     best_ckpt.close()

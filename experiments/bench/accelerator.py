@@ -17,8 +17,10 @@ FLOPs per step, two counts:
        backward, optimizer; every op XLA counts, dominated by 2·m·n·k per matmul);
   6N:  6 · N · tokens with N the non-embedding parameters (Kaplan et al. 2020, eq. 2.1),
        attention's t² terms not included.
-MFU = FLOPs / step time / the device's peak dense bf16 FLOP/s from `PEAK_BF16` (vendor data
-sheets, by `device_kind`); an unknown device prints "peak unknown". Without an accelerator
+MFU = FLOPs / step time / the device's peak dense bf16 FLOP/s, through the functions the
+training run's figures use (`isojax.hardware`: `step_flops`, `peak_flops` over its vendor
+table `PEAK_FLOPS`, `mfu`), so the run's logged `mfu` and this table's "MFU XLA" are one
+computation; an unknown device prints "peak unknown". Without an accelerator
 (CPU) the tiny configuration runs and the table says "not measured: no accelerator".
 """
 
@@ -35,25 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from isojax import models, regularizers
+from isojax import hardware, models, regularizers
 from isojax.models import config as config_lib
 
-# Peak dense bf16 FLOP/s (no sparsity), from the vendors' data sheets; matched in order on the
-# lower-cased `jax.Device.device_kind` (e.g. "NVIDIA H100 80GB HBM3", "TPU v5 lite").
-PEAK_BF16 = (
-    ("h200", 989e12),
-    ("h100 pcie", 756e12),
-    ("h100", 989e12),
-    ("a100", 312e12),
-    ("l4", 121e12),
-    ("tpu v4", 275e12),
-    ("tpu v5 lite", 197e12),
-    ("tpu v5e", 197e12),
-    ("tpu v5p", 459e12),
-    ("tpu v5", 459e12),
-    ("tpu v6 lite", 918e12),
-    ("tpu v6e", 918e12),
-)
 VARIANTS = ("plain", "isobn", "istar")
 ISTAR_WEIGHT = -0.1  # the sign does not change the cost
 TINY = config_lib.EncoderConfig(
@@ -67,22 +53,14 @@ TINY = config_lib.EncoderConfig(
 
 
 def peak_flops(device_kind: str) -> float | None:
-    """Peak dense bf16 FLOP/s of a device kind, None when it is not in `PEAK_BF16`."""
-    kind = device_kind.lower()
-    for name, peak in PEAK_BF16:
-        if name in kind:
-            return peak
-    return None
+    """Peak dense bf16 FLOP/s of one device of `device_kind` (`isojax.hardware.PEAK_FLOPS`, the
+    table the training run's MFU uses), None when unknown."""
+    return hardware.peak_flops(device_kind, jnp.bfloat16)[0]
 
 
 def xla_flops(compiled) -> float | None:
-    """FLOPs of a compiled computation from XLA's cost analysis (a dict, or a list of one
-    dict per computation in older JAX), None where the backend gives none."""
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else None
-    flops = (cost or {}).get("flops")
-    return float(flops) if flops and flops > 0 else None
+    """FLOPs of a compiled step on one device (`isojax.hardware.step_flops`, as the run)."""
+    return hardware.step_flops(compiled)
 
 
 def non_embedding_params(params) -> int:
@@ -255,8 +233,8 @@ def main(argv=None) -> list[dict]:
                 "step_ms": 1e3 * step_s,
                 "tokens_per_s": tokens / step_s,
                 "xla_gflop": None if s.flops is None else s.flops / 1e9,
-                "mfu_xla": None if s.flops is None or peak is None else s.flops / step_s / peak,
-                "mfu_6n": None if peak is None else flops_6n / step_s / peak,
+                "mfu_xla": hardware.mfu(s.flops, step_s, peak),  # the run's own MFU
+                "mfu_6n": hardware.mfu(flops_6n, step_s, peak),
                 "ratio": step_s / plain[s.batch],
             }
         )
