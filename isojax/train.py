@@ -418,10 +418,11 @@ def train_and_evaluate(
     lead = jax.process_index() == 0
     resume.check_same_run(config, workdir)
     if lead:
-        if config.progress:  # the progress display's first line (off: stderr keeps errors only)
-            print(f"isojax: {workdir}: {data_source(config)}", file=sys.stderr)
         (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
     run = setup(config, mesh=mesh)
+    if lead and config.progress:  # the progress display's first line, once the data have
+        # loaded (a refusal stays the one line on stderr; progress off: errors only)
+        print(f"isojax: {workdir}: {data_source(config)}", file=sys.stderr)
     ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
     main_split = glue.get_task(config.task).dev_splits[0]  # MNLI: matched
     state, position = resume.restore(ckpt, run.state, workdir, lead, config)
