@@ -1,7 +1,7 @@
 """Sentence-embedding transforms: IsoBN, re-centring, batch and layer normalisation.
 
-Every transform here is a pure function of arrays (where it has maths of its own) plus a thin
-linen module, and every module has the same call signature,
+Every transform here is a thin linen module over the pure functions of `isojax.norm_steps`
+(which `isojax.nnx.norms` runs too), and every module has the same call signature,
 
     module(x [batch, d], use_running_average: bool, *, mask=None) -> [batch, d], x.dtype
 
@@ -24,138 +24,52 @@ those of the global batch (XLA inserts the reductions). Under `shard_map`/`pmap`
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from isojax import running, stats
-from isojax.running import STATS_DTYPE
+from isojax import running
+from isojax.norm_steps import (  # noqa: F401  (re-exported: the maths, once)
+    HPARAMS,
+    STRUCTURAL,
+    affine_params,
+    batch_norm,
+    check_hparams,
+    identity,
+    isobn,
+    isobn_gain,
+    isobn_init,
+    isobn_running_gain,
+    isobn_update,
+    layer_norm,
+    mean_var_init,
+    recenter,
+    running_mean_var,
+)
 
-
-def isobn_gain(
-    cov: jax.typing.ArrayLike,
-    std: jax.typing.ArrayLike,
-    *,
-    beta: float = 0.5,
-    epsilon: float = 1e-3,
-) -> jax.Array:
-    r"""IsoBN's per-dimension gain from running statistics (SPEC.md §1).
-
-    .. math::
-        \rho = \mathrm{clip}\!\left(\frac{S}{s s^\top}, -1, 1\right),\quad
-        \gamma_i = \frac1d \sum_j \rho_{ij}^2,\quad
-        g_i = (\gamma_i s_i + \epsilon)^{-\beta},\quad
-        c = \sqrt{\frac{\operatorname{tr} S}{\sum_i S_{ii} g_i^2 + \epsilon}},
-
-    and the gain is :math:`c\,g`. Dimensions with a large standard deviation that are strongly
-    correlated with many others are shrunk; `c` keeps the total variance unchanged. A pair with
-    `s_i s_j = 0` gets `rho_ij = 0`, the limit of the formula (it then no longer matters, since
-    `gamma_i s_i -> 0`); the reference divides 0 by 0 there.
-
-    Args:
-        cov: `[d, d]` running covariance `S`.
-        std: `[d]` running standard deviation `s` (its own moving average, not
-            `sqrt(diag(S))`).
-        beta: exponent `β` (0.5 in the paper).
-        epsilon: `ε` (1e-3 in the paper).
-
-    Returns:
-        `[d]` gain, float32 (float64 for float64 input). Zero statistics give a zero gain: the
-        module returns gain 1 before its first update instead.
-
-    References:
-        Zhou, Lin, Ren, `IsoBN: Fine-Tuning BERT with Isotropic Batch Normalization
-        <https://arxiv.org/abs/2005.02178>`_, AAAI 2021, Sec. 4 (Algorithm 1).
-    """
-    cov = jnp.asarray(cov)
-    std = jnp.asarray(std)
-    dtype = stats.stats_dtype(jnp.result_type(cov, std))
-    cov, std = cov.astype(dtype), std.astype(dtype)
-    outer = std[:, None] * std[None, :]  # [d, d]
-    nonzero = outer > 0
-    corr = jnp.where(nonzero, cov / jnp.where(nonzero, outer, 1.0), 0.0)
-    corr = jnp.clip(corr, -1.0, 1.0)
-    gamma = jnp.mean(corr**2, axis=1)  # [d]
-    gain = (gamma * std + epsilon) ** (-beta)  # [d]
-    var = jnp.diagonal(cov)  # [d]
-    keep_total = jnp.sqrt(jnp.sum(var) / (jnp.sum(var * gain**2) + epsilon))
-    return keep_total * gain
+# ----------------------------------------------------------------------------------------------
+# The linen front end.
+# ----------------------------------------------------------------------------------------------
 
 
-def _mean_var(
-    x: jax.Array, mask: jax.Array | None, axis_name: str | None
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Masked per-feature mean and biased variance in float32, global over `axis_name`.
-
-    Two passes (mean, then mean squared deviation) of sums and counts, so shards with different
-    numbers of unmasked rows still give the statistics of the global batch.
-
-    Args:
-        x: `[..., d]` any float dtype.
-        mask: broadcastable to `x.shape[:-1]`, 1 = keep; None keeps all.
-        axis_name: mapped axis to reduce over (shard_map/pmap), or None.
-
-    Returns:
-        `(count [], mean [d], var [d])`, float32 (float64 for float64 input).
-    """
-    dtype = stats.stats_dtype(x.dtype)
-    x = x.astype(dtype).reshape(-1, x.shape[-1])  # [n, d]
-    if mask is None:
-        w = jnp.ones(x.shape[:1], dtype)
-    else:
-        w = jnp.broadcast_to(jnp.asarray(mask), x.shape[:1]).astype(dtype)
-
-    def total(a):
-        return a if axis_name is None else lax.psum(a, axis_name)
-
-    keep = w[:, None] > 0
-    count = total(jnp.sum(w))
-    denom = jnp.maximum(count, 1.0)
-    mean = total(jnp.sum(jnp.where(keep, x * w[:, None], 0.0), axis=0)) / denom  # [d]
-    dev = jnp.where(keep, x - mean, 0.0)  # [n, d]
-    var = total(jnp.sum(w[:, None] * dev**2, axis=0)) / denom  # [d]
-    return count, mean, var
+def _linen_params(module: nn.Module, d: int, use_scale: bool, use_bias: bool) -> dict:
+    """``scale`` (ones) and ``bias`` (zeros) in `module`'s ``params``, where they are used."""
+    inits = {
+        "scale": getattr(module, "scale_init", nn.initializers.ones),
+        "bias": getattr(module, "bias_init", nn.initializers.zeros),
+    }
+    used = {"scale": use_scale, "bias": use_bias}
+    return {
+        name: module.param(name, init, (d,), module.param_dtype)
+        for name, init in inits.items()
+        if used[name]
+    }
 
 
-def _running_mean_var(
-    module: nn.Module,
-    x: jax.Array,
-    mask: jax.Array | None,
-    use_running_average: bool,
-    *,
-    min_count: int,
-    with_var: bool = False,
-) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-    """`(x in float32, mean [d], var [d] or None)` of `Recenter` and `BatchNorm`.
-
-    Training: the batch's masked mean and biased variance (`_mean_var`), and the running
-    ``batch_stats['mean']`` (zeros) and ``['var']`` (ones, `with_var`) moved towards them by
-    `running.ema` under the bad-batch guard (`min_count` unmasked rows). Evaluation: the
-    running ones.
-    """
-    d = x.shape[-1]
-    ra_mean = module.variable("batch_stats", "mean", jnp.zeros, (d,), STATS_DTYPE)
-    ra_var = (
-        module.variable("batch_stats", "var", jnp.ones, (d,), STATS_DTYPE) if with_var else None
-    )
-    counters = running.skip_counters(module)
-    running.check_state_shape(module, "mean", ra_mean.value.shape, (d,), x.shape)
-    x32 = x.astype(stats.stats_dtype(x.dtype))
-    if use_running_average:
-        return x32, ra_mean.value, ra_var.value if with_var else None
-    initializing = module.is_initializing()
-    count, mean, var = _mean_var(x32, mask, None if initializing else module.axis_name)
-    if not initializing:
-        pairs = [(ra_mean, mean)] + ([(ra_var, var)] if with_var else [])
-        ok = running.batch_ok(count, *(new for _, new in pairs), min_count=min_count)
-        moved = [
-            (v, running.ema(module.momentum, v.value, lax.stop_gradient(new))) for v, new in pairs
-        ]
-        running.guarded_update(module, moved, counters, ok)
-    return x32, mean, var if with_var else None
+_ISOBN, _BN, _LN = HPARAMS["isobn"], HPARAMS["batchnorm"], HPARAMS["layernorm"]
 
 
 class IsoBN(nn.Module):
@@ -177,6 +91,8 @@ class IsoBN(nn.Module):
     initialisation overstates correlations early; off by default for parity.
 
     The gain is stop-gradient, so `∂y/∂x = diag(gain)`: no gradient flows through statistics.
+    The maths is the pure step `isobn` (`isobn_update`, `isobn_running_gain`), which
+    `isojax.nnx.IsoBN` runs too.
 
     Attributes:
         use_running_average: default for the call argument of the same name.
@@ -193,10 +109,10 @@ class IsoBN(nn.Module):
     """
 
     use_running_average: bool | None = None
-    momentum: float = 0.95
-    beta: float = 0.5
-    epsilon: float = 1e-3
-    debias: bool = False
+    momentum: float = _ISOBN["momentum"]
+    beta: float = _ISOBN["beta"]
+    epsilon: float = _ISOBN["epsilon"]
+    debias: bool = _ISOBN["debias"]
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
 
@@ -218,40 +134,10 @@ class IsoBN(nn.Module):
         Returns:
             `x * gain`, shape of `x`, dtype `self.dtype` or `x.dtype`.
         """
-        use_running_average = nn.merge_param(
-            "use_running_average", self.use_running_average, use_running_average
+        hparams = {k: getattr(self, k) for k in _ISOBN}
+        return running.linen_step(
+            self, isobn_init, isobn, x, mask, use_running_average, dtype=self.dtype, **hparams
         )
-        d = x.shape[-1]
-        cov = self.variable("batch_stats", "cov", jnp.zeros, (d, d), STATS_DTYPE)
-        std = self.variable("batch_stats", "std", jnp.zeros, (d,), STATS_DTYPE)
-        counters = running.skip_counters(self)
-        count = counters[0]
-        running.check_state_shape(self, "cov", cov.value.shape, (d, d), x.shape)
-        running.check_state_shape(self, "std", std.value.shape, (d,), x.shape)
-
-        if not use_running_average and not self.is_initializing():
-            batch = stats.batch_moments(lax.stop_gradient(x), mask, axis_name=self.axis_name)
-            ok = running.batch_ok(batch.count, batch.cov, batch.std, min_count=2)
-            running.guarded_update(
-                self,
-                [
-                    (cov, running.ema(self.momentum, cov.value, batch.cov)),
-                    (std, running.ema(self.momentum, std.value, batch.std)),
-                ],
-                counters,
-                ok,
-            )
-
-        running_cov, running_std = cov.value, std.value
-        if self.debias:
-            correction = 1.0 - self.momentum ** count.value.astype(STATS_DTYPE)
-            correction = jnp.where(count.value > 0, correction, 1.0)
-            running_cov, running_std = running_cov / correction, running_std / correction
-        gain = isobn_gain(running_cov, running_std, beta=self.beta, epsilon=self.epsilon)
-        gain = lax.stop_gradient(jnp.where(count.value > 0, gain, jnp.ones_like(gain)))
-        out_dtype = self.dtype or x.dtype
-        y = x.astype(stats.stats_dtype(x.dtype)) * gain
-        return y.astype(out_dtype)
 
 
 class Recenter(nn.Module):
@@ -265,7 +151,8 @@ class Recenter(nn.Module):
 
     Running mean ``batch_stats['mean']`` `[d]` float32 (zero-initialised), updated as Flax's
     `BatchNorm`: `mean ← m · mean + (1 − m) · batch_mean`; plus the ``count``/``skipped``
-    counters. Gradients flow through the batch mean, as in batch normalisation.
+    counters. Gradients flow through the batch mean, as in batch normalisation. The maths is
+    the pure step `recenter`.
 
     Attributes:
         use_running_average: default for the call argument.
@@ -279,7 +166,7 @@ class Recenter(nn.Module):
     """
 
     use_running_average: bool | None = None
-    momentum: float = 0.99
+    momentum: float = HPARAMS["recenter"]["momentum"]
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
 
@@ -292,11 +179,9 @@ class Recenter(nn.Module):
         mask: jax.Array | None = None,
     ) -> jax.Array:
         """`[batch, d]` -> `x - mean`, dtype `self.dtype` or `x.dtype`; mask `[batch]`."""
-        use_running_average = nn.merge_param(
-            "use_running_average", self.use_running_average, use_running_average
-        )
-        x32, mean, _ = _running_mean_var(self, x, mask, use_running_average, min_count=1)
-        return (x32 - mean).astype(self.dtype or x.dtype)
+        init = functools.partial(mean_var_init, with_var=False)
+        hparams = {"momentum": self.momentum, "dtype": self.dtype}
+        return running.linen_step(self, init, recenter, x, mask, use_running_average, **hparams)
 
 
 class BatchNorm(nn.Module):
@@ -309,21 +194,22 @@ class BatchNorm(nn.Module):
     refuses bad batches (see the module docstring), and it computes the variance in two passes
     (`nn.BatchNorm(use_fast_variance=False)`) from psum-ed sums and counts, so masked shards of
     unequal size still give the global statistics. The output dtype is `dtype` or the input's.
+    The maths is the pure step `batch_norm`.
 
     References:
         Ioffe, Szegedy, `Batch Normalization <https://arxiv.org/abs/1502.03167>`_, ICML 2015.
     """
 
     use_running_average: bool | None = None
-    momentum: float = 0.99
-    epsilon: float = 1e-5
-    use_bias: bool = True
-    use_scale: bool = True
+    momentum: float = _BN["momentum"]
+    epsilon: float = _BN["epsilon"]
+    use_bias: bool = _BN["use_bias"]
+    use_scale: bool = _BN["use_scale"]
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
     param_dtype: jax.typing.DTypeLike = jnp.float32
-    bias_init: Callable = nn.initializers.zeros
-    scale_init: Callable = nn.initializers.ones
+    bias_init: Callable = _BN["bias_init"]
+    scale_init: Callable = _BN["scale_init"]
 
     @nn.compact
     def __call__(
@@ -334,25 +220,18 @@ class BatchNorm(nn.Module):
         mask: jax.Array | None = None,
     ) -> jax.Array:
         """`[batch, d]` -> normalised `[batch, d]`; mask `[batch]` leaves rows out of stats."""
-        use_running_average = nn.merge_param(
-            "use_running_average", self.use_running_average, use_running_average
+        params = _linen_params(self, x.shape[-1], self.use_scale, self.use_bias)
+        init = functools.partial(mean_var_init, with_var=True)
+        hparams = {"momentum": self.momentum, "epsilon": self.epsilon, "dtype": self.dtype}
+        return running.linen_step(
+            self, init, batch_norm, x, mask, use_running_average, params=params, **hparams
         )
-        d = x.shape[-1]
-        x32, mean, var = _running_mean_var(
-            self, x, mask, use_running_average, min_count=2, with_var=True
-        )
-        y = (x32 - mean) * lax.rsqrt(var + self.epsilon)
-        if self.use_scale:
-            y = y * self.param("scale", self.scale_init, (d,), self.param_dtype)
-        if self.use_bias:
-            y = y + self.param("bias", self.bias_init, (d,), self.param_dtype)
-        return y.astype(self.dtype or x.dtype)
 
 
 class LayerNorm(nn.Module):
     """`flax.linen.LayerNorm` over the feature axis behind the common call signature.
 
-    Per-example statistics (computed in float32 by Flax), so no ``batch_stats``;
+    Per-example statistics in float32 (the pure `layer_norm`), so no ``batch_stats``;
     `use_running_average` and `mask` are accepted and ignored. Parameters ``scale`` and
     ``bias`` sit directly in this module's ``params``, as in `nn.LayerNorm`.
 
@@ -360,9 +239,9 @@ class LayerNorm(nn.Module):
         Ba, Kiros, Hinton, `Layer Normalization <https://arxiv.org/abs/1607.06450>`_, 2016.
     """
 
-    epsilon: float = 1e-6
-    use_bias: bool = True
-    use_scale: bool = True
+    epsilon: float = _LN["epsilon"]
+    use_bias: bool = _LN["use_bias"]
+    use_scale: bool = _LN["use_scale"]
     dtype: jax.typing.DTypeLike | None = None
     param_dtype: jax.typing.DTypeLike = jnp.float32
 
@@ -376,16 +255,8 @@ class LayerNorm(nn.Module):
     ) -> jax.Array:
         """`[batch, d]` -> layer-normalised `[batch, d]`, dtype `self.dtype` or `x.dtype`."""
         del use_running_average, mask  # per-example statistics: nothing runs or is masked
-        x32 = x.astype(stats.stats_dtype(x.dtype))
-        mean = jnp.mean(x32, axis=-1, keepdims=True)
-        var = jnp.mean((x32 - mean) ** 2, axis=-1, keepdims=True)
-        y = (x32 - mean) * lax.rsqrt(var + self.epsilon)
-        d = x.shape[-1]
-        if self.use_scale:
-            y = y * self.param("scale", nn.initializers.ones, (d,), self.param_dtype)
-        if self.use_bias:
-            y = y + self.param("bias", nn.initializers.zeros, (d,), self.param_dtype)
-        return y.astype(self.dtype or x.dtype)
+        params = _linen_params(self, x.shape[-1], self.use_scale, self.use_bias)
+        return layer_norm(params, x, epsilon=self.epsilon, dtype=self.dtype)
 
 
 class Identity(nn.Module):
@@ -401,12 +272,12 @@ class Identity(nn.Module):
         mask: jax.Array | None = None,
     ) -> jax.Array:
         del use_running_average, mask
-        return x if self.dtype is None else x.astype(self.dtype)
+        return identity(x, self.dtype)
 
 
 # The registry: a normaliser's name (a `config.method`, `isojax finetune --method NAME`) -> its
-# class. A new one is a module with the common call signature plus one line here
-# (ARCHITECTURE.md, "Adding a normaliser").
+# class. A new one is a module with the common call signature, a line here and its entries in
+# `HPARAMS` and `STRUCTURAL` (ARCHITECTURE.md, "Adding a normaliser").
 _CLASSES = {
     "none": Identity,
     "recenter": Recenter,
@@ -421,28 +292,9 @@ def _fields(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)} - {"parent"}
 
 
-def check_hparams(name: str, **hparams) -> None:
-    """Raises ValueError (one line) for an unknown normaliser, an unknown hyper-parameter of it,
-    or a value out of range: momentum in (0, 1), beta >= 0, epsilon > 0."""
-    if name not in _CLASSES:
-        raise ValueError(f"unknown normalizer {name!r}; known: {', '.join(NORMALIZERS)}")
-    unknown = sorted(set(hparams) - _fields(_CLASSES[name]))
-    if unknown:
-        raise ValueError(
-            f"normalizer {name!r} has no hyper-parameter(s) {unknown}; "
-            f"it takes {sorted(_fields(_CLASSES[name]))}"
-        )
-    momentum, beta = hparams.get("momentum", 0.5), hparams.get("beta", 0.0)
-    if not 0.0 < momentum < 1.0:
-        raise ValueError(f"momentum {momentum} not in (0, 1)")
-    if beta < 0.0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
-    if hparams.get("epsilon", 1.0) <= 0.0:
-        raise ValueError(f"epsilon must be > 0, got {hparams['epsilon']}")
-
-
 def make_normalizer(
     name: str,
+    /,
     *,
     dtype: jax.typing.DTypeLike | None = None,
     param_dtype: jax.typing.DTypeLike = jnp.float32,
@@ -455,15 +307,15 @@ def make_normalizer(
     -> [batch, d]` of dtype `dtype` (None: the input's), keeps its running statistics (if any)
     in ``'batch_stats'`` in float32, and ignores the arguments that do not apply to it
     (`param_dtype` where there are no parameters, `axis_name` where there are no batch
-    statistics).
+    statistics). `isojax.nnx.make_normalizer` is its NNX twin over the same names and table.
 
     Args:
         name: one of `NORMALIZERS`: `none`, `recenter`, `batchnorm`, `layernorm`, `isobn`.
         dtype: output dtype, None to keep the input's.
         param_dtype: dtype of learned parameters (batchnorm, layernorm).
         axis_name: mapped axis for batch statistics under shard_map/pmap.
-        **hparams: fields of the chosen class, e.g. `momentum=0.95, beta=0.5` for `isobn`,
-            `epsilon`, `debias`, or the module's `name`.
+        **hparams: the chosen normaliser's `HPARAMS` (e.g. `momentum=0.95, beta=0.5` for
+            `isobn`, `epsilon`, `debias`) or `STRUCTURAL` entries, or the module's `name`.
 
     Returns:
         The module.

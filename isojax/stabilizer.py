@@ -57,6 +57,7 @@ References:
   <https://arxiv.org/abs/2305.19358>`_, ICLR 2024 (IsoScore*, Eq. 4–5; I-STAR, Sec. 4).
 """
 
+import functools
 from collections.abc import Callable, Sequence
 
 import flax.linen as nn
@@ -127,10 +128,15 @@ def replace_c0(batch_stats: dict, c0: jax.typing.ArrayLike) -> dict:
             f"batch_stats has no 'c0' (keys {sorted(batch_stats)}): pass the IsoScoreStar "
             "module's own collection, e.g. variables['batch_stats']['istar'] for a submodule"
         )
+    return {**batch_stats, "c0": checked_c0(c0, batch_stats["c0"].shape)}
+
+
+def checked_c0(c0: jax.typing.ArrayLike, shape: tuple) -> jax.Array:
+    """``c0`` as float32, or ValueError (one line) unless it has the state's `shape`."""
     c0 = jnp.asarray(c0, STATS_DTYPE)
-    if c0.shape != batch_stats["c0"].shape:
-        raise ValueError(f"c0 has shape {c0.shape}, the state holds {batch_stats['c0'].shape}")
-    return {**batch_stats, "c0": c0}
+    if c0.shape != tuple(shape):
+        raise ValueError(f"c0 has shape {c0.shape}, the state holds {tuple(shape)}")
+    return c0
 
 
 def _moment_state(batch: stats.Moments) -> stats.MomentState:
@@ -197,6 +203,97 @@ def ema_rule(state: dict, batch: stats.Moments, count, *, momentum: float, debia
     return {"ema": new_ema, "c0": new_c0}
 
 
+# ----------------------------------------------------------------------------------------------
+# The step, once: state in, `(score, new state, ok)` out; both front ends run it.
+# ----------------------------------------------------------------------------------------------
+
+# The settings' defaults, read by both front ends' classes (`check_hparams` is their rule).
+DEFAULTS = {
+    "zeta": 0.2,
+    "window": 250_000,
+    "window_unit": "tokens",
+    "momentum": 0.99,
+    "debias": True,
+}
+_SETTINGS = ("stabilizer", "window", "window_unit", "momentum", "debias")
+# What else a `make_isoscore_star` of either front end takes by keyword; linen adds `name`.
+OTHER_FIELDS = ("c0_init", "use_running_average")
+
+
+def rule_for(
+    stabilizer: str, *, window: int, window_unit: str, momentum: float, debias: bool
+) -> tuple[Callable | None, Callable, dict]:
+    """`(update rule or None, state init c0 -> dict, the rule's hyper-parameters)`."""
+    if stabilizer == "epoch":
+        hparams = {"window": window, "window_unit": window_unit}
+        return epoch_rule, lambda c0: epoch_state(c0.shape[-1]), hparams
+    if stabilizer == "ema":
+        hparams = {"momentum": momentum, "debias": debias}
+        return ema_rule, lambda c0: ema_state(c0, debias), hparams
+    return None, lambda c0: {}, {}
+
+
+def state_init(c0: jax.Array, stabilizer: str, **settings) -> dict[str, jax.Array]:
+    """The whole running state of a stabiliser from its initial ``c0`` `[d, d]`: ``c0``, the
+    rule's state and (``epoch``, ``ema``) the ``count``/``skipped`` counters. `settings`:
+    ``window``, ``window_unit``, ``momentum``, ``debias``."""
+    rule, init_state, _ = rule_for(stabilizer, **settings)
+    if rule is None:
+        return {"c0": c0}
+    return {"c0": c0, **init_state(c0), **running.counters_init()}
+
+
+def prepare(
+    hidden_states: jax.Array | Sequence[jax.Array], mask: jax.typing.ArrayLike | None
+) -> tuple[jax.Array, jax.Array | None]:
+    """`([..., d] token vectors, mask of their shape or None)`: layers stacked, one
+    `[batch, len]` mask broadcast over them."""
+    x = regularizers.stack_layers(hidden_states, ndim=None)
+    if mask is not None and jnp.ndim(mask) == x.ndim - 2:  # one [batch, len] mask, L layers
+        mask = jnp.broadcast_to(jnp.asarray(mask), x.shape[:-1])
+    return x, mask
+
+
+def step(
+    state: dict,
+    x: jax.Array,
+    mask: jax.Array | None,
+    *,
+    update: bool,
+    stabilizer: str,
+    zeta: float,
+    axis_name: str | None = None,
+    train: bool = True,
+    **settings,
+) -> tuple[jax.Array, dict | None, jax.Array | None]:
+    """IsoScore* of the batch with the state's ``C₀``; then (`update`, a running stabiliser)
+    the rule's new state under the bad-batch guard.
+
+    Args:
+      state: `state_init`'s dict, or the previous step's.
+      x, mask: `prepare`'s token vectors `[..., d]` and mask.
+      update: move the state (training with ``epoch`` or ``ema``).
+      train: not read (the common signature of :func:`isojax.running.linen_step`): the score
+        is the batch's in training and evaluation alike.
+      stabilizer, zeta, settings: the module's settings (`DEFAULTS`).
+      axis_name: mapped axis to reduce the moments over (shard_map/pmap).
+
+    Returns:
+      `(score [] float32, new state or None, ok or None)`; None where the state does not move.
+    """
+    del train
+    # One unbiased covariance serves the score (differentiable) and the update (detached).
+    batch = stats.batch_moments(x, mask, ddof=1, axis_name=axis_name)
+    score = isotropy.isoscore_star_from_cov(batch.cov, c0=lax.stop_gradient(state["c0"]), zeta=zeta)
+    rule, _, hparams = rule_for(stabilizer, **settings)
+    if rule is None or not update:
+        return score, None, None
+    batch = jax.tree.map(lax.stop_gradient, batch)
+    new = rule(state, batch, state["count"], **hparams)
+    ok = running.batch_ok(batch.count, batch.mean, batch.cov, min_count=1)
+    return score, running.guarded(state, new, ok), ok
+
+
 class IsoScoreStar(nn.Module):
     r"""IsoScore* of a batch of hidden states, with a running stabiliser ``C₀``.
 
@@ -207,6 +304,7 @@ class IsoScoreStar(nn.Module):
     with ``cov`` unbiased (``torch.cov``, as the reference) over the unmasked tokens of all
     layers, and ``sg`` stop-gradient; the score is :func:`isojax.isotropy.isoscore_star_from_cov`
     of that covariance. The I-STAR loss adds ``λ (1 − ι*)`` (:func:`penalty_and_update`).
+    The maths is the pure :func:`step`, which ``isojax.nnx.IsoScoreStar`` runs too.
 
     ``batch_stats`` (float32, ``[d, d]`` matrices, int32 counters): ``c0``, the stabiliser the
     score uses; for ``epoch`` the open window (:func:`epoch_state`: ``window_count``,
@@ -240,24 +338,14 @@ class IsoScoreStar(nn.Module):
     """
 
     stabilizer: str = "epoch"
-    zeta: float = 0.2
-    window: int = 250_000
-    window_unit: str = "tokens"
-    momentum: float = 0.99
-    debias: bool = True
+    zeta: float = DEFAULTS["zeta"]
+    window: int = DEFAULTS["window"]
+    window_unit: str = DEFAULTS["window_unit"]
+    momentum: float = DEFAULTS["momentum"]
+    debias: bool = DEFAULTS["debias"]
     c0_init: Callable = identity_init
     use_running_average: bool | None = None
     axis_name: str | None = None
-
-    def _rule(self) -> tuple[Callable | None, Callable, dict]:
-        """`(update rule or None, state init d|c0 -> dict, the rule's hyper-parameters)`."""
-        if self.stabilizer == "epoch":
-            hparams = {"window": self.window, "window_unit": self.window_unit}
-            return epoch_rule, lambda c0: epoch_state(c0.shape[-1]), hparams
-        if self.stabilizer == "ema":
-            hparams = {"momentum": self.momentum, "debias": self.debias}
-            return ema_rule, lambda c0: ema_state(c0, self.debias), hparams
-        return None, lambda c0: {}, {}
 
     @nn.compact
     def __call__(
@@ -280,54 +368,50 @@ class IsoScoreStar(nn.Module):
         Returns:
           Scalar float32 IsoScore* in ``[0, 1]``; the penalty is ``1 − score``.
         """
-        check_zeta(self.zeta)
-        check_hparams(
-            self.stabilizer,
-            window=self.window,
-            window_unit=self.window_unit,
-            momentum=self.momentum,
+        settings = checked_settings(self)
+        x, mask = prepare(hidden_states, mask)
+        init = functools.partial(state_for, self)
+        return running.linen_step(
+            self, init, step, x, mask, use_running_average, zeta=self.zeta, **settings
         )
-        use_running_average = nn.merge_param(
-            "use_running_average", self.use_running_average, use_running_average
-        )
-        x = regularizers.stack_layers(hidden_states, ndim=None)
-        if mask is not None and jnp.ndim(mask) == x.ndim - 2:  # one [batch, len] mask, L layers
-            mask = jnp.broadcast_to(jnp.asarray(mask), x.shape[:-1])
-        d = x.shape[-1]
-        c0 = self.variable(
-            "batch_stats", "c0", lambda: jnp.asarray(self.c0_init(None, (d, d), STATS_DTYPE))
-        )
-        running.check_state_shape(self, "c0", c0.value.shape, (d, d), x.shape)
-        initializing = self.is_initializing()
-        # One unbiased covariance serves the score (differentiable) and the update (detached).
-        batch = stats.batch_moments(
-            x, mask, ddof=1, axis_name=None if initializing else self.axis_name
-        )
-        score = isotropy.isoscore_star_from_cov(
-            batch.cov, c0=lax.stop_gradient(c0.value), zeta=self.zeta
-        )
-        rule, init_state, hparams = self._rule()
-        if rule is None:
-            return score
-        variables = {"c0": c0}
-        for name, value in init_state(c0.value).items():
-            variables[name] = self.variable("batch_stats", name, lambda v=value: v)
-        counters = running.skip_counters(self)
-        if use_running_average or initializing:
-            return score
-        batch = jax.tree.map(lax.stop_gradient, batch)
-        state = {name: v.value for name, v in variables.items()}
-        new = rule(state, batch, counters[0].value, **hparams)
-        ok = running.batch_ok(batch.count, batch.mean, batch.cov, min_count=1)
-        pairs = [(variables[name], value) for name, value in new.items()]
-        running.guarded_update(self, pairs, counters, ok)
-        return score
+
+
+def state_for(module, d: int) -> dict[str, jax.Array]:
+    """The initial running state of an IsoScore* module of either front end for feature size
+    `d`: `state_init` of ``module.c0_init(None, (d, d), float32)`` and its settings."""
+    c0 = jnp.asarray(module.c0_init(None, (d, d), STATS_DTYPE))
+    return state_init(c0, **{k: getattr(module, k) for k in _SETTINGS})
+
+
+def checked_settings(module) -> dict:
+    """The stabiliser settings of an IsoScore* module of either front end (``stabilizer``,
+    ``window``, ``window_unit``, ``momentum``, ``debias``), after `check_zeta` and
+    `check_hparams`."""
+    check_zeta(module.zeta)
+    check_hparams(
+        module.stabilizer,
+        window=module.window,
+        window_unit=module.window_unit,
+        momentum=module.momentum,
+    )
+    return {name: getattr(module, name) for name in _SETTINGS}
+
+
+def check_fields(hparams: dict, *, front: str = "linen") -> None:
+    """Raises ValueError (one line) for a keyword that an IsoScore* module does not take: the
+    `DEFAULTS` besides ``zeta``, `OTHER_FIELDS` and (linen) ``name``."""
+    fields = (
+        (set(DEFAULTS) - {"zeta"}) | set(OTHER_FIELDS) | ({"name"} if front == "linen" else set())
+    )
+    unknown = sorted(set(hparams) - fields)
+    if unknown:
+        raise ValueError(f"IsoScoreStar has no field(s) {unknown}; it takes {sorted(fields)}")
 
 
 def make_isoscore_star(
     stabilizer: str,
     *,
-    zeta: float = 0.2,
+    zeta: float = DEFAULTS["zeta"],
     axis_name: str | None = None,
     **hparams,
 ) -> IsoScoreStar:
@@ -343,15 +427,9 @@ def make_isoscore_star(
     Raises:
       ValueError: unknown stabiliser or field, or a value out of range (:func:`check_hparams`).
     """
-    fields = set(IsoScoreStar.__dataclass_fields__) - {"parent", "stabilizer", "zeta", "axis_name"}
-    unknown = sorted(set(hparams) - fields)
-    if unknown:
-        raise ValueError(f"IsoScoreStar has no field(s) {unknown}; it takes {sorted(fields)}")
+    check_fields(hparams)
     module = IsoScoreStar(stabilizer=stabilizer, zeta=zeta, axis_name=axis_name, **hparams)
-    check_zeta(zeta)
-    check_hparams(
-        stabilizer, window=module.window, window_unit=module.window_unit, momentum=module.momentum
-    )
+    checked_settings(module)
     return module
 
 

@@ -1,0 +1,356 @@
+"""The sentence-embedding transforms as native Flax NNX modules, over the maths of `isojax.norms`.
+
+IsoBN, batch norm, layer norm, re-centring and `none` with the call signature of their linen
+twins in :mod:`isojax.norms`,
+
+    module(x [batch, d], use_running_average: bool | None = None, *, mask=None) -> [batch, d]
+
+and NNX's conventions: the feature size and `rngs` at construction, `dtype`/`param_dtype`,
+learned weights as `nnx.Param`, running statistics as float32 `nnx.BatchStat` attributes under
+the linen names (``cov``, ``std``, ``mean``, ``var``, and the ``count``/``skipped`` counters of
+:mod:`isojax.running`). The mode is the call argument, else the attribute (None by default, as
+`nnx.BatchNorm`'s), which `.train()`, `.eval()` and `nnx.view(model, use_running_average=...)`
+set (the `set_view` hook); with neither, the call raises and names the three ways.
+
+Each call runs the same pure step of :mod:`isojax.norm_steps` as the linen module (`isobn`,
+`recenter`, `batch_norm`, `layer_norm`, `identity`) on the values of its Variables and
+writes the new state back through them only (`Variable.set_value`), so graph mode, tree mode
+(`nnx.set_graph_mode(False)`), `nnx.jit`, `nnx.remat` and `nnx.scan` all carry the update. A bad
+batch leaves the statistics as they were and adds 1 to ``skipped``, as in linen (NNX has no
+``intermediates['skipped_batch']``: compare ``skipped`` before and after). The hyper-parameters
+and their defaults are `norm_steps.HPARAMS`, checked by `norm_steps.check_hparams`.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from isojax import norm_steps, running
+
+_ISOBN, _BN, _LN = (
+    norm_steps.HPARAMS["isobn"],
+    norm_steps.HPARAMS["batchnorm"],
+    norm_steps.HPARAMS["layernorm"],
+)
+
+
+def _mode_error(owner: str) -> str:
+    return (
+        f"{owner}: no use_running_average given; pass it to the call or the constructor, "
+        "call model.train() / model.eval(), or use nnx.view(model, use_running_average=...)"
+    )
+
+
+class RunningModule(nnx.Module):
+    """A transform whose running state is float32 `nnx.BatchStat` attributes, moved by a pure
+    step of :mod:`isojax.norms` or :mod:`isojax.stabilizer`; `set_view` sets its mode."""
+
+    use_running_average: bool | None
+    axis_name: str | None
+
+    def init_state(self, state: dict[str, jax.Array]) -> None:
+        """Makes each entry of `state` a `BatchStat` attribute of the same name."""
+        self.state_names = tuple(state)
+        for name, value in state.items():
+            setattr(self, name, nnx.BatchStat(value))
+
+    def state_values(self) -> dict[str, jax.Array]:
+        """The running state, by name (the dict the pure steps take)."""
+        return {name: getattr(self, name).get_value() for name in self.state_names}
+
+    def write_state(self, new: dict[str, jax.Array] | None) -> None:
+        """Writes a step's new state (None: it did not move) through the Variables."""
+        for name, value in (new or {}).items():
+            getattr(self, name).set_value(value)
+
+    def mode(self, use_running_average: bool | None) -> bool:
+        """The call argument, else the attribute; raises when both are None."""
+        for value in (use_running_average, self.use_running_average):
+            if value is not None:
+                return value
+        raise ValueError(_mode_error(type(self).__name__))
+
+    def check_input(self, init, x_shape: tuple) -> None:
+        """`running.check_shapes` of the state against `init(d)` for the input's `d`."""
+        want = jax.eval_shape(lambda: init(x_shape[-1]))
+        running.check_shapes(type(self).__name__, self.state_values(), want, x_shape)
+
+    def run(self, init, step, x, mask, use_running_average, **hparams) -> jax.Array:
+        """One pure step on the state (`update` in training) with the new state written back."""
+        train = not self.mode(use_running_average)
+        self.check_input(init, x.shape)
+        y, new, _ = step(
+            self.state_values(),
+            x,
+            mask,
+            train=train,
+            update=train,
+            axis_name=self.axis_name,
+            **hparams,
+        )
+        self.write_state(new)
+        return y
+
+    def set_view(self, use_running_average: bool | None = None) -> None:
+        """The hook of `nnx.view`: sets the default mode when one is given."""
+        if use_running_average is not None:
+            self.use_running_average = use_running_average
+
+
+def _affine(module: nnx.Module, d: int, rngs: nnx.Rngs | None, param_dtype, **inits) -> None:
+    """``scale`` and ``bias`` `nnx.Param`s `[d]` (or None where unused), made by
+    `norm_steps.affine_params`; `rngs.params()` keys the initialisers (the defaults ignore it)."""
+    key = rngs.params() if rngs is not None else None
+    params = norm_steps.affine_params(d, param_dtype=param_dtype, key=key, **inits)
+    for name in ("scale", "bias"):
+        value = nnx.Param(params[name]) if name in params else nnx.data(None)
+        setattr(module, name, value)
+
+
+def _affine_values(module: nnx.Module) -> dict[str, jax.Array]:
+    return {
+        name: getattr(module, name)[...]
+        for name in ("scale", "bias")
+        if getattr(module, name) is not None
+    }
+
+
+class IsoBN(RunningModule):
+    r"""Isotropic batch normalisation, `x * stop_gradient(gain(S, s))` (SPEC.md §1), in NNX.
+
+    The maths and the defaults of `isojax.norms.IsoBN` (the pure step `norm_steps.isobn`): running
+    ``cov`` `[d, d]` and ``std`` `[d]` moved by the batch before the gain is computed in
+    training, the gain still applied (frozen) in evaluation, gain 1 before the first update,
+    optional debiasing by `1 − m^count`; `∂y/∂x = diag(gain)`.
+
+    Args:
+        num_features: `d`.
+        use_running_average: default mode (None: set by `.train()`/`.eval()`/`nnx.view`).
+        momentum, beta, epsilon, debias: as in `isojax.norms.IsoBN`.
+        axis_name: mapped axis of the batch statistics (shard_map/pmap only).
+        dtype: output dtype; None keeps the input's.
+        rngs: accepted for a uniform signature; unused (no parameters).
+
+    Example:
+        >>> norm = IsoBN(8)
+        >>> y = norm(jnp.ones((4, 8)), use_running_average=False)
+        >>> int(norm.count[...])
+        1
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        use_running_average: bool | None = None,
+        momentum: float = _ISOBN["momentum"],
+        beta: float = _ISOBN["beta"],
+        epsilon: float = _ISOBN["epsilon"],
+        debias: bool = _ISOBN["debias"],
+        axis_name: str | None = None,
+        dtype: jax.typing.DTypeLike | None = None,
+        rngs: nnx.Rngs | None = None,
+    ):
+        del rngs
+        self.num_features, self.use_running_average = num_features, use_running_average
+        self.momentum, self.beta, self.epsilon, self.debias = momentum, beta, epsilon, debias
+        self.axis_name, self.dtype = axis_name, dtype
+        self.init_state(norm_steps.isobn_init(num_features))
+
+    def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
+        """`[batch, d]` -> `x * gain`, dtype `self.dtype` or `x.dtype`; mask `[batch]`."""
+        hparams = {name: getattr(self, name) for name in _ISOBN}
+        return self.run(
+            norm_steps.isobn_init,
+            norm_steps.isobn,
+            x,
+            mask,
+            use_running_average,
+            dtype=self.dtype,
+            **hparams,
+        )
+
+
+class Recenter(RunningModule):
+    """`x − mean` in NNX: the batch mean in training, the running mean in evaluation, as
+    `isojax.norms.Recenter` (the pure step `norm_steps.recenter`); running ``mean`` `[d]`.
+
+    Args: `num_features`, `use_running_average`, `momentum`, `axis_name`, `dtype`, `rngs`
+    (unused), as for `IsoBN`.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        use_running_average: bool | None = None,
+        momentum: float = norm_steps.HPARAMS["recenter"]["momentum"],
+        axis_name: str | None = None,
+        dtype: jax.typing.DTypeLike | None = None,
+        rngs: nnx.Rngs | None = None,
+    ):
+        del rngs
+        self.num_features, self.use_running_average = num_features, use_running_average
+        self.momentum, self.axis_name, self.dtype = momentum, axis_name, dtype
+        self.init_state(norm_steps.mean_var_init(num_features, with_var=False))
+
+    def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
+        """`[batch, d]` -> `x − mean`, dtype `self.dtype` or `x.dtype`; mask `[batch]`."""
+        init = functools.partial(norm_steps.mean_var_init, with_var=False)
+        hparams = {"momentum": self.momentum, "dtype": self.dtype}
+        return self.run(init, norm_steps.recenter, x, mask, use_running_average, **hparams)
+
+
+class BatchNorm(RunningModule):
+    """Batch normalisation with the bad-batch guard in NNX, as `isojax.norms.BatchNorm` (the
+    pure step `norm_steps.batch_norm`): ``scale``/``bias`` `nnx.Param`s, running ``mean``/``var``
+    `BatchStat`s, two-pass masked statistics.
+
+    Args: `num_features`, `use_running_average`, `momentum`, `epsilon`, `use_bias`,
+    `use_scale`, `bias_init`, `scale_init`, `axis_name`, `dtype`, `param_dtype`, and `rngs`
+    (keys the initialisers; the default ones and zeros ignore it, so it may be None).
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        use_running_average: bool | None = None,
+        momentum: float = _BN["momentum"],
+        epsilon: float = _BN["epsilon"],
+        use_bias: bool = _BN["use_bias"],
+        use_scale: bool = _BN["use_scale"],
+        bias_init=_BN["bias_init"],
+        scale_init=_BN["scale_init"],
+        axis_name: str | None = None,
+        dtype: jax.typing.DTypeLike | None = None,
+        param_dtype: jax.typing.DTypeLike = jnp.float32,
+        rngs: nnx.Rngs | None = None,
+    ):
+        self.num_features, self.use_running_average = num_features, use_running_average
+        self.momentum, self.epsilon, self.axis_name = momentum, epsilon, axis_name
+        self.dtype, self.param_dtype = dtype, param_dtype
+        used = {"use_scale": use_scale, "use_bias": use_bias}
+        inits = {"scale_init": scale_init, "bias_init": bias_init}
+        _affine(self, num_features, rngs, param_dtype, **used, **inits)
+        self.init_state(norm_steps.mean_var_init(num_features, with_var=True))
+
+    def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
+        """`[batch, d]` -> normalised `[batch, d]`; mask `[batch]` leaves rows out of stats."""
+        init = functools.partial(norm_steps.mean_var_init, with_var=True)
+        hparams = {"momentum": self.momentum, "epsilon": self.epsilon, "dtype": self.dtype}
+        return self.run(
+            init, norm_steps.batch_norm, x, mask, use_running_average,
+            params=_affine_values(self), **hparams,
+        )  # fmt: skip
+
+
+class Stateless(nnx.Module):
+    """A transform without running state: its `set_view` accepts the mode and ignores it, so
+    `nnx.view(model, use_running_average=...)` reaches a model holding only these."""
+
+    def set_view(self, use_running_average: bool | None = None) -> None:
+        """The hook of `nnx.view`; nothing to set."""
+        del use_running_average
+
+
+class LayerNorm(Stateless):
+    """Layer normalisation over the feature axis in float32 (the pure `norm_steps.layer_norm`), as
+    `isojax.norms.LayerNorm`: ``scale``/``bias`` `nnx.Param`s, no running state;
+    `use_running_average` and `mask` are accepted and ignored.
+
+    Args: `num_features`, `epsilon`, `use_bias`, `use_scale`, `dtype`, `param_dtype`, `rngs`
+    (as for `BatchNorm`).
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        epsilon: float = _LN["epsilon"],
+        use_bias: bool = _LN["use_bias"],
+        use_scale: bool = _LN["use_scale"],
+        dtype: jax.typing.DTypeLike | None = None,
+        param_dtype: jax.typing.DTypeLike = jnp.float32,
+        rngs: nnx.Rngs | None = None,
+    ):
+        self.num_features, self.epsilon = num_features, epsilon
+        self.dtype, self.param_dtype = dtype, param_dtype
+        used = {"use_scale": use_scale, "use_bias": use_bias}
+        inits = {"scale_init": nnx.initializers.ones, "bias_init": nnx.initializers.zeros}
+        _affine(self, num_features, rngs, param_dtype, **used, **inits)
+
+    def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
+        """`[batch, d]` -> layer-normalised `[batch, d]`, dtype `self.dtype` or `x.dtype`."""
+        del use_running_average, mask  # per-example statistics: nothing runs or is masked
+        return norm_steps.layer_norm(
+            _affine_values(self), x, epsilon=self.epsilon, dtype=self.dtype
+        )
+
+
+class Identity(Stateless):
+    """The `none` normaliser in NNX: `x`, cast to `dtype` when one is given."""
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        dtype: jax.typing.DTypeLike | None = None,
+        rngs: nnx.Rngs | None = None,
+    ):
+        del rngs
+        self.num_features, self.dtype = num_features, dtype
+
+    def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
+        del use_running_average, mask
+        return norm_steps.identity(x, self.dtype)
+
+
+# The NNX registry, over the names of `isojax.norms.NORMALIZERS`.
+CLASSES = {
+    "none": Identity,
+    "recenter": Recenter,
+    "batchnorm": BatchNorm,
+    "layernorm": LayerNorm,
+    "isobn": IsoBN,
+}
+
+
+def make_normalizer(
+    name: str,
+    num_features: int,
+    /,
+    *,
+    rngs: nnx.Rngs | None = None,
+    dtype: jax.typing.DTypeLike | None = None,
+    param_dtype: jax.typing.DTypeLike = jnp.float32,
+    axis_name: str | None = None,
+    **hparams,
+) -> nnx.Module:
+    """The NNX normaliser called `name` over `num_features`: the twin of
+    `isojax.norms.make_normalizer`, over the same names (`norms.NORMALIZERS`) and table
+    (`norm_steps.HPARAMS`, `norm_steps.check_hparams`).
+
+    Args:
+        name: `none`, `recenter`, `batchnorm`, `layernorm` or `isobn`.
+        num_features: `d`.
+        rngs: keys the parameter initialisers (batchnorm, layernorm); may be None.
+        dtype, param_dtype, axis_name: as in linen; ignored where they do not apply.
+        **hparams: the normaliser's `HPARAMS` or `STRUCTURAL` entries (e.g. `momentum`,
+            `use_running_average`).
+
+    Raises:
+        ValueError: unknown `name`, a hyper-parameter it does not take, a value out of range.
+
+    Example:
+        >>> norm = make_normalizer("isobn", 8, momentum=0.9)
+        >>> norm.eval()
+        >>> norm(jnp.ones((4, 8))).shape
+        (4, 8)
+    """
+    norm_steps.check_hparams(name, front="nnx", **hparams)
+    common = {"dtype": dtype, "param_dtype": param_dtype, "axis_name": axis_name}
+    kwargs = {k: v for k, v in common.items() if k in norm_steps.STRUCTURAL[name]} | hparams
+    return CLASSES[name](num_features, rngs=rngs, **kwargs)
