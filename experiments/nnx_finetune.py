@@ -64,10 +64,10 @@ def build_run(config, num_labels: int):
     return model, istar, tokenizer
 
 
-def make_steps(graphdefs, regression: bool, weight: float):
-    """The jitted train step `(states, batch) -> (states, loss)` and eval step
-    `(model state, batch) -> logits`, pure functions over `nnx.split` states."""
-    model_def, opt_def, istar_def, eval_def = graphdefs
+def make_loss(regression: bool, weight: float):
+    """`loss(model, istar or None, batch)`: the task loss (`steps.task_loss`), plus
+    `weight * (1 - IsoScore*)` of every layer's tokens with I-STAR (which then updates its
+    state); without I-STAR the last layer runs at the [CLS] tokens only (`cls_only`)."""
 
     def loss_fn(model, istar, batch):
         logits, out = model(
@@ -80,6 +80,16 @@ def make_steps(graphdefs, regression: bool, weight: float):
             return loss
         tokens = packing.token_mask(batch)
         return loss + weight * (1.0 - istar(out["encoder"].hidden_states, tokens, False))
+
+    return loss_fn
+
+
+def make_steps(graphdefs, regression: bool, weight: float):
+    """The jitted train step `(states, batch) -> (states, loss)` and eval step
+    `(model state, batch) -> (logits, hidden states)`, pure functions over `nnx.split`
+    states (`graphdefs`: model, optimizer, I-STAR or None, the model's eval view)."""
+    model_def, opt_def, istar_def, eval_def = graphdefs
+    loss_fn = make_loss(regression, weight)
 
     @functools.partial(jax.jit, donate_argnums=0)
     def train_step(states, batch):

@@ -87,8 +87,16 @@ def _assert_parity(model, inputs, *, cls_only=False, graph=True):
     (_, want), want_grads = jax.jit(jax.value_and_grad(linen_loss, has_aux=True))(
         variables["params"]
     )
-    with nnx.set_graph_mode(graph):
+    if graph:
         (_, got), grads = nnx.jit(nnx.value_and_grad(nnx_loss, has_aux=True))(model)
+    else:  # tree mode differentiates whole pytrees: the Params split off, as one would
+        with nnx.set_graph_mode(False):
+            graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+            def split_loss(params, rest):
+                return nnx_loss(nnx.merge(graphdef, params, rest))
+
+            (_, got), grads = nnx.jit(jax.value_and_grad(split_loss, has_aux=True))(params, rest)
     for name in ("cls", "pooled"):
         if getattr(want, name) is not None:
             np.testing.assert_allclose(getattr(got, name), getattr(want, name), atol=1e-6)

@@ -5,8 +5,9 @@
 
 The wiring is the linen head's own function (`isojax.models.heads.classify`, with
 `encoder_options` and `check_head`); the normaliser is `isojax.nnx.make_normalizer` over the
-linen registry's names and hyper-parameters; the dropout is `nnx.Dropout` (the linen head's is
-`nn.Dropout`, the same bernoulli masks). `num_labels=1` is regression (STS-B).
+linen registry's names and hyper-parameters (`none`: its identity module); the dropout is
+`nnx.Dropout` (the linen head's is `nn.Dropout`, the same bernoulli masks). `num_labels=1`
+is regression (STS-B).
 
     head = SequenceClassifier(encoder, num_labels=2, normalizer="isobn", rngs=nnx.Rngs(0))
     head.train(); logits, extras = head(ids, mask)            # IsoBN updates its BatchStats
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from isojax.models import heads as heads_lib
+from isojax.nnx import norms as nnx_norms
 
 
 class SequenceClassifier(nnx.Module):
@@ -69,19 +71,16 @@ class SequenceClassifier(nnx.Module):
         self.normalizer_kwargs = tuple(sorted(dict(normalizer_kwargs or {}).items()))
         self.dropout_rate, self.axis_name = dropout_rate, axis_name
         self.dtype, self.param_dtype = dtype, param_dtype
-        self.norm = None
-        if normalizer != "none":
-            from isojax.nnx import norms  # lazily: the head works without it for "none"
-
-            self.norm = norms.make_normalizer(
-                normalizer,
-                hidden,
-                rngs=rngs,
-                dtype=dtype,
-                param_dtype=param_dtype,
-                axis_name=axis_name,
-                **dict(self.normalizer_kwargs),
-            )
+        # "none" too (the identity), so that nnx.view(..., use_running_average=...) reaches it.
+        self.norm = nnx_norms.make_normalizer(
+            normalizer,
+            hidden,
+            rngs=rngs,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            axis_name=axis_name,
+            **dict(self.normalizer_kwargs),
+        )
         self.dropout = nnx.Dropout(dropout_rate, deterministic=None, rngs=rngs)
         self.classifier = nnx.Linear(
             hidden,
@@ -116,16 +115,10 @@ class SequenceClassifier(nnx.Module):
         )
         if use_running_average is None:
             use_running_average = deterministic
-        norm = None
-        if self.norm is not None:
-
-            def norm(s):
-                return self.norm(s, use_running_average, mask=example_mask)
-
         return heads_lib.classify(
             out,
             self.sentence,
-            norm,
+            lambda s: self.norm(s, use_running_average, mask=example_mask),
             lambda z: self.dropout(z, deterministic=deterministic),
             self.classifier,
         )
