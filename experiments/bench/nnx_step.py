@@ -20,9 +20,9 @@ per-round ratios to linen with their min-max (the noise of a shared machine).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import pathlib
 import statistics
+import sys
 import time
 
 import jax
@@ -32,16 +32,8 @@ from flax import nnx
 from isojax import build, precision, steps
 from isojax import config as config_lib
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _loop():
-    spec = importlib.util.spec_from_file_location(
-        "nnx_finetune", REPO / "experiments/nnx_finetune.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import nnx_finetune as loop  # noqa: E402  (experiments/nnx_finetune.py)
 
 
 def main() -> None:
@@ -75,7 +67,6 @@ def main() -> None:
     linen_step = jax.jit(steps.train_step, donate_argnums=0)
 
     # NNX: the loop's model, optimizer and split step; and graph-mode nnx.jit.
-    loop = _loop()
     nnx_model, _, _ = loop.build_run(config, 1)
     opt = nnx.Optimizer(nnx_model, tx, wrt=nnx.Param)
     view = nnx.view(nnx_model, deterministic=True, use_running_average=True)
