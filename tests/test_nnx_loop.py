@@ -65,9 +65,11 @@ def test_istar_loop_installs_c0_and_trains(glue_dir, minilm_dir, monkeypatch):
     installed = []
     from isojax import nnx as isojax_nnx
 
+    install = isojax_nnx.install_c0
+
     def spy(module, c0):
         installed.append(np.asarray(c0))
-        isojax_nnx.install_c0(module, c0)
+        install(module, c0)
 
     monkeypatch.setattr(isojax_nnx, "install_c0", spy)
     _, results = loop.finetune(config)
