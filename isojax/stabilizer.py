@@ -32,9 +32,11 @@ checkpoints, shards and resumes like batch norm. Three stabilisers, by name:
   the pass: train-mode tokens, under parameters that changed over the average's horizon.
 
 Each mode's update is a small pure rule (:func:`epoch_rule`, :func:`ema_rule`: state and batch
-moments in, new state out); the module applies it through :mod:`isojax.running`'s guarded
-update. Before any window closes (or any EMA update) ``C₀`` is ``c0_init``: the identity (the
-reference's choice with no sample), or a matrix the caller supplies.
+moments in, new state out), which the pure :func:`step` applies under
+:mod:`isojax.running`'s guard (``guarded``); the linen :class:`IsoScoreStar` here and
+``isojax.nnx.IsoScoreStar`` both run that step on their state. Before any window closes (or
+any EMA update) ``C₀`` is ``c0_init``: the identity (the reference's choice with no sample), or
+a matrix the caller supplies.
 
 Order within a step: the score is computed with the ``C₀`` of the *previous* steps, then the
 state is updated. The reference builds ``C₀`` before the epoch's first step, so the batch that

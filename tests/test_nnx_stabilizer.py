@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from nnx_parity import VARIANTS, Twins, failures, linen_run
+from nnx_parity import Twins, failures, linen_run
 
 from isojax import nnx as inx
 from isojax import regularizers, stabilizer
@@ -54,13 +54,15 @@ def nnx_model(mode):
 
 
 def call(module, h, mask):
-    return inx.istar_penalty(module, h, mask, train=not module.use_running_average)
+    return inx.istar_penalty(module, h, mask)  # in the module's mode
 
 
 TWINS = Twins(linen_result, nnx_model, call, batches)
 
 
-CASES = [(mode, "jit") for mode in SETTINGS] + [("epoch", v) for v in VARIANTS[1:]]
+# Every stabiliser under graph-mode nnx.jit, the windowed one in tree mode and under nnx.remat
+# (nnx.view reaches it through `RunningModule.set_view`, tested in test_nnx_norms.py).
+CASES = [(mode, "jit") for mode in SETTINGS] + [("epoch", "tree"), ("epoch", "remat")]
 
 
 @pytest.mark.parametrize("mode, variant", CASES)
@@ -113,6 +115,13 @@ def test_settings_are_checked_by_the_shared_rules():
     )
     with pytest.raises(ValueError, match=r"feature size 3\).*\(3, 3\).*\(4, 4\)"):
         module(jnp.ones((5, 3)), use_running_average=True)
+    h, mask = batches()[0]
+    with pytest.raises(ValueError, match="IsoScoreStar: no use_running_average"):
+        module(h, mask)
+    nnx.view(module, use_running_average=False)(h, mask)
+    module.eval()
+    module(h, mask)
+    assert int(module.count[...]) == 1
 
 
 @pytest.mark.parametrize("mode", ["epoch", "ema"])

@@ -45,7 +45,7 @@ def _mode_error(owner: str) -> str:
 
 class RunningModule(nnx.Module):
     """A transform whose running state is float32 `nnx.BatchStat` attributes, moved by a pure
-    step of :mod:`isojax.norms` or :mod:`isojax.stabilizer`; `set_view` sets its mode."""
+    step of :mod:`isojax.norm_steps` or :mod:`isojax.stabilizer`; `set_view` sets its mode."""
 
     use_running_average: bool | None
     axis_name: str | None
@@ -351,6 +351,8 @@ def make_normalizer(
         (4, 8)
     """
     norm_steps.check_hparams(name, front="nnx", **hparams)
+    if name not in CLASSES:
+        raise ValueError(f"normalizer {name!r} has no NNX twin (isojax.nnx.norms.CLASSES)")
     common = {"dtype": dtype, "param_dtype": param_dtype, "axis_name": axis_name}
     kwargs = {k: v for k, v in common.items() if k in norm_steps.STRUCTURAL[name]} | hparams
     return CLASSES[name](num_features, rngs=rngs, **kwargs)

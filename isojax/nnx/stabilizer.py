@@ -130,9 +130,11 @@ def istar_penalty(
     hidden_states: jax.Array | Sequence[jax.Array],
     mask: jax.typing.ArrayLike | None,
     *,
-    train: bool = True,
+    train: bool | None = None,
 ) -> jax.Array:
-    """The I-STAR penalty ``1 − IsoScore*`` (float32 scalar), updating the state when `train`:
-    what an NNX train step adds as ``λ · penalty`` (the twin of
-    :func:`isojax.stabilizer.penalty_and_update`, whose state lives in the module here)."""
-    return 1.0 - module(hidden_states, mask, use_running_average=not train)
+    """The I-STAR penalty ``1 − IsoScore*`` (float32 scalar): what an NNX train step adds as
+    ``λ · penalty``, the twin of :func:`isojax.stabilizer.penalty_and_update` (whose state
+    lives in the module here). `train` True updates the state, False freezes it, None follows
+    the module's mode (``.train()``/``.eval()``/``nnx.view``)."""
+    use_running_average = None if train is None else not train
+    return 1.0 - module(hidden_states, mask, use_running_average=use_running_average)
