@@ -112,7 +112,8 @@ def _keys_as_data(tree, back: bool = False):
 
 def finetune(config, out: pathlib.Path | None = None, *, stop_after: int | None = None):
     """Trains `config.num_epochs` epochs (resuming from `out`'s newest checkpoint), evaluates
-    the dev set after each and returns `(model, [dev metrics per epoch])`; `stop_after`
+    the dev set after each and returns `(model, [dev metrics of each epoch this call
+    finished])`; `stop_after`
     returns after that many steps of this call, checkpointing first (for the resume test)."""
     task = glue.get_task(config.task)
     model, istar, tokenizer = build_run(config, task.num_labels)
@@ -138,7 +139,8 @@ def finetune(config, out: pathlib.Path | None = None, *, stop_after: int | None 
         states = _keys_as_data((restored, is_key), back=True)
     results, done = [], 0
     for epoch in range(step // per_epoch, config.num_epochs):
-        if istar is not None:  # the reference's C0 pass before every epoch
+        if istar is not None and step % per_epoch == 0:  # the C0 pass before every epoch
+            # (a run resumed mid-epoch keeps the checkpoint's C0)
             batches = train.train_batches(train_enc, config, epoch)
             istar = nnx.merge(graphdefs[2], states[2])
             c0 = c0_pass(eval_step, states[0], batches, istar.num_features, config)
