@@ -11,8 +11,11 @@ and loss (`steps.task_loss`).
 What is NNX here: the model (`isojax.nnx.from_pretrained` + `SequenceClassifier`), the state
 (`nnx.Optimizer(model, tx, wrt=nnx.Param)`, IsoBN's and I-STAR's `nnx.BatchStat`s), the step
 (`nnx.split` once, then a pure `jax.jit` function that merges, differentiates and updates:
-measured faster than graph-mode `nnx.jit`, `experiments/bench/nnx_step.py`) and the orbax
-checkpoints of the NNX state (model, optimizer, I-STAR's C0, position), which resume.
+the form flax recommends against graph-mode `nnx.jit`'s per-call Python overhead; the
+interleaved measurement of both against the linen step, `experiments/bench/nnx_step.py`, was
+too noisy on a loaded machine to rank them, README "Encoders and fine-tuning") and the orbax
+checkpoints of the NNX state (model, optimizer and dropout streams, I-STAR's C0), which
+resume.
 """
 
 from __future__ import annotations
