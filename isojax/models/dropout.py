@@ -68,10 +68,23 @@ def _flat_index(shape: tuple[int, ...]) -> jax.Array:
     return index
 
 
+def dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
+    """Inverted dropout of `x` at `rate` with `dropout_keep_mask`'s mask under `key`: `x / keep`
+    where kept, else 0, `keep` the mask's exact keep probability (a multiple of 2^-16, so the
+    layer is unbiased); 0 for `rate` 1. The one implementation, called by the linen `Dropout`
+    and by `isojax.nnx.encoder.Dropout`."""
+    if rate == 1.0:
+        return jnp.zeros_like(x)
+    keep = 1.0 - rate
+    mask = dropout_keep_mask(key, keep, x.shape)
+    # Divide by the keep probability the mask really has (a multiple of 2^-16): unbiased.
+    kept = round(keep * 2**DROPOUT_BITS) / 2**DROPOUT_BITS
+    return jnp.where(mask, x / jnp.asarray(kept, x.dtype), jnp.zeros_like(x))
+
+
 class Dropout(nn.Module):
-    """Inverted dropout (`x / keep` where kept, else 0, `keep` the mask's exact keep
-    probability) with `dropout_keep_mask`'s masks, drawn from the `'dropout'` rng; identity
-    when `deterministic` or `rate` is 0."""
+    """Inverted dropout (`dropout`) drawn from the `'dropout'` rng; identity when
+    `deterministic` or `rate` is 0."""
 
     rate: float
 
@@ -81,8 +94,4 @@ class Dropout(nn.Module):
             return x
         if self.rate == 1.0:
             return jnp.zeros_like(x)
-        keep = 1.0 - self.rate
-        mask = dropout_keep_mask(self.make_rng("dropout"), keep, x.shape)
-        # Divide by the keep probability the mask really has (a multiple of 2^-16): unbiased.
-        kept = round(keep * 2**DROPOUT_BITS) / 2**DROPOUT_BITS
-        return jnp.where(mask, x / jnp.asarray(kept, x.dtype), jnp.zeros_like(x))
+        return dropout(x, self.rate, self.make_rng("dropout"))

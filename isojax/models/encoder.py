@@ -36,6 +36,7 @@ References:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax
@@ -194,15 +195,70 @@ def example_rows(x: jax.Array, cls_index: jax.Array) -> jax.Array:
     return jnp.einsum("mb,b...->m...", one_hot, x, precision=jax.lax.Precision.HIGHEST)
 
 
+def attention_context(
+    x: jax.Array,
+    kernels: tuple[jax.Array, jax.Array, jax.Array],
+    biases: tuple[jax.Array, jax.Array, jax.Array],
+    mask: jax.Array,
+    num_heads: int,
+    dtype: Any,
+    dropout: Callable[[jax.Array], jax.Array],
+    cls_only: bool = False,
+    cls_index: jax.Array | None = None,
+) -> jax.Array:
+    """Multi-head self-attention before its output projection: `[batch, len, hidden]` ->
+    `[batch, len, hidden]` context (`[examples, 1, hidden]` with `cls_only`).
+
+    The one implementation, called by the linen `SelfAttention` and by
+    `isojax.nnx.encoder.SelfAttention`. The query, key and value projections run as one
+    `[hidden, 3 hidden]` matmul, their kernels concatenated here. With `cls_only` only each
+    example's first token queries (`sentence_queries`): keys and values are still projected
+    for every token, and with `cls_index` each example attends within its own row.
+
+    Args:
+      x: `[batch, len, hidden]`.
+      kernels, biases: the query, key and value projections' `[hidden, hidden]` kernels and
+        `[hidden]` biases.
+      mask: the encoder's `[batch, 1, 1 or len, len]` bool mask (`_pairwise_mask`).
+      num_heads: attention heads (hidden is a multiple).
+      dtype: compute dtype of the projections.
+      dropout: applied to the `[batch, heads, queries, len]` float32 probabilities.
+      cls_only, cls_index: as `Encoder`'s.
+    """
+    b, t, h = x.shape
+    split = (num_heads, h // num_heads)
+    kernel = jnp.concatenate(kernels, axis=1).astype(dtype)  # [hidden, 3 hidden]
+    bias = jnp.concatenate(biases).astype(dtype)
+    x = x.astype(dtype)
+    if not cls_only:
+        qkv = jnp.dot(x, kernel) + bias
+        q, k, v = (qkv[..., i * h : (i + 1) * h].reshape(b, t, *split) for i in range(3))
+    else:
+        queries = sentence_queries(x, cls_index)  # [m, 1, hidden]
+        q = (jnp.dot(queries, kernel[:, :h]) + bias[:h]).reshape(-1, 1, *split)
+        kv = jnp.dot(x, kernel[:, h:]) + bias[h:]  # [b, t, 2 hidden]
+        if cls_index is None:
+            mask = mask[:, :, :1]  # [b, 1, 1, t]: the first query's keys
+        else:  # each example attends within its own row: [m, t, 2 hidden], [m, 1, 1, t]
+            kv = example_rows(kv, cls_index)
+            at = cls_index[:, 1] if mask.shape[2] > 1 else 0
+            mask = mask[cls_index[:, 0], :, at][:, :, None]
+        k, v = (kv[..., i * h : (i + 1) * h].reshape(*kv.shape[:2], *split) for i in range(2))
+    # q: [batch or m, queries, heads, head_dim]; k, v: [batch or m, len, heads, head_dim]
+    probs = attention_probs(q, k, mask)  # [batch or m, heads, queries, len] float32
+    probs = dropout(probs)
+    context = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
+    return context.reshape(*q.shape[:2], h)
+
+
 class SelfAttention(nn.Module):
-    """Multi-head self-attention: query/key/value/out projections, `[batch, len, hidden]`.
+    """Multi-head self-attention: query/key/value/out projections, `[batch, len, hidden]`
+    (`attention_context`, then the `out` projection).
 
     The query, key and value projections are one `[hidden, 3 hidden]` matmul (their kernels
-    concatenated here, kept as three `nn.Dense`-shaped parameters `query`, `key`, `value`).
-
-    With `cls_only`, only each example's first token queries (`sentence_queries`): keys and
-    values are still projected for every token, the query for one token per example, and the
-    output is `[examples, 1, hidden]`, equal to those rows of the full output.
+    concatenated in the call, kept as three `nn.Dense`-shaped parameters `query`, `key`,
+    `value`). With `cls_only` the output is `[examples, 1, hidden]`, equal to those rows of the
+    full output.
     """
 
     config: config_lib.EncoderConfig
@@ -219,35 +275,58 @@ class SelfAttention(nn.Module):
         cls_index: jax.Array | None = None,
     ) -> jax.Array:
         cfg = self.config
-        b, t, h = x.shape
-        split = (cfg.num_heads, h // cfg.num_heads)
+        h = x.shape[-1]
         projections = [
             DenseParams(cfg, h, h, self.param_dtype, name=n)() for n in ("query", "key", "value")
         ]
         kernels, biases = zip(*projections, strict=True)
-        kernel = jnp.concatenate(kernels, axis=1).astype(self.dtype)  # [hidden, 3 hidden]
-        bias = jnp.concatenate(biases).astype(self.dtype)
-        x = x.astype(self.dtype)
-        if not cls_only:
-            qkv = jnp.dot(x, kernel) + bias
-            q, k, v = (qkv[..., i * h : (i + 1) * h].reshape(b, t, *split) for i in range(3))
-        else:
-            queries = sentence_queries(x, cls_index)  # [m, 1, hidden]
-            q = (jnp.dot(queries, kernel[:, :h]) + bias[:h]).reshape(-1, 1, *split)
-            kv = jnp.dot(x, kernel[:, h:]) + bias[h:]  # [b, t, 2 hidden]
-            if cls_index is None:
-                mask = mask[:, :, :1]  # [b, 1, 1, t]: the first query's keys
-            else:  # each example attends within its own row: [m, t, 2 hidden], [m, 1, 1, t]
-                kv = example_rows(kv, cls_index)
-                at = cls_index[:, 1] if mask.shape[2] > 1 else 0
-                mask = mask[cls_index[:, 0], :, at][:, :, None]
-            k, v = (kv[..., i * h : (i + 1) * h].reshape(*kv.shape[:2], *split) for i in range(2))
-        # q: [batch or m, queries, heads, head_dim]; k, v: [batch or m, len, heads, head_dim]
-        probs = attention_probs(q, k, mask)  # [batch or m, heads, queries, len] float32
-        probs = Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
-        context = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
-        context = context.reshape(*q.shape[:2], h)
+        drop = Dropout(cfg.attention_dropout)
+        context = attention_context(
+            x,
+            kernels,
+            biases,
+            mask,
+            cfg.num_heads,
+            self.dtype,
+            lambda p: drop(p, deterministic=deterministic),
+            cls_only,
+            cls_index,
+        )
         return _dense(cfg, h, "out", self.dtype, self.param_dtype)(context)
+
+
+def transformer_layer(
+    cfg: config_lib.EncoderConfig,
+    x: jax.Array,
+    attention: Callable[[jax.Array], jax.Array],
+    attention_norm: Callable[[jax.Array], jax.Array],
+    mlp_in: Callable[[jax.Array], jax.Array],
+    mlp_out: Callable[[jax.Array], jax.Array],
+    output_norm: Callable[[jax.Array], jax.Array],
+    attention_dropout: Callable[[jax.Array], jax.Array],
+    ffn_dropout: Callable[[jax.Array], jax.Array],
+    cls_only: bool = False,
+    cls_index: jax.Array | None = None,
+) -> jax.Array:
+    """The post-LN layer's wiring, `a = LN(x + Dropout(Attention(x)))`,
+    `h = LN(a + Dropout(W2 act(W1 a)))`, with the family's dropout switches; the one
+    implementation, called by the linen `TransformerLayer` and `isojax.nnx.encoder`'s.
+
+    `attention(x)` is the attention block's output (`[examples, 1, hidden]` with `cls_only`,
+    whose residual is then `sentence_queries(x, cls_index)`); the other callables are the
+    layer's norms, projections and dropouts.
+    """
+    a = attention(x)
+    if cfg.attention_output_dropout:
+        a = attention_dropout(a)
+    if cls_only:
+        x = sentence_queries(x, cls_index)
+    a = attention_norm(x + a)
+    f = mlp_in(a)  # [batch, len, intermediate]
+    f = mlp_out(_ACTIVATIONS[cfg.hidden_act](f))
+    if cfg.ffn_output_dropout:
+        f = ffn_dropout(f)
+    return output_norm(a + f)
 
 
 class TransformerLayer(nn.Module):
@@ -274,19 +353,27 @@ class TransformerLayer(nn.Module):
         cfg = self.config
         dense = functools.partial(_dense, cfg, dtype=self.dtype, param_dtype=self.param_dtype)
         norm = functools.partial(_layer_norm, cfg, dtype=self.dtype, param_dtype=self.param_dtype)
-        a = SelfAttention(cfg, self.dtype, self.param_dtype, name="attention")(
-            x, mask, deterministic, cls_only, cls_index
+        attention = SelfAttention(cfg, self.dtype, self.param_dtype, name="attention")
+        # Constructed in this order, so the dropouts keep their names (Dropout_0, Dropout_1)
+        # and their rngs.
+        drop_a = Dropout(cfg.hidden_dropout) if cfg.attention_output_dropout else None
+        attention_norm = norm(name="attention_norm")
+        mlp_in = dense(cfg.intermediate_size, name="mlp_in")
+        mlp_out = dense(cfg.hidden_size, name="mlp_out")
+        drop_f = Dropout(cfg.hidden_dropout) if cfg.ffn_output_dropout else None
+        return transformer_layer(
+            cfg,
+            x,
+            lambda y: attention(y, mask, deterministic, cls_only, cls_index),
+            attention_norm,
+            mlp_in,
+            mlp_out,
+            norm(name="output_norm"),
+            lambda y: drop_a(y, deterministic=deterministic),
+            lambda y: drop_f(y, deterministic=deterministic),
+            cls_only,
+            cls_index,
         )
-        if cfg.attention_output_dropout:
-            a = Dropout(cfg.hidden_dropout)(a, deterministic=deterministic)
-        if cls_only:
-            x = sentence_queries(x, cls_index)
-        a = norm(name="attention_norm")(x + a)
-        f = dense(cfg.intermediate_size, name="mlp_in")(a)  # [batch, len, intermediate]
-        f = dense(cfg.hidden_size, name="mlp_out")(_ACTIVATIONS[cfg.hidden_act](f))
-        if cfg.ffn_output_dropout:
-            f = Dropout(cfg.hidden_dropout)(f, deterministic=deterministic)
-        return norm(name="output_norm")(a + f)
 
 
 def sinusoidal_init(key, shape, dtype=jnp.float32) -> jax.Array:
@@ -318,6 +405,33 @@ def position_ids(
     return jnp.cumsum(real, axis=1) * real + cfg.pad_token_id
 
 
+def embed(
+    cfg: config_lib.EncoderConfig,
+    input_ids: jax.Array,
+    token_type_ids: jax.Array | None,
+    positions: jax.Array | None,
+    word: Callable[[jax.Array], jax.Array],
+    token_type: Callable[[jax.Array], jax.Array] | None,
+    position: Callable[[jax.Array], jax.Array],
+    norm: Callable[[jax.Array], jax.Array],
+    dropout: Callable[[jax.Array], jax.Array],
+) -> jax.Array:
+    """Token + position (+ segment) embeddings, LayerNorm, dropout: `[batch, len, E]`; the one
+    implementation, called by the linen `Embeddings` and `isojax.nnx.encoder.Embeddings`.
+
+    `word`, `token_type` (None for families without segments) and `position` look rows up;
+    absent `token_type_ids` are segment 0; positions come from `position_ids(cfg, input_ids,
+    positions)` (packed rows: `positions` within each example).
+    """
+    x = word(input_ids)
+    if cfg.type_vocab_size:
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        x = x + token_type(token_type_ids)
+    x = x + position(position_ids(cfg, input_ids, positions))
+    return dropout(norm(x))
+
+
 class Embeddings(nn.Module):
     """Token + position (+ segment) embeddings, LayerNorm, dropout: `[batch, len, E]`."""
 
@@ -328,26 +442,102 @@ class Embeddings(nn.Module):
     @nn.compact
     def __call__(self, input_ids, token_type_ids, deterministic: bool, positions=None) -> jax.Array:
         cfg = self.config
-        embed = functools.partial(
+        embed_layer = functools.partial(
             nn.Embed,
             features=cfg.embed_dim,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             embedding_init=nn.initializers.normal(cfg.initializer_range),
         )
-        x = embed(cfg.vocab_size, name="word")(input_ids)
+        token_type = None
         if cfg.type_vocab_size:
-            if token_type_ids is None:
-                token_type_ids = jnp.zeros_like(input_ids)
-            x = x + embed(cfg.type_vocab_size, name="token_type")(token_type_ids)
-        pos_embed = (
-            embed(cfg.max_position_embeddings, name="position", embedding_init=sinusoidal_init)
-            if cfg.sinusoidal_pos_embds
-            else embed(cfg.max_position_embeddings, name="position")
+            token_type = embed_layer(cfg.type_vocab_size, name="token_type")
+        pos_init = {"embedding_init": sinusoidal_init} if cfg.sinusoidal_pos_embds else {}
+        drop = Dropout(cfg.hidden_dropout)
+        return embed(
+            cfg,
+            input_ids,
+            token_type_ids,
+            positions,
+            embed_layer(cfg.vocab_size, name="word"),
+            token_type,
+            embed_layer(cfg.max_position_embeddings, name="position", **pos_init),
+            _layer_norm(cfg, "norm", self.dtype, self.param_dtype),
+            lambda y: drop(y, deterministic=deterministic),
         )
-        x = x + pos_embed(position_ids(cfg, input_ids, positions))
-        x = _layer_norm(cfg, "norm", self.dtype, self.param_dtype)(x)
-        return Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
+
+
+def check_inputs(
+    cfg: config_lib.EncoderConfig,
+    input_ids: jax.Array,
+    attention_mask: jax.Array,
+    token_type_ids: jax.Array | None,
+    position_ids: jax.Array | None,
+    cls_index: jax.Array | None,
+) -> None:
+    """Raises `ValueError`, naming the argument and its shape, unless the encoder's inputs
+    fit together and fit `cfg`'s position table (see `Encoder`'s call)."""
+    b, t = input_ids.shape if input_ids.ndim == 2 else (None, None)
+    if b is None or attention_mask.shape not in ((b, t), (b, 1, t, t)):
+        raise ValueError(
+            f"input_ids {input_ids.shape} must be [batch, len] and attention_mask "
+            f"{attention_mask.shape} [batch, len] or [batch, 1, len, len]"
+        )
+    for name, given in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
+        if given is not None and given.shape != input_ids.shape:
+            raise ValueError(f"{name} {given.shape} must match input_ids {input_ids.shape}")
+    if cls_index is not None and (cls_index.ndim != 2 or cls_index.shape[1] != 2):
+        raise ValueError(f"cls_index {cls_index.shape} must be [examples, 2] (row, position)")
+    if input_ids.shape[1] + cfg.position_offset > cfg.max_position_embeddings:
+        raise ValueError(
+            f"sequence length {input_ids.shape[1]} exceeds the {cfg.family} model's "
+            f"max_position_embeddings {cfg.max_position_embeddings} "
+            f"(position offset {cfg.position_offset})"
+        )
+
+
+def layer_calls(cfg: config_lib.EncoderConfig) -> list[tuple[int, int]]:
+    """The weights each layer call uses, in call order: `(layer, 0)` per layer, or ALBERT's
+    `(group, inner)`: layer call i runs the inner layers of group int(i / (L / G))."""
+    if cfg.family != "albert":
+        return [(i, 0) for i in range(cfg.num_layers)]
+    per_group = cfg.num_layers / cfg.num_hidden_groups
+    return [
+        (int(i / per_group), j) for i in range(cfg.num_layers) for j in range(cfg.inner_group_num)
+    ]
+
+
+def encode(
+    cfg: config_lib.EncoderConfig,
+    x: jax.Array,
+    attention_mask: jax.Array,
+    stack: Sequence[Callable[..., jax.Array]],
+    pooler: Callable[[jax.Array], jax.Array] | None,
+    cls_only: bool = False,
+    cls_index: jax.Array | None = None,
+) -> EncoderOutput:
+    """The layer stack over the embeddings `x`, the sentence tokens and the pooler: the one
+    implementation, called by the linen `Encoder` and `isojax.nnx.encoder.Encoder`.
+
+    Args:
+      x: `[batch, len, hidden]` (after ALBERT's projection).
+      attention_mask: `[batch, len]` or pairwise `[batch, 1, len, len]`.
+      stack: the layer calls in order, each `layer(x, mask, cls_only, cls_index)`.
+      pooler: the pooler's dense layer (None: no pooler).
+      cls_only, cls_index: as `Encoder`'s.
+    """
+    mask = _pairwise_mask(attention_mask)  # [b, 1, 1 or t, t] bool, for every layer
+    hidden_states = []
+    for layer in stack[:-1] if cls_only else stack:
+        x = layer(x, mask, False, None)
+        hidden_states.append(x)
+    if cls_only:
+        cls = stack[-1](x, mask, True, cls_index)[:, 0]
+        hidden_states = []
+    else:
+        cls = sentence_queries(x, cls_index)[:, 0]
+    pooled = None if pooler is None else jnp.tanh(pooler(cls))
+    return EncoderOutput(hidden_states=tuple(hidden_states), cls=cls, pooled=pooled)
 
 
 class Encoder(nn.Module):
@@ -400,23 +590,7 @@ class Encoder(nn.Module):
         cls_only: bool = False,
     ) -> EncoderOutput:
         cfg = self.config
-        b, t = input_ids.shape if input_ids.ndim == 2 else (None, None)
-        if b is None or attention_mask.shape not in ((b, t), (b, 1, t, t)):
-            raise ValueError(
-                f"input_ids {input_ids.shape} must be [batch, len] and attention_mask "
-                f"{attention_mask.shape} [batch, len] or [batch, 1, len, len]"
-            )
-        for name, given in (("token_type_ids", token_type_ids), ("position_ids", position_ids)):
-            if given is not None and given.shape != input_ids.shape:
-                raise ValueError(f"{name} {given.shape} must match input_ids {input_ids.shape}")
-        if cls_index is not None and (cls_index.ndim != 2 or cls_index.shape[1] != 2):
-            raise ValueError(f"cls_index {cls_index.shape} must be [examples, 2] (row, position)")
-        if input_ids.shape[1] + cfg.position_offset > cfg.max_position_embeddings:
-            raise ValueError(
-                f"sequence length {input_ids.shape[1]} exceeds the {cfg.family} model's "
-                f"max_position_embeddings {cfg.max_position_embeddings} "
-                f"(position offset {cfg.position_offset})"
-            )
+        check_inputs(cfg, input_ids, attention_mask, token_type_ids, position_ids, cls_index)
         x = Embeddings(cfg, self.dtype, self.param_dtype, name="embeddings")(
             input_ids, token_type_ids, deterministic, position_ids
         )
@@ -431,35 +605,23 @@ class Encoder(nn.Module):
         )
         kw = dict(config=cfg, dtype=self.dtype, param_dtype=self.param_dtype)
         if cfg.family == "albert":
-            # ALBERT: layer call i runs the inner layers of group int(i / (L / G)).
             groups = [
                 [layer(**kw, name=f"group_{g}_layer_{j}") for j in range(cfg.inner_group_num)]
                 for g in range(cfg.num_hidden_groups)
             ]
-            stack = [
-                groups[int(i / (cfg.num_layers / cfg.num_hidden_groups))][j]
-                for i in range(cfg.num_layers)
-                for j in range(cfg.inner_group_num)
-            ]
         else:
-            stack = [layer(**kw, name=f"layer_{i}") for i in range(cfg.num_layers)]
-
-        mask = _pairwise_mask(attention_mask)  # [b, 1, 1 or t, t] bool, for every layer
-        hidden_states = []
-        for module in stack[:-1] if cls_only else stack:
-            x = module(x, mask, deterministic, False, None)  # positional: remat's static args
-            hidden_states.append(x)
-        if cls_only:
-            cls = stack[-1](x, mask, deterministic, True, cls_index)[:, 0]
-            hidden_states = []
-        else:
-            cls = sentence_queries(x, cls_index)[:, 0]
-        pooled = None
-        if cfg.has_pooler:
-            pooled = jnp.tanh(
-                _dense(cfg, cfg.hidden_size, "pooler", self.dtype, self.param_dtype)(cls)
+            groups = [[layer(**kw, name=f"layer_{i}")] for i in range(cfg.num_layers)]
+        stack = [
+            # positional: remat's static args
+            functools.partial(
+                lambda m, y, mask, c, ci: m(y, mask, deterministic, c, ci), groups[g][j]
             )
-        return EncoderOutput(hidden_states=tuple(hidden_states), cls=cls, pooled=pooled)
+            for g, j in layer_calls(cfg)
+        ]
+        pooler = None
+        if cfg.has_pooler:
+            pooler = _dense(cfg, cfg.hidden_size, "pooler", self.dtype, self.param_dtype)
+        return encode(cfg, x, attention_mask, stack, pooler, cls_only, cls_index)
 
 
 def init_params(encoder: Encoder, rng: jax.Array, seq_len: int = 8) -> dict:

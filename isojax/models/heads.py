@@ -15,7 +15,7 @@ References:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax
@@ -36,6 +36,64 @@ def _make_normalizer(head: SequenceClassifier, dtype) -> nn.Module:
         axis_name=head.axis_name,
         **dict(head.normalizer_kwargs),
     )
+
+
+def encoder_options(
+    encoder_call: Callable,
+    position_ids: jax.Array | None,
+    cls_index: jax.Array | None,
+    cls_only: bool,
+) -> dict:
+    """The packed-input and `cls_only` keywords to pass to an encoder whose call is
+    `encoder_call`: each only when set, so encoders without these options still work, and
+    `cls_only` only to an encoder whose call takes it (others compute every token)."""
+    extra = {
+        name: value
+        for name, value in (("position_ids", position_ids), ("cls_index", cls_index))
+        if value is not None
+    }
+    if cls_only and "cls_only" in inspect.signature(encoder_call).parameters:
+        extra["cls_only"] = True
+    return extra
+
+
+def classify(
+    out,
+    sentence: str,
+    norm: Callable[[jax.Array], jax.Array] | None,
+    dropout: Callable[[jax.Array], jax.Array],
+    classifier: Callable[[jax.Array], jax.Array],
+) -> tuple[jax.Array, dict]:
+    """The head on an `EncoderOutput`: `s = pooled or cls`, `z = norm(s)`,
+    `logits = classifier(dropout(z))` in float32; the one implementation, called by the linen
+    `SequenceClassifier` and `isojax.nnx.heads.SequenceClassifier`.
+
+    Args:
+      out: the encoder's `EncoderOutput`.
+      sentence: "pooled" or "cls".
+      norm: the normaliser, bound to its mode and example mask (None: the identity).
+      dropout, classifier: the head's dropout and linear layer.
+
+    Returns:
+      `(logits, {'encoder': out, 'sentence': s, 'pre_logits': z})`.
+    """
+    if sentence == "pooled":
+        if out.pooled is None:
+            raise ValueError("the encoder has no pooler (e.g. DistilBERT): use sentence='cls'")
+        vector = out.pooled
+    else:
+        vector = out.cls
+    pre_logits = vector if norm is None else norm(vector)
+    logits = classifier(dropout(pre_logits).astype(jnp.float32))
+    return logits, {"encoder": out, "sentence": vector, "pre_logits": pre_logits}
+
+
+def check_head(sentence: str, num_labels: int) -> None:
+    """Raises `ValueError` for a sentence vector not in `SENTENCE_VECTORS` or no labels."""
+    if sentence not in SENTENCE_VECTORS:
+        raise ValueError(f"sentence {sentence!r} not one of {SENTENCE_VECTORS}")
+    if num_labels < 1:
+        raise ValueError(f"num_labels must be >= 1, got {num_labels}")
 
 
 class SequenceClassifier(nn.Module):
@@ -71,10 +129,7 @@ class SequenceClassifier(nn.Module):
     param_dtype: Any = jnp.float32
 
     def setup(self):
-        if self.sentence not in SENTENCE_VECTORS:
-            raise ValueError(f"sentence {self.sentence!r} not one of {SENTENCE_VECTORS}")
-        if self.num_labels < 1:
-            raise ValueError(f"num_labels must be >= 1, got {self.num_labels}")
+        check_head(self.sentence, self.num_labels)
         self.norm = None if self.normalizer == "none" else _make_normalizer(self, self.dtype)
         self.dropout = nn.Dropout(self.dropout_rate)
         self.classifier = nn.Dense(
@@ -123,31 +178,22 @@ class SequenceClassifier(nn.Module):
           [batch, hidden] before the normaliser, 'pre_logits': [batch, hidden] after it}`
           (`[examples, ...]` with `cls_index`).
         """
-        extra = {
-            name: value
-            for name, value in (("position_ids", position_ids), ("cls_index", cls_index))
-            if value is not None
-        }  # only given when set, so encoders without these options still work
-        if cls_only and "cls_only" in inspect.signature(type(self.encoder).__call__).parameters:
-            extra["cls_only"] = True  # an encoder without the option computes every token
+        extra = encoder_options(type(self.encoder).__call__, position_ids, cls_index, cls_only)
         out = self.encoder(
             input_ids, attention_mask, token_type_ids, deterministic=deterministic, **extra
         )
-        if self.sentence == "pooled":
-            if out.pooled is None:
-                raise ValueError("the encoder has no pooler (e.g. DistilBERT): use sentence='cls'")
-            sentence = out.pooled
-        else:
-            sentence = out.cls
         if use_running_average is None:
             use_running_average = deterministic
-        if self.norm is None:
-            pre_logits = sentence
-        else:
-            pre_logits = self.norm(sentence, use_running_average, mask=example_mask)
-        x = self.dropout(pre_logits, deterministic=deterministic)
-        logits = self.classifier(x.astype(jnp.float32))
-        return logits, {"encoder": out, "sentence": sentence, "pre_logits": pre_logits}
+        norm = None
+        if self.norm is not None:
+            norm = lambda s: self.norm(s, use_running_average, mask=example_mask)  # noqa: E731
+        return classify(
+            out,
+            self.sentence,
+            norm,
+            lambda z: self.dropout(z, deterministic=deterministic),
+            self.classifier,
+        )
 
 
 def init_variables(

