@@ -356,7 +356,7 @@ def _meter(run: Run, config: ml_collections.ConfigDict, lead: bool):
         precision.get_policy(config.policy).compute_dtype,
         peak_override=config.peak_flops,
         loop_trips=config.grad_accum_steps,
-        verbose=lead,
+        verbose=lead and config.progress,  # its lines join the progress display's
     )
 
 

@@ -40,7 +40,9 @@ def _first_stderr_line(capsys, monkeypatch, config, workdir) -> str:
     def stop(*args, **kwargs):
         raise _Stop
 
-    monkeypatch.setattr(train, "setup", stop)  # the line comes before anything is loaded
+    # The line comes once the data have loaded (`setup`), before any checkpoint is read.
+    monkeypatch.setattr(train, "setup", lambda *args, **kwargs: None)
+    monkeypatch.setattr(train.resume, "checkpointers", stop)
     with pytest.raises(_Stop):
         train.train_and_evaluate(config, workdir)
     return capsys.readouterr().err.splitlines()[0]
