@@ -47,7 +47,8 @@ def test_logged_flops_are_xla_cost_analysis_and_profile_window(
     step (the same program, compiled here again); MFU is those FLOPs over `peak_flops`. The
     profile window (1, 3) writes a trace under <workdir>/profile; the memory line is printed."""
     mesh = distributed.make_mesh(jax.devices()[:1])
-    config = _config(glue_dir, minilm_dir, peak_flops=1e9, profile_steps=(1, 3))
+    # progress on: the start-of-run lines belong to the progress display
+    config = _config(glue_dir, minilm_dir, peak_flops=1e9, profile_steps=(1, 3), progress=True)
     train.train_and_evaluate(config, tmp_path / "run", mesh=mesh)
     err = capsys.readouterr().err
     assert "train step memory per device: arguments" in err
@@ -76,7 +77,8 @@ def test_off_by_default_no_trace_and_unknown_peak_said(tmp_path, glue_dir, minil
     """Without profile_steps no profile folder is written; on CPU the peak is unknown: no
     MFU in the log, and one line says why. With `throughput` False no figures at all."""
     mesh = distributed.make_mesh(jax.devices()[:1])
-    train.train_and_evaluate(_config(glue_dir, minilm_dir), tmp_path / "a", mesh=mesh)
+    config = _config(glue_dir, minilm_dir, progress=True)
+    train.train_and_evaluate(config, tmp_path / "a", mesh=mesh)
     assert "isojax: MFU: no peak known for device 'cpu'" in capsys.readouterr().err
     assert not (tmp_path / "a" / "profile").exists()
     lines = _train_lines(tmp_path / "a")
