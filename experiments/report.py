@@ -39,7 +39,25 @@ RecordsError = records_io.RecordsError
 
 
 def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
-    """The Markdown report."""
+    """The Markdown report: header, scores, paired differences (with a baseline), isotropy,
+    the sweep (with one), verdicts, failed cells."""
+    md = _header(records, data, stem) + _scores(data, files)
+    if data["baseline"]:
+        md += _paired(data, files)
+    md += _isotropy(data, files)
+    if data["sweep"]:
+        md += _sweep(data, files)
+    md += ["", "## Verdicts (SPEC.md §9)", "", verdicts.RULE]
+    md += verdicts.verdict_lines(data, files) or [
+        "",
+        "- no claim of SPEC.md §9 is testable from these records",
+    ]
+    return "\n".join(md + _failed(records)) + "\n"
+
+
+def _header(records: list[dict], data: dict, stem: str) -> list[str]:
+    """Title; what the records are (runs, code, devices); mixed-record warnings; the recipe
+    and the metric."""
     runs = [r for r in records if r["kind"] == "run"]
     ok = [r for r in runs if r["status"] == "ok"]
     failed = [r for r in records if r["status"] == "failed"]
@@ -79,11 +97,16 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
             f"Varied: {', '.join(data['varied']) or 'nothing but the task and seed'}; seeds "
             f"{sorted({r['seed'] for r in ok})}.",
         ]
-    md += [
+    return md + [
         "",
         "Metric: the task's dev score ("
         + "; ".join(f"{t}: {records_io.METRIC_NAMES.get(t, 'score')}" for t in data["tasks"])
         + ").",
+    ]
+
+
+def _scores(data: dict, files: dict) -> list[str]:
+    return [
         "",
         "## Scores",
         "",
@@ -93,21 +116,26 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
         "",
         *tables.scores_table(data),
     ]
-    if data["baseline"]:
-        md += [
-            "",
-            f"## Paired differences against `{data['baseline']}`",
-            "",
-            f"Mean of (arm − {data['baseline']}) over the seeds both have, its paired t 95 % "
-            "interval and two-sided t-test p (the verdicts' statistics), and for the best epoch "
-            f"the percentile bootstrap 95 % interval ({stats.RESAMPLES} resamples of the seeds, "
-            f"NumPy `default_rng({stats.BOOTSTRAP_SEED})`), a figure only: with n = 3 seeds the "
-            "resampled mean takes 10 values and the interval excludes 0 whenever the three "
-            f"differences share a sign. Figure: [paired]({files.get('paired', '')})",
-            "",
-            *tables.paired_table(data),
-        ]
-    md += [
+
+
+def _paired(data: dict, files: dict) -> list[str]:
+    return [
+        "",
+        f"## Paired differences against `{data['baseline']}`",
+        "",
+        f"Mean of (arm − {data['baseline']}) over the seeds both have, its paired t 95 % "
+        "interval and two-sided t-test p (the verdicts' statistics), and for the best epoch "
+        f"the percentile bootstrap 95 % interval ({stats.RESAMPLES} resamples of the seeds, "
+        f"NumPy `default_rng({stats.BOOTSTRAP_SEED})`), a figure only: with n = 3 seeds the "
+        "resampled mean takes 10 values and the interval excludes 0 whenever the three "
+        f"differences share a sign. Figure: [paired]({files.get('paired', '')})",
+        "",
+        *tables.paired_table(data),
+    ]
+
+
+def _isotropy(data: dict, files: dict) -> list[str]:
+    return [
         "",
         "## Isotropy before and after fine-tuning",
         "",
@@ -119,34 +147,36 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
         "",
         *tables.isotropy_table(data),
     ]
-    if data["sweep"]:
-        istar = data["sweep"] == "istar.weight"
-        md += [
-            "",
-            f"## Isotropy against the task score over `{data['sweep']}`",
-            "",
-            "All-layer token IsoScore and IsoScore* (dev, last epoch) against the dev score over "
-            "every (value, seed) run: Pearson r and two-sided p (SciPy), Spearman ρ and p, the "
-            "range of Pearson r when the runs of each swept value are left out in turn (and "
-            "which value), then Pearson without the collapsed runs. Collapsed: last-epoch score "
-            "− chance < (baseline median − chance) / 2, chance being a constant prediction's "
-            f"score ({tables.chance_note()})."
-            + (" The papers had 7 λ × 5 seeds = 35 runs per cell." if istar else "")
-            + f" Figure: [sweep]({files.get('sweep', '')})",
-            "",
-            *tables.sweep_table(data),
-        ]
-    md += ["", "## Verdicts (SPEC.md §9)", "", verdicts.RULE]
-    md += verdicts.verdict_lines(data, files) or [
+
+
+def _sweep(data: dict, files: dict) -> list[str]:
+    istar = data["sweep"] == "istar.weight"
+    return [
         "",
-        "- no claim of SPEC.md §9 is testable from these records",
+        f"## Isotropy against the task score over `{data['sweep']}`",
+        "",
+        "All-layer token IsoScore and IsoScore* (dev, last epoch) against the dev score over "
+        "every (value, seed) run: Pearson r and two-sided p (SciPy), Spearman ρ and p, the "
+        "range of Pearson r when the runs of each swept value are left out in turn (and "
+        "which value), then Pearson without the collapsed runs. Collapsed: last-epoch score "
+        "− chance < (baseline median − chance) / 2, chance being a constant prediction's "
+        f"score ({tables.chance_note()})."
+        + (" The papers had 7 λ × 5 seeds = 35 runs per cell." if istar else "")
+        + f" Figure: [sweep]({files.get('sweep', '')})",
+        "",
+        *tables.sweep_table(data),
     ]
-    if failed:
-        md += ["", "## Failed cells", "", "| cell | error |", "|---|---|"]
-        for r in failed:
-            first = (r.get("error") or "").splitlines()[0] if r.get("error") else ""
-            md.append(f"| {r['cell']} | {first.replace('|', '/')} |")
-    return "\n".join(md) + "\n"
+
+
+def _failed(records: list[dict]) -> list[str]:
+    failed = [r for r in records if r["status"] == "failed"]
+    if not failed:
+        return []
+    md = ["", "## Failed cells", "", "| cell | error |", "|---|---|"]
+    for r in failed:
+        first = (r.get("error") or "").splitlines()[0] if r.get("error") else ""
+        md.append(f"| {r['cell']} | {first.replace('|', '/')} |")
+    return md
 
 
 def write_report(

@@ -26,21 +26,33 @@ def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    files = {}
-    tasks = data["tasks"]
-    if not tasks:
-        return files
+    if not data["tasks"]:
+        return {}
     runs = [r for r in records if r["kind"] == "run" and r["status"] == "ok"]
-
-    def save(fig, name: str) -> None:
+    figures = [("scores", _scores), ("curves", _curves)]
+    figures += [("paired", _paired)] * bool(data["baseline"])
+    figures += [("isotropy", _isotropy)]
+    figures += [("sweep", _sweep)] * bool(data["sweep"])
+    files = {}
+    for name, draw in figures:
+        fig = draw(plt, runs, data)
         fig.tight_layout()
         fig.savefig(out / f"{stem}_{name}.png", dpi=110)
         plt.close(fig)
         files[name] = f"{stem}_{name}.png"
+    return files
 
-    # Scores per arm: one dot per seed (last epoch), a bar at the median.
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
+
+def _row_of_axes(plt, data: dict, height: float, rows: int = 1):
+    """(figure, `[rows, tasks]` axes), 4.2 inches wide per task."""
+    n = len(data["tasks"])
+    return plt.subplots(rows, n, figsize=(4.2 * n, height), squeeze=False)
+
+
+def _scores(plt, runs: list[dict], data: dict):
+    """Scores per arm: one dot per seed (last epoch), a bar at the median."""
+    fig, axes = _row_of_axes(plt, data, 3.8)
+    for ax, task in zip(axes[0], data["tasks"], strict=True):
         labels = list(data["per_task"][task]["arms"])
         for i, label in enumerate(labels):
             ys = [last_value(r) for r in runs if _label(r, data) == label and _task(r) == task]
@@ -49,11 +61,13 @@ def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str)
         ax.axhline(CHANCE.get(task, 0.0), color="grey", lw=0.8, ls=":")
         ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=7)
         ax.set_title(f"{task}: {METRIC_NAMES.get(task, 'score')}, dev, last epoch", fontsize=9)
-    save(fig, "scores")
+    return fig
 
-    # Dev score per epoch (median over seeds) per arm.
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
+
+def _curves(plt, runs: list[dict], data: dict):
+    """Dev score per epoch (median over seeds) per arm."""
+    fig, axes = _row_of_axes(plt, data, 3.4)
+    for ax, task in zip(axes[0], data["tasks"], strict=True):
         for label in data["per_task"][task]["arms"]:
             rows = [r for r in runs if _label(r, data) == label and _task(r) == task]
             epochs = sorted({e["epoch"] for r in rows for e in dev_rows(r)})
@@ -65,37 +79,40 @@ def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str)
         ax.set_xlabel("epoch")
         ax.set_title(f"{task}: median dev score", fontsize=9)
         ax.legend(fontsize=6)
-    save(fig, "curves")
+    return fig
 
-    # Paired differences with their t 95 % intervals (the verdicts' interval).
-    if data["baseline"]:
-        fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
-        for ax, task in zip(axes[0], tasks, strict=True):
-            pairs = data["per_task"][task]["paired"]
-            for i, p in enumerate(pairs.values()):
-                for j, kind in enumerate(("last", "best")):
-                    d = p[kind]
-                    err = [[d["mean"] - d["lo"]], [d["hi"] - d["mean"]]]
-                    if not math.isfinite(d["lo"]):
-                        err = None
-                    ax.errorbar(
-                        i + 0.15 * (2 * j - 1),
-                        d["mean"],
-                        yerr=err,
-                        fmt="o",
-                        color=f"C{j}",
-                        label=kind if i == 0 else None,
-                    )
-            ax.axhline(0, color="grey", lw=0.8)
-            ax.set_xlim(-0.6, max(len(pairs), 1) - 0.4)
-            ax.set_xticks(range(len(pairs)), list(pairs), rotation=60, ha="right", fontsize=7)
-            ax.set_title(f"{task}: arm - {data['baseline']} (paired t 95 %)", fontsize=9)
-            ax.legend(fontsize=7)
-        save(fig, "paired")
 
-    # Isotropy before / after: EV_3 of the pooled vector and of the head input.
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
+def _paired(plt, runs: list[dict], data: dict):
+    """Paired differences with their t 95 % intervals (the verdicts' interval)."""
+    fig, axes = _row_of_axes(plt, data, 3.8)
+    for ax, task in zip(axes[0], data["tasks"], strict=True):
+        pairs = data["per_task"][task]["paired"]
+        for i, p in enumerate(pairs.values()):
+            for j, kind in enumerate(("last", "best")):
+                d = p[kind]
+                err = [[d["mean"] - d["lo"]], [d["hi"] - d["mean"]]]
+                if not math.isfinite(d["lo"]):
+                    err = None
+                ax.errorbar(
+                    i + 0.15 * (2 * j - 1),
+                    d["mean"],
+                    yerr=err,
+                    fmt="o",
+                    color=f"C{j}",
+                    label=kind if i == 0 else None,
+                )
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xlim(-0.6, max(len(pairs), 1) - 0.4)
+        ax.set_xticks(range(len(pairs)), list(pairs), rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"{task}: arm - {data['baseline']} (paired t 95 %)", fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _isotropy(plt, runs: list[dict], data: dict):
+    """Isotropy before / after: EV_3 of the pooled vector and of the head input."""
+    fig, axes = _row_of_axes(plt, data, 3.8)
+    for ax, task in zip(axes[0], data["tasks"], strict=True):
         iso = data["per_task"][task]["isotropy"]
         labels = [PRETRAINED] * (PRETRAINED in iso) + [k for k in iso if k != PRETRAINED]
         x = np.arange(len(labels))
@@ -104,45 +121,46 @@ def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str)
         ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
         ax.set_title(f"{task}: EV3 (dev), median over seeds", fontsize=9)
         ax.legend(fontsize=7)
-    save(fig, "isotropy")
+    return fig
 
-    # Sweep: token isotropy against the task score.
-    if data["sweep"]:
-        keys = (("tokens_isoscore", "IsoScore"), ("tokens_isoscore_star", "IsoScore*"))
-        fig, axes = plt.subplots(2, len(tasks), figsize=(4.2 * len(tasks), 7), squeeze=False)
-        for col, task in enumerate(tasks):
-            sw = data["per_task"][task]["sweep"]
-            for row, (key, name) in enumerate(keys):
-                ax = axes[row][col]
-                pts = sw["points"]
-                sc = ax.scatter(
-                    [p[key] for p in pts],
-                    [p["score"] for p in pts],
-                    c=[p["value"] for p in pts],
-                    cmap="coolwarm",
-                    s=22,
-                    marker="o",
-                )
-                col_pts = [p for p in pts if p["collapsed"]]
-                ax.scatter(
-                    [p[key] for p in col_pts],
-                    [p["score"] for p in col_pts],
-                    s=80,
-                    facecolors="none",
-                    edgecolors="k",
-                    label="collapsed",
-                )
-                a, w = sw[key]["all"], sw[key]["without_collapsed"]
-                ax.set_title(
-                    f"{task}: r={a['r']:.2f} (p={fp(a['p'])}); w/o collapsed "
-                    f"r={w['r']:.2f} (p={fp(w['p'])})",
-                    fontsize=8,
-                )
-                ax.set_xlabel(f"all-layer token {name} (dev, last epoch)", fontsize=8)
-                ax.set_ylabel(METRIC_NAMES.get(task, "score"), fontsize=8)
-                fig.colorbar(sc, ax=ax, label=data["sweep"])
-        save(fig, "sweep")
-    return files
+
+def _sweep(plt, runs: list[dict], data: dict):
+    """Sweep: token isotropy (IsoScore, IsoScore*) against the task score, collapsed runs
+    circled, Pearson r with and without them in the titles."""
+    keys = (("tokens_isoscore", "IsoScore"), ("tokens_isoscore_star", "IsoScore*"))
+    fig, axes = _row_of_axes(plt, data, 7, rows=2)
+    for col, task in enumerate(data["tasks"]):
+        sw = data["per_task"][task]["sweep"]
+        pts = sw["points"]
+        collapsed = [p for p in pts if p["collapsed"]]
+        for row, (key, name) in enumerate(keys):
+            ax = axes[row][col]
+            sc = ax.scatter(
+                [p[key] for p in pts],
+                [p["score"] for p in pts],
+                c=[p["value"] for p in pts],
+                cmap="coolwarm",
+                s=22,
+                marker="o",
+            )
+            ax.scatter(
+                [p[key] for p in collapsed],
+                [p["score"] for p in collapsed],
+                s=80,
+                facecolors="none",
+                edgecolors="k",
+                label="collapsed",
+            )
+            a, w = sw[key]["all"], sw[key]["without_collapsed"]
+            ax.set_title(
+                f"{task}: r={a['r']:.2f} (p={fp(a['p'])}); w/o collapsed "
+                f"r={w['r']:.2f} (p={fp(w['p'])})",
+                fontsize=8,
+            )
+            ax.set_xlabel(f"all-layer token {name} (dev, last epoch)", fontsize=8)
+            ax.set_ylabel(METRIC_NAMES.get(task, "score"), fontsize=8)
+            fig.colorbar(sc, ax=ax, label=data["sweep"])
+    return fig
 
 
 def _task(r: dict) -> str:

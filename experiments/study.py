@@ -5,12 +5,12 @@
     python experiments/study.py experiments/configs/study_normalizers.py --tier 2
     python experiments/study.py experiments/configs/study_normalizers.py --at-recorded-commit
 
-A grid file (`experiments/configs/study_*.py`) has `get_config(arg)` returning a ConfigDict:
-`name` (the study), `base` (an isojax train config: the shared recipe), `tiers` (`{"1": blocks,
-"2": blocks, ...}`, each block a dict `{field: [values]}` whose Cartesian product, in the
-block's key order, gives cells), `pretrained` (record one step-0 evaluation per task),
-`baseline` ((field, value) pairs: the arm of the paired differences) and `sweep` (the scalar
-field the report correlates with isotropy, or ""). Field names are those of
+A grid file (`experiments/configs/study_*.py`, read by `study_grid`) has `get_config(arg)`
+returning a ConfigDict: `name` (the study), `base` (an isojax train config: the shared recipe),
+`tiers` (`{"1": blocks, "2": blocks, ...}`, each block a dict `{field: [values]}` whose
+Cartesian product, in the block's key order, gives cells), `pretrained` (record one step-0
+evaluation per task), `baseline` ((field, value) pairs: the arm of the paired differences) and
+`sweep` (the scalar field the report correlates with isotropy, or ""). Field names are those of
 `study_recipe.FIELDS`, the one place that knows config paths. The grid file's folder is put on
 `sys.path`, so it imports `study_recipe` directly. `--tier N` runs tiers 1..N in order.
 
@@ -53,9 +53,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import hashlib
-import importlib.util
-import itertools
 import json
 import math
 import os
@@ -65,7 +62,6 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import NamedTuple
 
 import ml_collections
 
@@ -75,6 +71,18 @@ import study_commit  # noqa: E402
 import study_eta  # noqa: E402
 import study_records  # noqa: E402
 from study_eta import epoch_minutes  # noqa: E402, F401  (re-exported)
+from study_grid import (  # noqa: E402, F401  (re-exported)
+    PRETRAINED,
+    Cell,
+    cell_config,
+    cell_name,
+    config_hash,
+    config_of,
+    grid_axes,
+    grid_cells,
+    load_grid,
+    plan,
+)
 from study_records import (  # noqa: E402, F401  (re-exported)
     StudyError,
     read_records,
@@ -84,7 +92,6 @@ from study_records import (  # noqa: E402, F401  (re-exported)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "experiments" / "results"
-PRETRAINED = "pretrained"
 LOSS_CHUNK_STEPS = 10  # steps per point of a record's train_loss curve
 
 
@@ -94,92 +101,6 @@ class RecordedElsewhere(StudyError):
     def __init__(self, message: str, results: pathlib.Path, commit: str | None):
         super().__init__(message)
         self.results, self.commit = results, commit
-
-
-class Cell(NamedTuple):
-    """One run of a grid: its name, tier and field values (study names, `study_recipe.FIELDS`)."""
-
-    name: str
-    tier: int
-    values: dict
-
-
-# ----------------------------------------------------------------------------------------------
-# The grid.
-# ----------------------------------------------------------------------------------------------
-
-
-def load_grid(spec: str) -> tuple[ml_collections.ConfigDict, object]:
-    """`path.py[:arg]` -> (the grid ConfigDict, the `study_recipe` module it uses)."""
-    path, _, arg = spec.partition(":")
-    path = pathlib.Path(path).resolve()
-    if not path.is_file():
-        raise StudyError(f"grid file {path} not found")
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    module_spec = importlib.util.spec_from_file_location(f"_grid_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    grid = module.get_config(arg or None)
-    for key in ("name", "base", "tiers"):
-        if key not in grid:
-            raise StudyError(f"grid file {path}: get_config() has no {key!r}")
-    import study_recipe
-
-    return grid, study_recipe
-
-
-def _format(value) -> str:
-    return format(value, "g") if isinstance(value, float) else str(value)
-
-
-def cell_name(values: dict) -> str:
-    """`task-method[-field=value...]-s<seed>`, e.g. `stsb-istar-istar.weight=-0.5-s2`."""
-    extra = [f"{k}={_format(v)}" for k, v in values.items() if k not in ("task", "method", "seed")]
-    return "-".join([str(values["task"]), str(values["method"]), *extra, f"s{values['seed']}"])
-
-
-def grid_cells(grid: ml_collections.ConfigDict, max_tier: int) -> list[Cell]:
-    """The cells of tiers 1..max_tier, in order (tier, block, product of the block's axes)."""
-    cells, seen = [], set()
-    for tier in sorted(int(t) for t in grid.tiers):
-        if tier > max_tier:
-            continue
-        for block in grid.tiers[str(tier)]:
-            keys = list(block)
-            for combo in itertools.product(*(block[k] for k in keys)):
-                values = dict(zip(keys, combo, strict=True))
-                missing = {"task", "method", "seed"} - values.keys()
-                if missing:
-                    raise StudyError(f"grid {grid.name} tier {tier}: block {block} lacks {missing}")
-                name = cell_name(values)
-                if name in seen:
-                    raise StudyError(f"grid {grid.name}: cell {name} appears twice")
-                seen.add(name)
-                cells.append(Cell(name, tier, values))
-    return cells
-
-
-def grid_axes(grid: ml_collections.ConfigDict) -> list[str]:
-    """Every field any block varies (task, method and seed first)."""
-    axes = ["task", "method", "seed"]
-    for blocks in grid.tiers.values():
-        for block in blocks:
-            axes += [k for k in block if k not in axes]
-    return axes
-
-
-def cell_config(grid, recipe, values: dict) -> ml_collections.ConfigDict:
-    config = ml_collections.ConfigDict(grid.base.to_dict())
-    return recipe.set_fields(config, values)
-
-
-def config_hash(config: ml_collections.ConfigDict, recipe) -> str:
-    """SHA-256 (16 hex digits) of the config without the fields that do not change the run."""
-    data = json.loads(config.to_json())
-    for key in recipe.NON_RUN_FIELDS:
-        data.pop(key, None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,26 +249,6 @@ def _folder_config_matches(workdir: pathlib.Path, config, recipe) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
-def plan(grid, recipe, max_tier: int) -> list[Cell]:
-    """Pre-trained cells (one per task of the grid, tier 0) then the grid's cells."""
-    cells = grid_cells(grid, max_tier)
-    if grid.get("pretrained", False):
-        tasks = list(dict.fromkeys(c.values["task"] for c in cells))
-        seed = cells[0].values["seed"] if cells else 0
-        pre = [
-            Cell(f"{t}-{PRETRAINED}", 0, {"task": t, "method": PRETRAINED, "seed": seed})
-            for t in tasks
-        ]
-        cells = pre + cells
-    return cells
-
-
-def _config_of(cell: Cell, grid, recipe) -> ml_collections.ConfigDict:
-    if cell.values["method"] == PRETRAINED:  # the plain encoder + classifier, evaluated at step 0
-        return cell_config(grid, recipe, {**cell.values, "method": "none"})
-    return cell_config(grid, recipe, cell.values)
-
-
 def check_budget(budget_minutes: float | None) -> None:
     """A budget is None (no limit) or finite and >= 0: NaN compares false with every elapsed
     time, so it would run the whole grid."""
@@ -378,6 +279,67 @@ def check_hashes(results: pathlib.Path, records: list[dict], hashes: dict[str, s
     )
 
 
+class _Plan:
+    """One call's view of a grid: its cells, their configs and hashes, the records so far and
+    the estimates (`study_eta`) of the cells still to run."""
+
+    def __init__(self, grid_spec: str, tier: int, runs_dir, results, retry_failed: bool):
+        self.grid, self.recipe = load_grid(grid_spec)
+        self.study = self.grid.name
+        self.results = results_path(self.study, results)
+        self.study_dir = pathlib.Path(runs_dir) / self.study
+        self.axes = grid_axes(self.grid)
+        self.cells = plan(self.grid, self.recipe, tier)
+        self.retry_failed = retry_failed
+        self.records = read_records_locked(self.results)
+        self.by_cell = {r["cell"]: r for r in self.records}
+        self.configs = {c.name: config_of(c, self.grid, self.recipe) for c in self.cells}
+        self.hashes = {n: config_hash(c, self.recipe) for n, c in self.configs.items()}
+        check_hashes(self.results, self.records, self.hashes)
+        self.device = device_name()
+
+    def todo(self, cell: Cell) -> bool:
+        old = self.by_cell.get(cell.name)
+        return old is None or (self.retry_failed and old["status"] == "failed")
+
+    def estimate(self, cell: Cell) -> float | None:
+        done = max([row["epoch"] for row in read_run(self.study_dir / cell.name)["eval"]] + [0])
+        return study_eta.estimate_minutes(
+            cell.values, self.configs[cell.name], self.records, self.recipe, done, self.device
+        )
+
+    def left(self, explain: bool = False) -> str:
+        return study_eta.eta([self.estimate(c) for c in self.cells if self.todo(c)], explain)
+
+    def counts(self, *, ran: int, held: int) -> dict:
+        return _counts(self.cells, self.by_cell, ran=ran, held=held)
+
+    def remember(self, record: dict) -> None:
+        self.records = [r for r in self.records if r["cell"] != record["cell"]] + [record]
+        self.by_cell[record["cell"]] = record
+
+    def record_head(self, cell: Cell, commit: str, dirty: bool) -> dict:
+        """A cell's record before its run: everything but status, error and the run's part."""
+        import jax
+
+        config = self.configs[cell.name]
+        return {
+            "study": self.study,
+            "cell": cell.name,
+            "tier": cell.tier,
+            **_record_head(cell, config, self.recipe, self.axes),
+            "config_hash": self.hashes[cell.name],
+            "config": json.loads(config.to_json()),
+            "git_commit": commit,
+            "git_dirty": dirty,
+            "device": self.device,
+            "jax_version": jax.__version__,
+            "sweep": self.grid.get("sweep", ""),
+            "baseline": dict(self.grid.get("baseline", ())),
+            "metric": "score",
+        }
+
+
 def run_grid(
     grid_spec: str,
     *,
@@ -393,51 +355,23 @@ def run_grid(
     returns counts {"cells", "done", "failed", "ran", "held", "left"} after this call ("held":
     cells skipped because another runner held them)."""
     check_budget(budget_minutes)
-    grid, recipe = load_grid(grid_spec)
-    study = grid.name
-    results = results_path(study, results)
-    study_dir = pathlib.Path(runs_dir) / study
-    axes = grid_axes(grid)
-    cells = plan(grid, recipe, tier)
-    records = read_records_locked(results)
-    by_cell = {r["cell"]: r for r in records}
-    configs = {c.name: _config_of(c, grid, recipe) for c in cells}
-    hashes = {name: config_hash(config, recipe) for name, config in configs.items()}
-    check_hashes(results, records, hashes)
-
-    device = device_name()
-    import jax
-
-    jax_version = jax.__version__
-
-    def todo(cell: Cell) -> bool:
-        old = by_cell.get(cell.name)
-        return old is None or (retry_failed and old["status"] == "failed")
-
-    def estimate(cell: Cell) -> float | None:
-        done = max([row["epoch"] for row in read_run(study_dir / cell.name)["eval"]] + [0])
-        config = configs[cell.name]
-        return study_eta.estimate_minutes(cell.values, config, records, recipe, done, device)
-
-    def left(explain: bool = False) -> str:
-        return study_eta.eta([estimate(c) for c in cells if todo(c)], explain)
-
-    pending = [c for c in cells if todo(c)]
-    failed = sum(by_cell.get(c.name, {}).get("status") == "failed" for c in cells)
+    p = _Plan(grid_spec, tier, runs_dir, results, retry_failed)
+    pending = [c for c in p.cells if p.todo(c)]
+    failed = sum(p.by_cell.get(c.name, {}).get("status") == "failed" for c in p.cells)
     log(
-        f"study {study} (tiers 1-{tier}): {len(cells)} cells, {len(cells) - len(pending)} "
-        f"recorded ({failed} failed), {len(pending)} to run; estimate {left(True)} -> {results}"
+        f"study {p.study} (tiers 1-{tier}): {len(p.cells)} cells, {len(p.cells) - len(pending)} "
+        f"recorded ({failed} failed), {len(pending)} to run; estimate {p.left(True)} -> "
+        f"{p.results}"
     )
     if dry_run:
         for cell in pending:
-            minutes = estimate(cell)
-            busy = study_records.holder(study_dir / cell.name)
+            minutes, busy = p.estimate(cell), study_records.holder(p.study_dir / cell.name)
             log(
                 f"  tier {cell.tier} {cell.name}: "
                 + ("time unknown" if minutes is None else f"~{minutes:.1f} min")
                 + (f" (running: {busy})" if busy else "")
             )
-        return _counts(cells, by_cell, ran=0, held=0)
+        return p.counts(ran=0, held=0)
 
     commit, dirty = git_state()
     start = time.monotonic()
@@ -447,51 +381,20 @@ def run_grid(
         if budget_minutes is not None and elapsed >= budget_minutes:
             log(f"budget of {budget_minutes:g} min reached after {elapsed:.1f} min: stopping")
             break
-        config, workdir = configs[cell.name], study_dir / cell.name
-        claim = study_records.claim(workdir)
+        where = f"[{index + 1}/{len(pending)}] {cell.name}"
+        claim = study_records.claim(p.study_dir / cell.name)
         if not isinstance(claim, study_records.Claim):
             held[cell.name] = claim
-            log(f"[{index + 1}/{len(pending)}] {cell.name}: held by {claim}; next cell")
+            log(f"{where}: held by {claim}; next cell")
             continue
         with claim:
-            # Another runner may have recorded it since this call read the results file.
-            now = {r["cell"]: r for r in read_records_locked(results)}.get(cell.name)
-            if now != by_cell.get(cell.name):
-                records = [r for r in records if r["cell"] != cell.name] + [now]
-                by_cell[cell.name] = now
-                log(f"[{index + 1}/{len(pending)}] {cell.name}: recorded by another runner")
-                continue
-            if not _folder_config_matches(workdir, config, recipe):
-                raise StudyError(f"{workdir} holds a run of another config: move it away")
-            log(
-                f"[{index + 1}/{len(pending)}] {cell.name} (tier {cell.tier}); grid left "
-                f"~{left()}, {elapsed:.1f} min into this call"
-            )
-            record = {
-                "study": study,
-                "cell": cell.name,
-                "tier": cell.tier,
-                **_record_head(cell, config, recipe, axes),
-                "config_hash": hashes[cell.name],
-                "config": json.loads(config.to_json()),
-                "git_commit": commit,
-                "git_dirty": dirty,
-                "device": device,
-                "jax_version": jax_version,
-                "sweep": grid.get("sweep", ""),
-                "baseline": dict(grid.get("baseline", ())),
-                "metric": "score",
-            }
-            record = _run_and_record(record, config, workdir, results, log)
-        records = [r for r in records if r["cell"] != cell.name] + [record]
-        by_cell[cell.name] = record
-        ran += 1
-    by_cell = {r["cell"]: r for r in read_records_locked(results)}  # other runners' lines too
-    records = list(by_cell.values())
-    counts = _counts(cells, by_cell, ran=ran, held=len(held))
+            ran += _run_claimed(p, cell, where, elapsed, commit, dirty, log)
+    p.by_cell = {r["cell"]: r for r in read_records_locked(p.results)}  # other runners' too
+    p.records = list(p.by_cell.values())
+    counts = p.counts(ran=ran, held=len(held))
     log(
-        f"study {study}: {counts['done']}/{counts['cells']} recorded ({counts['failed']} failed), "
-        f"{counts['left']} left (~{left()})"
+        f"study {p.study}: {counts['done']}/{counts['cells']} recorded "
+        f"({counts['failed']} failed), {counts['left']} left (~{p.left()})"
     )
     if held:
         log(
@@ -499,6 +402,23 @@ def run_grid(
             + "; ".join(f"{name} ({who})" for name, who in held.items())
         )
     return counts
+
+
+def _run_claimed(p: _Plan, cell: Cell, where: str, elapsed: float, commit, dirty, log) -> int:
+    """Runs and records `cell`, claimed by this runner; 1 if it ran, 0 if another runner had
+    recorded it since `p` read the results file."""
+    now = {r["cell"]: r for r in read_records_locked(p.results)}.get(cell.name)
+    if now != p.by_cell.get(cell.name):
+        p.remember(now)
+        log(f"{where}: recorded by another runner")
+        return 0
+    config, workdir = p.configs[cell.name], p.study_dir / cell.name
+    if not _folder_config_matches(workdir, config, p.recipe):
+        raise StudyError(f"{workdir} holds a run of another config: move it away")
+    log(f"{where} (tier {cell.tier}); grid left ~{p.left()}, {elapsed:.1f} min into this call")
+    record = _run_and_record(p.record_head(cell, commit, dirty), config, workdir, p.results, log)
+    p.remember(record)
+    return 1
 
 
 def _record_head(cell: Cell, config, recipe, axes: list[str]) -> dict:

@@ -228,6 +228,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` (a ValueError) with one line naming the first bad field of
     `config`."""
     _check_present(config)
+    _check_method(config)
+    _check_loop(config)
+    _check_numerics(config)
+
+
+def _check_method(config: ml_collections.ConfigDict) -> None:
+    """The task, the method and its hyper-parameters (normaliser, I-STAR, CosReg)."""
     _owned("task", glue.get_task, config.task)
     _check(config.method in METHODS, f"unknown method {config.method!r}; known: {METHODS}")
     _check(
@@ -255,6 +262,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         math.isfinite(config.istar.weight) and math.isfinite(config.cosreg.weight),
         "istar.weight and cosreg.weight must be finite",
     )
+
+
+def _check_loop(config: ml_collections.ConfigDict) -> None:
+    """The optimizer, batch sizes, counts and limits of the loop, lengths and buckets."""
     _owned("optimizer", optim.check_hparams, **config.optimizer.to_dict())
     for name in ("batch_size", "eval_batch_size", "num_epochs", "log_every", "keep_checkpoints"):
         _check(int(config[name]) >= 1, f"{name} must be >= 1, got {config[name]}")
@@ -287,6 +298,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         not (config.packing and config.row_buckets) or all(int(r) >= 1 for r in config.row_buckets),
         f"row_buckets must be positive row counts: {config.row_buckets}",
     )
+
+
+def _check_numerics(config: ml_collections.ConfigDict) -> None:
+    """Packing against the penalties, dropout, loss scaling, rng, precision, the tiny model."""
     penalty = {"istar": config.istar, "cosreg": config.cosreg}.get(config.method)
     _check(
         not (config.packing and penalty is not None and penalty.include_padding),

@@ -386,6 +386,27 @@ def data_source(config: ml_collections.ConfigDict) -> str:
     )
 
 
+def _run_log(run: Run, config: ml_collections.ConfigDict, workdir: pathlib.Path, lead: bool):
+    """The run's `reporting.RunLog` (metrics.jsonl, TensorBoard, progress; the learning rate
+    schedule it logs; the throughput meter, None with `config.throughput` off)."""
+    opt = config.optimizer
+    return reporting.RunLog(
+        workdir,
+        total_steps=run.total_steps,
+        every=config.log_every,
+        enabled=lead,
+        progress=config.progress,
+        tensorboard=config.tensorboard,
+        learning_rate=optim.learning_rate_schedule(
+            opt.learning_rate,
+            run.total_steps,
+            warmup_fraction=opt.warmup_fraction,
+            kind=opt.schedule,
+        ),
+        throughput=_meter(run, config, lead),
+    )
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
@@ -427,22 +448,7 @@ def train_and_evaluate(
     main_split = glue.get_task(config.task).dev_splits[0]  # MNLI: matched
     state, position = resume.restore(ckpt, run.state, workdir, lead, config)
     step = int(state.step)
-    opt = config.optimizer
-    log = reporting.RunLog(
-        workdir,
-        total_steps=run.total_steps,
-        every=config.log_every,
-        enabled=lead,
-        progress=config.progress,
-        tensorboard=config.tensorboard,
-        learning_rate=optim.learning_rate_schedule(
-            opt.learning_rate,
-            run.total_steps,
-            warmup_fraction=opt.warmup_fraction,
-            kind=opt.schedule,
-        ),
-        throughput=_meter(run, config, lead),
-    )
+    log = _run_log(run, config, workdir, lead)
     hooks = []  # after each step: the meter's timing, the profiler window
     if log.throughput is not None:
         hooks.append(lambda step, state, batch: log.throughput.step(state))

@@ -15,12 +15,29 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import functools  # noqa: E402
 import pathlib  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GLUE_DIR = pathlib.Path(os.environ.get("ISOJAX_GLUE_DIR", REPO.parent / "shared" / "data" / "glue"))
+
+
+def pytest_configure(config):
+    """One persistent compilation cache per test process, in-process only (a child process a
+    test starts compiles alone, or in the cache that test gives it): many tests compile the
+    same small programs, and a hit skips XLA's backend compile, loading the executable it would
+    build (same code, same numerics; 16 % off the study runner's test, 64 -> 54 s)."""
+    import jax
+
+    folder = tempfile.mkdtemp(prefix="isojax-tests-jax-cache-")
+    config.add_cleanup(functools.partial(shutil.rmtree, folder, ignore_errors=True))
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from children import child_env, finish
 
 from isojax import checkpointing, throughput
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _state(value: float) -> dict:
@@ -117,13 +116,8 @@ _CHILD = textwrap.dedent(
 def _start_child(tmp_path, mode, workdir, glue_dir, minilm_dir) -> subprocess.Popen:
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     # The resumed child reuses the first ones' executables (the same programs: bit-identical).
-    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax-cache")
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    # Unoptimised LLVM codegen compiles a tiny model much faster; all children use it alike.
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
+    env = child_env(cache=tmp_path / "jax-cache")
     return subprocess.Popen(
         [sys.executable, str(script), mode, str(workdir), str(glue_dir), str(minilm_dir)],
         env=env,
@@ -131,15 +125,6 @@ def _start_child(tmp_path, mode, workdir, glue_dir, minilm_dir) -> subprocess.Po
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def _finish(child: subprocess.Popen) -> subprocess.CompletedProcess:
-    try:
-        stdout, stderr = child.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        stdout, stderr = child.communicate()
-    return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
 
 
 def _untimed(path: pathlib.Path) -> list[dict]:
@@ -167,12 +152,12 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, glue_dir, min
         _start_child(tmp_path, mode, workdir, glue_dir, minilm_dir)
         for mode, workdir in (("full", full), ("kill", broken))
     ]
-    done, killed = (_finish(child) for child in children)
+    done, killed = (finish(child) for child in children)
     assert done.returncode == 0, done.stderr[-3000:]
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (broken / "results.json").exists()
     assert sorted(int(p.name) for p in (broken / "checkpoints").iterdir()) == [3, 4]
-    resumed = _finish(_start_child(tmp_path, "resume", broken, glue_dir, minilm_dir))
+    resumed = finish(_start_child(tmp_path, "resume", broken, glue_dir, minilm_dir))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed" in resumed.stderr and "at step 4 (epoch 1, batch 1)" in resumed.stderr
 

@@ -3,8 +3,6 @@ parameters replicated or FSDP-sharded), and two processes through `jax.distribut
 give the result of one process."""
 
 import json
-import os
-import pathlib
 import socket
 import subprocess
 import sys
@@ -14,12 +12,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from children import child_env, finish
 from jax.sharding import PartitionSpec as P
 
 from isojax import config as config_lib
 from isojax import distributed, steps, train
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def tiny_config(glue_dir, minilm_dir, **overrides):
@@ -129,10 +126,8 @@ def test_two_processes_match_one_process(tmp_path, glue_dir, minilm_dir):
     port = _free_port()
     children = []
     for rank in range(2):
-        env = dict(os.environ)
-        env.update(
-            PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
-            XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+        env = child_env(
+            devices=2,
             JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
             JAX_NUM_PROCESSES="2",
             JAX_PROCESS_ID=str(rank),
@@ -156,12 +151,8 @@ def test_two_processes_match_one_process(tmp_path, glue_dir, minilm_dir):
     config = tiny_config(glue_dir, minilm_dir, num_epochs=1)
     want = train.train_and_evaluate(config, tmp_path / "one")
     for child in children:
-        try:
-            output, _ = child.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            output, _ = child.communicate()
-        assert child.returncode == 0, output[-3000:]
+        done = finish(child)
+        assert done.returncode == 0, done.stdout[-3000:]
     got = json.loads((tmp_path / "two" / "results.json").read_text())
     assert got["step"] == want["step"] == 2
     for key, value in want["dev"].items():

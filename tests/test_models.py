@@ -105,7 +105,7 @@ def test_roberta_positions_skip_padding():
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF["roberta"])
     ids = jnp.array([[0, 5, 6, 1, 1], [0, 7, 1, 8, 1]])
     np.testing.assert_array_equal(
-        models.encoder.position_ids(cfg, ids), [[2, 3, 4, 1, 1], [2, 3, 1, 4, 1]]
+        models.transformer.position_ids(cfg, ids), [[2, 3, 4, 1, 1], [2, 3, 1, 4, 1]]
     )
 
 
@@ -354,7 +354,7 @@ def test_gelu_exact_matches_float64_erf_formula_and_gradient():
     import scipy.special
 
     x = np.linspace(-12.0, 12.0, 4001)
-    gelu = models.encoder._ACTIVATIONS["gelu"]
+    gelu = models.transformer._ACTIVATIONS["gelu"]
     ref = 0.5 * x * (1.0 + scipy.special.erf(x / np.sqrt(2.0)))
     np.testing.assert_allclose(gelu(jnp.asarray(x, jnp.float32)), ref, rtol=2e-6, atol=1e-6)
     grad = jax.vmap(jax.grad(gelu))(jnp.asarray(x, jnp.float32))

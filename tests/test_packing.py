@@ -342,7 +342,8 @@ def test_unpacked_call_unchanged_and_explicit_positions():
         mask = jnp.ones_like(ids)
         given = jnp.broadcast_to(jnp.arange(5), ids.shape)
         np.testing.assert_array_equal(
-            models.encoder.position_ids(cfg, ids, given), models.encoder.position_ids(cfg, ids)
+            models.transformer.position_ids(cfg, ids, given),
+            models.transformer.position_ids(cfg, ids),
         )
         base = encoder.apply({"params": params}, ids, mask)
         pairwise = jnp.broadcast_to(mask[:, None, None, :], (2, 1, 5, 5))
@@ -363,7 +364,7 @@ def test_unpacked_call_unchanged_and_explicit_positions():
 
 def test_segment_attention_mask():
     seg = jnp.array([[1, 1, 2, 2, 2, 0]])
-    mask = models.encoder.segment_attention_mask(seg)
+    mask = models.transformer.segment_attention_mask(seg)
     assert mask.shape == (1, 1, 6, 6) and mask.dtype == jnp.bool_
     want = np.zeros((6, 6), bool)
     want[:2, :2] = want[2:5, 2:5] = True

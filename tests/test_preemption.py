@@ -3,7 +3,6 @@ exits with `preemption.EXIT_PREEMPTED`, and resumes to the uninterrupted run's e
 processes, the one signalled and the other save the same step."""
 
 import json
-import os
 import pathlib
 import socket
 import subprocess
@@ -14,10 +13,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from children import child_env, finish
 
 from isojax import preemption, throughput
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # `isojax finetune` in a child; with STOP_AT, the child signals itself right after that step
 # (from the log hook, as a scheduler's SIGTERM would arrive mid-epoch) and once more while the
@@ -55,37 +53,17 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _env(tmp_path, devices: int, **extra) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / f"jax-cache-{devices}")
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    env["XLA_FLAGS"] = (
-        f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
-    )
-    return env | extra
-
-
 def _start(tmp_path, workdir, glue_dir, minilm_dir, stop_at=0, *, devices=4, rank=0, **env):
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
     args = [str(workdir), str(glue_dir), str(minilm_dir), str(stop_at), str(rank)]
     return subprocess.Popen(
         [sys.executable, str(script), *args],
-        env=_env(tmp_path, devices, **env),
+        env=child_env(devices=devices, cache=tmp_path / f"jax-cache-{devices}", **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def _finish(child: subprocess.Popen) -> subprocess.CompletedProcess:
-    try:
-        stdout, stderr = child.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        stdout, stderr = child.communicate()
-    return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
 
 
 def _steps(workdir: pathlib.Path) -> list[int]:
@@ -113,7 +91,7 @@ def test_sigterm_saves_that_step_and_the_restart_ends_identical(tmp_path, glue_d
         _start(tmp_path, full, glue_dir, minilm_dir),
         _start(tmp_path, cut, glue_dir, minilm_dir, stop_at=3),
     ]
-    done, stopped = (_finish(child) for child in children)
+    done, stopped = (finish(child) for child in children)
     assert done.returncode == 0, done.stderr[-3000:]
     assert stopped.returncode == preemption.EXIT_PREEMPTED, stopped.stderr[-3000:]
     assert _steps(cut) == [3]
@@ -123,7 +101,7 @@ def test_sigterm_saves_that_step_and_the_restart_ends_identical(tmp_path, glue_d
     position = json.loads((cut / "checkpoints" / "3" / "position" / "metadata").read_text())
     assert (position["epoch"], position["batch"], position["train_count"]) == (0, 3, 1)
 
-    resumed = _finish(_start(tmp_path, cut, glue_dir, minilm_dir))
+    resumed = finish(_start(tmp_path, cut, glue_dir, minilm_dir))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at step 3 (epoch 0, batch 3)" in resumed.stderr
     want, got = _state(full, 12), _state(cut, 12)
@@ -169,7 +147,7 @@ def test_two_processes_save_the_same_step(tmp_path, glue_dir, minilm_dir):
         )
         for rank in range(2)
     ]
-    first, second = (_finish(child) for child in children)
+    first, second = (finish(child) for child in children)
     for child in (first, second):
         assert child.returncode == preemption.EXIT_PREEMPTED, child.stderr[-3000:]
     (step,) = _steps(tmp_path / "two")

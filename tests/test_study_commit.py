@@ -60,8 +60,8 @@ def _repo(tmp_path) -> tuple[pathlib.Path, str]:
     _git(repo, "add", ".")
     _git(repo, "commit", "-q", "-m", "old runner")
     old = _git(repo, "rev-parse", "HEAD")
-    for name in ("study.py", "study_commit.py", "study_eta.py", "study_records.py"):
-        shutil.copy(REPO / "experiments" / name, repo / "experiments" / name)
+    for path in (REPO / "experiments").glob("study*.py"):  # the runner and its modules
+        shutil.copy(path, repo / "experiments" / path.name)
     _git(repo, "add", ".")
     _git(repo, "commit", "-q", "-m", "new runner")
     results = repo / "experiments/results/g.jsonl"

@@ -16,7 +16,7 @@ row buckets (`resolve_row_buckets`), so a jitted step compiles at most
 
 Each example keeps its own tokens, segment (token type) ids and positions (0 at its [CLS]);
 `segment_ids` (the example's slot + 1, 0 for padding) give the attention mask that keeps
-attention inside each example (`isojax.models.encoder.segment_attention_mask`), and `cls_index`
+attention inside each example (`isojax.models.transformer.segment_attention_mask`), and `cls_index`
 points at each example's [CLS], so the head gathers `[b, hidden]` sentence vectors in the
 unpacked batch's order. Filler examples (`example_mask` 0, last batch) take no tokens.
 
@@ -240,11 +240,11 @@ def model_inputs(batch: Mapping) -> dict:
         }
     import jax.numpy as jnp  # lazily: the data pipeline itself needs no JAX
 
-    from isojax.models import encoder
+    from isojax.models import transformer
 
     return {
         "input_ids": batch["input_ids"],
-        "attention_mask": encoder.segment_attention_mask(jnp.asarray(batch["segment_ids"])),
+        "attention_mask": transformer.segment_attention_mask(jnp.asarray(batch["segment_ids"])),
         "token_type_ids": batch["token_type_ids"],
         "position_ids": batch["position_ids"],
         "cls_index": batch["cls_index"],

@@ -6,9 +6,10 @@ pairwise `segment_attention_mask`, per-example `position_ids` and a `cls_index` 
 
 from isojax.models.checkpoints import LoadReport, Pretrained, load_pretrained
 from isojax.models.config import FAMILIES, VARIANTS, EncoderConfig
-from isojax.models.encoder import Encoder, EncoderOutput, init_params, segment_attention_mask
+from isojax.models.encoder import Encoder, init_params
 from isojax.models.heads import SequenceClassifier, init_variables
 from isojax.models.hf_export import export_pretrained
+from isojax.models.transformer import EncoderOutput, segment_attention_mask
 
 __all__ = [
     "FAMILIES",

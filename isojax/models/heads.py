@@ -158,7 +158,7 @@ class SequenceClassifier(nn.Module):
         Args:
           input_ids, token_type_ids: `[batch, len]`.
           attention_mask: `[batch, len]`, or `[batch, 1, len, len]` for packed rows
-            (`isojax.models.encoder.segment_attention_mask`).
+            (`isojax.models.transformer.segment_attention_mask`).
           position_ids: `[batch, len]` 0-based position within each example (packed rows).
           cls_index: `[examples, 2]` (row, position) of each example's [CLS] (packed rows).
           deterministic: no dropout (evaluation).

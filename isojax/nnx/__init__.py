@@ -7,7 +7,7 @@ pure functions (one copy of the maths; `isojax.norms`, `isojax.running`, `isojax
   pass's `C0`, and `istar_penalty` (`isojax.nnx.stabilizer`);
 - `Encoder` (BERT, RoBERTa, DistilBERT, ALBERT; packed inputs, `cls_only`) and
   `SequenceClassifier` (`isojax.nnx.encoder`, `isojax.nnx.heads`), over the pure functions of
-  `isojax.models.encoder` and `isojax.models.heads`;
+  `isojax.models.transformer` and `isojax.models.heads`;
 - `from_pretrained` / `export_pretrained` (a Hugging Face folder or the weights package, through
   the linen name tables) and `from_linen` / `to_linen` / `linen_variables` /
   `load_linen_variables`, the twin in either direction (`isojax.nnx.pretrained`).

@@ -1,11 +1,12 @@
 """BERT-family encoders (BERT, RoBERTa, DistilBERT, ALBERT) as native Flax NNX modules.
 
 The twin of the linen `isojax.models.Encoder`, over the same maths: the embeddings
-(`encoder.embed`), the attention with its `cls_only` branch (`encoder.attention_context`), the
-post-LN layer's wiring (`encoder.transformer_layer`), ALBERT's layer sharing
-(`encoder.layer_calls`), the stack, sentence tokens and pooler (`encoder.encode`), the input
-checks (`encoder.check_inputs`) and the dropout masks (`isojax.models.dropout.dropout`). This
-file holds only the NNX modules: their parameters and modes.
+(`transformer.embed`), the attention with its `cls_only` branch (`transformer.attention_context`),
+the post-LN layer's wiring (`transformer.transformer_layer`), ALBERT's layer sharing
+(`transformer.layer_calls`), the stack, sentence tokens and pooler (`transformer.encode`), the
+input checks (`transformer.check_inputs`) and the dropout masks
+(`isojax.models.dropout.dropout`). This file holds only the NNX modules: their parameters and
+modes.
 
     enc = Encoder(models.VARIANTS["tiny"], rngs=nnx.Rngs(0))
     out = enc(ids, mask, deterministic=True)          # EncoderOutput, as linen's
@@ -40,8 +41,8 @@ from flax import nnx
 from isojax import distributed
 from isojax.models import config as config_lib
 from isojax.models import dropout as dropout_lib
-from isojax.models import encoder as encoder_lib
-from isojax.models.encoder import EncoderOutput
+from isojax.models import transformer
+from isojax.models.transformer import EncoderOutput
 
 __all__ = ["Dropout", "Embeddings", "Encoder", "EncoderOutput", "SelfAttention", "TransformerLayer"]
 
@@ -146,7 +147,7 @@ class _Build:
 
 
 class SelfAttention(nnx.Module):
-    """Multi-head self-attention (`encoder.attention_context`, then `out`): `[batch, len,
+    """Multi-head self-attention (`transformer.attention_context`, then `out`): `[batch, len,
     hidden]`, or `[examples, 1, hidden]` with `cls_only`."""
 
     def __init__(self, build: _Build):
@@ -158,7 +159,7 @@ class SelfAttention(nnx.Module):
 
     def __call__(self, x, mask, deterministic=None, cls_only=False, cls_index=None) -> jax.Array:
         projections = (self.query, self.key, self.value)
-        context = encoder_lib.attention_context(
+        context = transformer.attention_context(
             x,
             tuple(p.kernel[...] for p in projections),
             tuple(p.bias[...] for p in projections),
@@ -173,7 +174,7 @@ class SelfAttention(nnx.Module):
 
 
 class TransformerLayer(nnx.Module):
-    """The post-LN layer shared by the four families (`encoder.transformer_layer`)."""
+    """The post-LN layer shared by the four families (`transformer.transformer_layer`)."""
 
     def __init__(self, build: _Build):
         cfg = build.cfg
@@ -189,7 +190,7 @@ class TransformerLayer(nnx.Module):
         def drop(y):
             return self.dropout(y, deterministic=deterministic)
 
-        return encoder_lib.transformer_layer(
+        return transformer.transformer_layer(
             self.config,
             x,
             lambda y: self.attention(y, mask, deterministic, cls_only, cls_index),
@@ -205,20 +206,20 @@ class TransformerLayer(nnx.Module):
 
 
 class Embeddings(nnx.Module):
-    """Token + position (+ segment) embeddings, LayerNorm, dropout (`encoder.embed`)."""
+    """Token + position (+ segment) embeddings, LayerNorm, dropout (`transformer.embed`)."""
 
     def __init__(self, build: _Build):
         cfg = build.cfg
         self.config = cfg
         self.word = build.embed(cfg.vocab_size)
         self.token_type = build.embed(cfg.type_vocab_size) if cfg.type_vocab_size else None
-        sinusoidal = encoder_lib.sinusoidal_init if cfg.sinusoidal_pos_embds else None
+        sinusoidal = transformer.sinusoidal_init if cfg.sinusoidal_pos_embds else None
         self.position = build.embed(cfg.max_position_embeddings, sinusoidal)
         self.norm = build.norm(cfg.embed_dim)
         self.dropout = build.dropout(cfg.hidden_dropout)
 
     def __call__(self, input_ids, token_type_ids, deterministic=None, positions=None):
-        return encoder_lib.embed(
+        return transformer.embed(
             self.config,
             input_ids,
             token_type_ids,
@@ -299,7 +300,7 @@ class Encoder(nnx.Module):
         cls_only: bool = False,
     ) -> EncoderOutput:
         cfg = self.config
-        encoder_lib.check_inputs(
+        transformer.check_inputs(
             cfg, input_ids, attention_mask, token_type_ids, position_ids, cls_index
         )
         x = self.embeddings(input_ids, token_type_ids, deterministic, position_ids)
@@ -312,6 +313,6 @@ class Encoder(nnx.Module):
         if self.remat:  # `last` (cls_only) is static: it changes the layer's shapes
             call = nnx.remat(call, static_argnums=(3,))
         stack = [
-            functools.partial(call, self._layer(g, j)) for g, j in encoder_lib.layer_calls(cfg)
+            functools.partial(call, self._layer(g, j)) for g, j in transformer.layer_calls(cfg)
         ]
-        return encoder_lib.encode(cfg, x, attention_mask, stack, self.pooler, cls_only, cls_index)
+        return transformer.encode(cfg, x, attention_mask, stack, self.pooler, cls_only, cls_index)
