@@ -162,13 +162,17 @@ def varied_fields(runs: list[dict]) -> list[str]:
     return sorted(out, key=lambda k: k != "method")
 
 
+# The papers' symbols for the swept fields, in arm labels.
+LABEL_NAMES = {"istar.weight": "lambda", "cosreg.weight": "lambda", "istar.zeta": "zeta"}
+
+
 def arm_label(record: dict, varied: list[str]) -> str:
     """`method`, then `field=value` for the other varied fields, e.g. `istar lambda=-0.5`."""
     parts = [str(record["fields"]["method"])]
     for key in varied:
         if key != "method":
             value = record["fields"].get(key)
-            name = {"istar.weight": "lambda", "cosreg.weight": "lambda"}.get(key, key)
+            name = LABEL_NAMES.get(key, key)
             parts.append(f"{name}={format(value, 'g') if isinstance(value, float) else value}")
     return " ".join(parts)
 

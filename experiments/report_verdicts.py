@@ -26,7 +26,7 @@ import math
 
 import report_stats as stats
 from report_records import PRETRAINED
-from report_tables import arm_of, f, fp, signed, value
+from report_tables import arm_of, f, fp, paired, signed, value
 
 ALPHA = 0.05
 # SPEC.md §9: IsoBN gains about +1.0 GLUE point on the average of seven tasks, larger on the
@@ -123,11 +123,24 @@ class Family:
         """One line; `direction` and `claim` override the family's for this line."""
         self.lines.append((where, t, what, extra, direction or self.direction, claim or self.claim))
 
+    def judged(self) -> list[tuple[tuple, float, dict]]:
+        """Per line: (the line as added, its Holm-adjusted p, its verdict dict)."""
+        adjusted = stats.holm([line[1]["p"] for line in self.lines])
+        out = []
+        for line, p_adj in zip(self.lines, adjusted, strict=True):
+            t, direction = line[1], line[4]
+            if self.kind == "no change":
+                v = no_change_verdict(t, p_adj) | {"size_excluded": None}
+            else:
+                v = difference_verdict(t, p_adj, direction, self.size)
+            out.append((line, p_adj, v))
+        return out
+
     def render(self) -> list[str]:
         if not self.lines:
             return []
-        adjusted = stats.holm([line[1]["p"] for line in self.lines])
-        m = sum(math.isfinite(p) for p in adjusted)
+        judged = self.judged()
+        m = sum(math.isfinite(p_adj) for _, p_adj, _ in judged)
         untested = f" ({len(self.lines) - m} without a test)" if m < len(self.lines) else ""
         head = (
             f"**{self.claim}**: a family of {len(self.lines)} line"
@@ -136,15 +149,8 @@ class Family:
             + f"{self.size_note}."
         )
         out = ["", head, ""]
-        for (where, t, what, extra, direction, claim), p_adj in zip(
-            self.lines, adjusted, strict=True
-        ):
-            if self.kind == "no change":
-                v = no_change_verdict(t, p_adj)
-                flip, side, excluded = v["flip"], v["side"], None
-            else:
-                v = difference_verdict(t, p_adj, direction, self.size)
-                flip, side, excluded = v["flip"], v["side"], v["size_excluded"]
+        for (where, t, what, extra, direction, claim), p_adj, v in judged:
+            flip, side, excluded = v["flip"], v["side"], v["size_excluded"]
             parts = [
                 f"{what} {signed(t['mean'])}, t 95 % [{signed(t['lo'])}, {signed(t['hi'])}]"
                 if t["n"]
@@ -253,6 +259,8 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
     lines += _anisotropy_line(data, fig)
     if data["sweep"] == "istar.weight":
         lines += _istar_lines(data, fig)
+    if data["sweep"] == "istar.zeta":
+        lines += _zeta_lines(data)
     if data["sweep"] == "cosreg.weight":
         lines += _cosreg_lines(data)
     return lines
@@ -317,8 +325,81 @@ def _istar_lines(data: dict, fig: dict) -> list[str]:
                 median = per_task[task]["arms"][label]["last"]["median"]
                 helps.add(f"{task}, {label}", p["last"], "vs λ = 0", f"median {f(median)}")
     lines += helps.render()
-    lines += ["", "- [I-STAR] the best ζ lies in [0.2, 0.8]: **not tested** (ζ = 0.2 only)"]
+    lines += [
+        "",
+        "- [I-STAR] the best ζ lies in [0.2, 0.8]: **not tested here** (ζ = 0.2 only; the "
+        "`istar_zeta` study sweeps ζ)",
+    ]
     return lines
+
+
+# SPEC.md §9, [I-STAR]: the best ζ lies in [0.2, 0.8].
+ZETA_OPTIMUM = (0.2, 0.8)
+
+
+def _zeta_lines(data: dict) -> list[str]:
+    """[I-STAR]'s ζ claims over a ζ sweep, on the last-epoch score (as the λ lines). ζ = 0 and
+    ζ = 1 are each paired by seed against every swept ζ in [0.2, 0.8]: one family per end (the
+    claimed sign: the end is worse). "The best ζ lies in [0.2, 0.8]" is read from them: confirmed
+    where, against one ζ inside, both ends are confirmed worse; reversed where one end is
+    confirmed better than every ζ inside; the highest mean is printed beside it, not tested."""
+    lo, hi = ZETA_OPTIMUM
+    ends = {
+        0.0: Family("[I-STAR] ζ = 0 (plain IsoScore of the batch as the penalty) hurts", -1),
+        1.0: Family(
+            "[I-STAR] ζ = 1 (C₀ alone: the penalty has no gradient, SPEC.md §4) is slightly "
+            "worse than the optimum",
+            -1,
+        ),
+    }
+    scores = {}  # task -> zeta -> seed -> last-epoch score
+    for task in data["tasks"]:
+        by_value = scores[task] = {}
+        for point in data["per_task"][task]["sweep"]["points"]:
+            by_value.setdefault(point["value"], {})[point["seed"]] = point["score"]
+        for end, fam in ends.items():
+            for z in sorted(v for v in by_value if lo <= v <= hi and end in by_value):
+                where, what = f"{task}, against ζ = {z:g}", f"ζ = {end:g} − ζ = {z:g}"
+                fam.add(where, paired(by_value[end], by_value[z]), what)
+    lines, said = [], {}  # said: end -> where -> verdict
+    for end, fam in ends.items():
+        lines += fam.render()
+        said[end] = {line[0]: v["verdict"] for line, _, v in fam.judged()}
+    lines.append("")
+    for task, by_value in scores.items():
+        inside = sorted(v for v in by_value if lo <= v <= hi)
+        words = {
+            end: [said[end].get(f"{task}, against ζ = {z:g}", "") for z in inside] for end in ends
+        }
+        means = {z: float(sum(s.values()) / len(s)) for z, s in sorted(by_value.items())}
+        best = max(means, key=means.get)
+        lines.append(
+            f"- [I-STAR] the best ζ lies in [{lo:g}, {hi:g}], {task}: "
+            f"**{_best_zeta_verdict(words)}** (confirmed where both ends are "
+            "confirmed worse than one ζ inside, above; reversed where one end is confirmed "
+            f"better than every ζ inside; the highest mean last-epoch score is at ζ = {best:g}, "
+            f"{'inside' if lo <= best <= hi else 'outside'} the range, not a test; means "
+            + ", ".join(f"ζ = {z:g} {f(m)}" for z, m in means.items())
+            + ")"
+        )
+    return lines
+
+
+def _best_zeta_verdict(words: dict[float, list[str]]) -> str:
+    """The best-ζ verdict from the end-against-inside verdicts: `words[end][i]` is the verdict
+    of ζ = end against the i-th swept ζ inside the range ("" where that line is missing)."""
+    pairs = list(zip(*words.values(), strict=True))  # per ζ inside: (ζ = 0's word, ζ = 1's)
+    if not pairs or not all(all(p) for p in pairs):
+        return "not tested (an end or the range has no runs)"
+    both = [p for p in pairs if all(w.startswith("confirmed") for w in p)]
+    if both:
+        strict = any(all("parametric" not in w for w in p) for p in both)
+        return "confirmed" if strict else "confirmed (parametric only)"
+    for end_words in words.values():
+        if all(w.startswith("reversed") for w in end_words):
+            strict = all("parametric" not in w for w in end_words)
+            return "reversed" if strict else "reversed (parametric only)"
+    return "not detected at this n"
 
 
 COSREG_MOVES = ("last_tokens_mean_cosine", "last_tokens_max_abs_mean")

@@ -463,3 +463,64 @@ def test_help_names_a_results_file_that_exists(capsys):
     out = capsys.readouterr().out
     named = [w.rstrip(".,)") for w in out.split() if ".jsonl" in w]
     assert named and all((REPO / w).is_file() for w in named), named
+
+
+def _zeta_records(offsets: dict[float, float], seeds: int) -> list[dict]:
+    """I-STAR's ζ swept on STS-B: score = 0.85 + offsets[ζ] + a small per-run wobble."""
+    records = []
+    for seed in range(1, seeds + 1):
+        for i, (zeta, offset) in enumerate(offsets.items()):
+            wobble = np.random.default_rng(10 * seed + i).uniform(-0.002, 0.002)
+            score = 0.85 + 0.002 * seed + offset + wobble
+            record = _record(f"stsb-istar-zeta={zeta:g}-s{seed}", "stsb", "istar", seed,
+                             [score - 0.05, score], extra={"istar.zeta": zeta})  # fmt: skip
+            record["sweep"], record["baseline"] = "istar.zeta", {"istar.zeta": 0.2}
+            records.append(record)
+    return records
+
+
+def _zeta_line(md: str, start: str) -> str:
+    return next(x for x in md.splitlines() if x.startswith(start))
+
+
+def test_zeta_sweep_tests_both_ends_against_every_zeta_inside(tmp_path):
+    """ζ = 0 loses 0.05 and ζ = 1 loses 0.02 to every ζ in [0.2, 0.8] on every seed: each line
+    confirmed (parametric only at 3 seeds, confirmed at 6), and so the best ζ lies inside; with
+    ζ = 1 far ahead of every ζ inside, the best-ζ line says reversed."""
+    offsets = {0.0: -0.05, 0.2: 0.0, 0.5: 0.004, 0.8: -0.001, 1.0: -0.02}
+    records = _zeta_records(offsets, 3)
+    md = _markdown(_write(tmp_path, "zeta3", records))
+    data = report.build(records)
+    assert data["baseline"] == "istar zeta=0.2" and data["sweep"] == "istar.zeta"
+    hurts = "[I-STAR] ζ = 0 (plain IsoScore of the batch as the penalty) hurts"
+    assert f"**{hurts}**: a family of 3 lines, Holm-adjusted over 3;" in md
+    # One line against SciPy: ζ = 0 − ζ = 0.5, paired by seed.
+    by = {(r["fields"]["istar.zeta"], r["seed"]): r["eval"][-1]["score"] for r in records}
+    diffs = [by[0.0, s] - by[0.5, s] for s in (1, 2, 3)]
+    ref = scipy.stats.ttest_1samp(diffs, 0.0)
+    lo, hi = scipy.stats.t.interval(0.95, 2, loc=np.mean(diffs), scale=scipy.stats.sem(diffs))
+    line = _zeta_line(md, f"- {hurts}, stsb, against ζ = 0.5: ")
+    assert "**confirmed (parametric only)** (ζ = 0 − ζ = 0.5 " in line
+    assert f"{np.mean(diffs):+.4f}, t 95 % [{lo:+.4f}, {hi:+.4f}]; t-test p = " in line
+    p_shown = float(line.split("t-test p = ")[1].split(",")[0])
+    assert p_shown == pytest.approx(ref.pvalue, rel=0.02)
+    ends = "is slightly worse than the optimum, stsb, against ζ = 0.8: **confirmed (parametric"
+    assert ends in md
+    best = _zeta_line(md, "- [I-STAR] the best ζ lies in [0.2, 0.8], stsb: ")
+    assert "stsb: **confirmed (parametric only)** (" in best
+    assert "the highest mean last-epoch score is at ζ = 0.5, inside the range" in best
+    assert "**not tested here**" not in md  # that line belongs to the λ sweep
+
+    md6 = _markdown(_write(tmp_path, "zeta6", _zeta_records(offsets, 6)))
+    assert "stsb: **confirmed** (" in _zeta_line(md6, "- [I-STAR] the best ζ lies in")
+    assert f"- {hurts}, stsb, against ζ = 0.2: **confirmed** (" in md6
+
+    # ζ = 1 ahead of every ζ inside by about 0.05 on every seed: the claim is reversed.
+    ahead = _markdown(_write(tmp_path, "ahead", _zeta_records(offsets | {1.0: 0.05}, 6)))
+    best = _zeta_line(ahead, "- [I-STAR] the best ζ lies in")
+    assert "stsb: **reversed** (" in best and "at ζ = 1, outside the range" in best
+    # Without the ends there is nothing to test.
+    lone = _zeta_records({0.2: 0.0, 0.5: 0.004}, 3)
+    assert "stsb: **not tested (an end or the range has no runs)** (" in _zeta_line(
+        _markdown(_write(tmp_path, "lone", lone)), "- [I-STAR] the best ζ lies in"
+    )

@@ -86,19 +86,29 @@ def test_cells_names_and_tiers(tmp_path, glue_dir, minilm_dir):
     assert study.grid_axes(grid) == ["task", "method", "seed", "lr"]
 
 
-def test_grid_files_load_and_count():
+def test_grid_files_load_count_and_validate():
+    from isojax import config as config_lib
+
     counts = {}
-    for name in ("normalizers", "istar_lambda", "cosreg", "pilot"):
+    for name in ("normalizers", "istar_lambda", "cosreg", "istar_zeta", "pilot"):
         grid, recipe = study.load_grid(str(REPO / "experiments/configs" / f"study_{name}.py"))
         counts[name] = (len(study.grid_cells(grid, 1)), len(study.grid_cells(grid, 2)))
         config = study.cell_config(grid, recipe, study.grid_cells(grid, 2)[0].values)
         assert (recipe.get_field(config, "batch_size"), config.max_length) == (32, 128)
+        for cell in study.grid_cells(grid, 2):  # every cell's config is one train accepts
+            config_lib.validate_config(study.cell_config(grid, recipe, cell.values))
     assert counts == {
         "normalizers": (36, 76),
         "istar_lambda": (27, 108),
         "cosreg": (0, 9),
+        "istar_zeta": (0, 15),
         "pilot": (8, 8),
     }
+    grid, recipe = study.load_grid(str(REPO / "experiments/configs/study_istar_zeta.py"))
+    zetas = [c.values["istar.zeta"] for c in study.grid_cells(grid, 2)]
+    assert zetas == [0.0, 0.2, 0.5, 0.8, 1.0] * 3
+    config = study.cell_config(grid, recipe, study.grid_cells(grid, 2)[0].values)
+    assert (config.method, config.task, config.istar.weight) == ("istar", "stsb", -1.0)
 
 
 def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
