@@ -279,7 +279,7 @@ def test_a_changed_recipe_is_refused(tmp_path, glue_dir, minilm_dir):
 def test_git_state_outside_a_repository_reads_the_recorded_commit(tmp_path, monkeypatch):
     """A copy of the tree without `.git` (the device machine's): the commit and state that
     experiments/device/prepare.sh recorded, else "unknown" and dirty."""
-    monkeypatch.setattr(study, "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules["study_cell"], "REPO", tmp_path)
     monkeypatch.delenv("ISOJAX_GIT_COMMIT", raising=False)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert study.git_state() == ("unknown", True)
