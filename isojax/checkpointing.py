@@ -13,7 +13,12 @@ ignores it), and the one before it is used. A reader (`read_only=True`: `isojax 
 
 A save that fails for want of space (`ENOSPC`, also a quota's `EDQUOT`) removes its own
 unfinished folder and raises `CheckpointWriteError`, one line naming the folder and the error:
-the checkpoints saved before stay as they were.
+the checkpoints saved before stay as they were. Orbax's writer threads print a traceback for
+each array write that the full disk cut short ("Event loop is closed"), some of them after the
+save has raised, and asyncio logs their tasks' errors when they are collected: a save holds
+what is written to `sys.stderr` meanwhile, and after a full disk waits for those threads to
+fall quiet, collects the tasks and drops that output, so that the one line is all a user reads,
+on a line of its own. Any other output is passed on when the save ends.
 
 A checkpoint that reads fine but holds another train state (a code or config change added,
 removed, reshaped or retyped an array) is not damage: `restore` raises `CheckpointMismatch`,
@@ -23,12 +28,17 @@ metadata (names, shapes, dtypes) with the requested state before any array is re
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
+import io
 import logging
 import os
 import pathlib
 import re
 import shutil
+import sys
+import time
 import warnings
 from typing import Any
 
@@ -62,6 +72,50 @@ def _no_space(err: BaseException) -> bool:
             return True
         err = err.__cause__ or err.__context__
     return False
+
+
+def _wait_until_quiet(stream: io.StringIO, quiet_s: float = 0.5, limit_s: float = 5.0) -> None:
+    """Returns once nothing has been written to `stream` for `quiet_s` (or after `limit_s`)."""
+    start = seen = time.monotonic()
+    size = stream.tell()
+    while time.monotonic() - seen < quiet_s and time.monotonic() - start < limit_s:
+        time.sleep(0.05)
+        if stream.tell() != size:
+            size, seen = stream.tell(), time.monotonic()
+
+
+def _collect_quietly() -> None:
+    """Collects garbage with the asyncio logger quiet: the tasks of the writes a full disk cut
+    short log "Task exception was never retrieved" (asyncio ERROR) when they are collected."""
+    asyncio_logger = logging.getLogger("asyncio")
+    level = asyncio_logger.level
+    asyncio_logger.setLevel(logging.CRITICAL)
+    try:
+        gc.collect()
+    finally:
+        asyncio_logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _stderr_held(drop_after):
+    """Points `sys.stderr` at a buffer for the block, then back, and writes what the block's
+    threads wrote to the real stream; unless the block raised an error that `drop_after(err)`
+    accepts: then it waits for the writers to fall quiet and drops their output."""
+    real, held = sys.stderr, io.StringIO()
+    sys.stderr = held
+    drop = False
+    try:
+        yield
+    except BaseException as err:
+        drop = drop_after(err)
+        if drop:
+            _wait_until_quiet(held)
+        raise
+    finally:
+        sys.stderr = real
+        if not drop and held.getvalue():
+            real.write(held.getvalue())
+            real.flush()
 
 
 class _Unreadable(Exception):
@@ -152,21 +206,29 @@ class Checkpointer:
         if step in self._manager.all_steps():
             return
         # orbax's writer threads log each failure with its traceback (absl ERROR) before the
-        # save raises it: the one line below says it instead.
+        # save raises it, and print the tracebacks of the writes it cut short (module
+        # docstring): the one line below says it instead.
         absl_logger = logging.getLogger("absl")
         level = absl_logger.level
         absl_logger.setLevel(logging.CRITICAL)
+        full = False
         try:
-            self._manager.save(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(state), position=ocp.args.JsonSave(position)
-                ),
-            )
-            self._manager.wait_until_finished()
+            with _stderr_held(drop_after=_no_space):
+                self._manager.save(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardSave(state), position=ocp.args.JsonSave(position)
+                    ),
+                )
+                self._manager.wait_until_finished()
         except Exception as err:
             if not _no_space(err):
                 raise
+            full = True
+        finally:
+            absl_logger.setLevel(level)
+        if full:  # raised outside the handler, so that the orbax error and its frames can go
+            _collect_quietly()
             self._remove_unfinished(step)
             kept = self.all_steps()
             raise CheckpointWriteError(
@@ -174,9 +236,7 @@ class Checkpointer:
                 f"cannot write checkpoint step {step} in {self.directory}: "
                 f"{os.strerror(errno.ENOSPC)}; "
                 + (f"the checkpoints of steps {kept} are kept" if kept else "no older checkpoint"),
-            ) from None
-        finally:
-            absl_logger.setLevel(level)
+            )
 
     def _remove_unfinished(self, step: int) -> None:
         """Deletes `<step>.orbax-checkpoint-tmp*`, the folder of a save that failed."""
