@@ -105,7 +105,11 @@ def _paired(plt, runs: list[dict], data: dict):
         ax.set_xlim(-0.6, max(len(pairs), 1) - 0.4)
         ax.set_xticks(range(len(pairs)), list(pairs), rotation=60, ha="right", fontsize=7)
         ax.set_title(f"{task}: arm - {data['baseline']} (paired t 95 %)", fontsize=9)
-        ax.legend(fontsize=7)
+        if pairs:
+            ax.legend(fontsize=7)
+        else:  # a grid in progress: the task's baseline arm, or every other, has no run yet
+            ax.text(0.5, 0.5, "no arm paired with the baseline yet", ha="center",
+                    va="center", transform=ax.transAxes, fontsize=8)  # fmt: skip
     return fig
 
 
