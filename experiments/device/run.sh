@@ -13,6 +13,11 @@
 # <study>.log. MINUTES: the wall time this command may take (the call's timeout_s / 60 - 0.5);
 # about 1 minute of it is kept to finish and copy.
 #
+# GRIDS: the grids go runs, in order, each PATH[:TIER] (tiers 1..TIER; 1 if not given). By
+# default the grids the CPU has not run: istar_zeta, then normalizers' tier 2. A grid whose GPU
+# records are committed (experiments/results/gpu/<study>.jsonl, travelling with the tree)
+# continues from them: they are copied into $OUT first, so the runner skips their cells.
+#
 # ISOJAX_DEVICE_DRY=1 tests go on a CPU: the tiny grid experiments/device/grid_dry.py instead of
 # the study grids, site and runs in a temporary folder, git hidden (GIT_DIR) so that the
 # records take the commit from .device/meta, and TensorFlow hidden, as on the machine. PYTHON (default python3) runs
@@ -93,7 +98,7 @@ left_s() { echo $((limit_s - ($(date +%s) - start))); }
 if [ "${ISOJAX_DEVICE_DRY:-0}" = 1 ]; then
     tmp="$(mktemp -d)"
     site="$tmp/site" runs="$tmp/runs" cell_s="${CELL_S:-30}"
-    grids="experiments/device/grid_dry.py"
+    grids="${GRIDS:-experiments/device/grid_dry.py}"
     export GIT_DIR="$tmp/no-git"  # as on the machine: no repository beside the tree
     export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
     # As on the machine: no TensorFlow (None in sys.modules: imports fail, find_spec says absent).
@@ -104,7 +109,7 @@ if [ "${ISOJAX_DEVICE_DRY:-0}" = 1 ]; then
     echo "DRY RUN (ISOJAX_DEVICE_DRY=1): tiny grid, site and runs in $tmp"
 else
     site=/tmp/isojax-site runs=/tmp/runs cell_s="${CELL_S:-90}"  # cell_s: time kept for the last cell
-    grids="experiments/configs/study_normalizers.py experiments/configs/study_istar_lambda.py"
+    grids="${GRIDS:-experiments/configs/study_istar_zeta.py:2 experiments/configs/study_normalizers.py:2}"
 fi
 
 # --- The weights (call 1 left w1 here if the machine stayed warm), the wheels, the paths.
@@ -150,16 +155,28 @@ fi
 # with the budget that leaves one cell's time and a minute; a cell still running at the hard
 # limit is stopped (SIGTERM: no line, resumable) so that the results come back.
 export JAX_DEFAULT_MATMUL_PRECISION=highest
-for grid in $grids; do
+for entry in $grids; do
+    grid="${entry%%:*}" tier=1
+    [ "$grid" = "$entry" ] || tier="${entry##*:}"
     study="$(basename "$grid" .py)" && study="${study#study_}" && study="${study#grid_}"
+    if [ ! -f "$grid" ] || ! [[ "$tier" =~ ^[1-9]$ ]]; then
+        echo "== $entry: no such grid file, or tier not 1-9 (GRIDS entries are PATH[:TIER])"
+        continue
+    fi
+    if [ -f "experiments/results/gpu/$study.jsonl" ] && [ ! -f "$out/$study.jsonl" ]; then
+        cp "experiments/results/gpu/$study.jsonl" "$out/$study.jsonl"
+        echo "== $study: continuing from experiments/results/gpu/$study.jsonl" \
+            "($(wc -l <"$out/$study.jsonl") records)"
+    fi
     hard_s=$(($(left_s) - 60))
     budget=$(awk -v s="$((hard_s - cell_s))" 'BEGIN { printf "%.1f", s / 60 }')
     if [ $((hard_s - cell_s)) -le 0 ]; then
         echo "== $study: skipped ($(left_s) s left)"
         continue
     fi
-    echo "== $study: budget $budget min, stopped at $hard_s s"
-    timeout -k 20 "$hard_s" "$python" experiments/study.py "$grid" --budget-minutes "$budget" \
+    echo "== $study (tiers 1-$tier): budget $budget min, stopped at $hard_s s"
+    timeout -k 20 "$hard_s" "$python" experiments/study.py "$grid" --tier "$tier" \
+        --budget-minutes "$budget" \
         --runs-dir "$runs" --results "$out/$study.jsonl" >"$out/$study.log" 2>&1
     echo "study.py exit $? (124: stopped at the limit)"
     grep -E '^(study |\[|  ok|  FAILED|budget)' "$out/$study.log" | tail -n 80
