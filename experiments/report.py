@@ -160,7 +160,9 @@ def _sweep(data: dict, files: dict) -> list[str]:
         "range of Pearson r when the runs of each swept value are left out in turn (and "
         "which value), then Pearson without the collapsed runs. Collapsed: last-epoch score "
         "− chance < (baseline median − chance) / 2, chance being a constant prediction's "
-        f"score ({tables.chance_note()})."
+        f"score ({tables.chance_note()}); the rule is not applied (n/a) where the baseline's "
+        "median is within 1/√n_dev of chance, where halfway to it is noise (n_dev: "
+        f"{tables.dev_size_note()})."
         + (" The papers had 7 λ × 5 seeds = 35 runs per cell." if istar else "")
         + f" Figure: [sweep]({files.get('sweep', '')})",
         "",

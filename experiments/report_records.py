@@ -34,6 +34,8 @@ METRIC_NAMES = {
 # The dev score of a constant prediction (the majority class; 0 for a correlation), from the
 # local dev TSVs: RTE 146/277 not_entailment; MRPC 279/408 paraphrases (accuracy 0.684, F1 0.812).
 CHANCE = {"cola": 0.0, "mrpc": 0.7480, "stsb": 0.0, "rte": 0.5271}
+# Dev examples per task (the local TSVs), for the chance-level noise 1/√n of `beats_chance`.
+DEV_SIZE = {"cola": 1043, "mrpc": 408, "stsb": 1500, "rte": 277}
 
 
 # The keys the report reads from every record (what `experiments/study.py` writes).
@@ -182,14 +184,27 @@ def is_baseline(record: dict) -> bool:
     return bool(base) and all(record["fields"].get(k) == v for k, v in base.items())
 
 
+def chance_margin(task: str) -> float:
+    """1/√n_dev: about two standard errors of a constant-rate accuracy near 0.5 on the dev set,
+    one of a correlation near 0 (0 for a task of unknown size)."""
+    return 1.0 / math.sqrt(DEV_SIZE[task]) if task in DEV_SIZE else 0.0
+
+
+def beats_chance(task: str, median: float) -> bool:
+    """Whether a baseline's median score is above chance (`CHANCE`) by more than
+    `chance_margin`: only then does a run below halfway to it say anything (`collapsed`)."""
+    return math.isfinite(median) and median - CHANCE.get(task, 0.0) > chance_margin(task)
+
+
 def collapsed(record: dict, baseline_median: float) -> bool:
     """A run is collapsed when its last-epoch score is below halfway between chance (`CHANCE`,
     a constant prediction) and the baseline arm's median: score - chance < (median - chance)/2.
-    Never when the baseline itself is at chance or below."""
+    Never when the baseline itself does not beat chance (`beats_chance`): halfway to a score at
+    chance is noise."""
     task = record["fields"]["task"]
-    chance = CHANCE.get(task, 0.0)
-    if not math.isfinite(baseline_median) or baseline_median <= chance:
+    if not beats_chance(task, baseline_median):
         return False
+    chance = CHANCE.get(task, 0.0)
     return last_value(record) - chance < 0.5 * (baseline_median - chance)
 
 

@@ -26,9 +26,12 @@ import numpy as np
 import report_stats as stats
 from report_records import (
     CHANCE,
+    DEV_SIZE,
     PRETRAINED,
     arm_label,
+    beats_chance,
     best_score,
+    chance_margin,
     collapsed,
     dev_rows,
     is_baseline,
@@ -156,7 +159,14 @@ def build(records: list[dict]) -> dict:
 def _sweep(runs: list[dict], sweep: str, base_median: float) -> dict:
     """One task's sweep: the points, and per isotropy measure the correlations with the score."""
     flags = [collapsed(r, base_median) for r in runs]
-    out = {"n_collapsed": int(sum(flags)), "points": []}
+    task = runs[0]["fields"]["task"] if runs else ""
+    out = {"n_collapsed": int(sum(flags)), "points": [], "collapse_note": ""}
+    if runs and not beats_chance(task, base_median):
+        out["collapse_note"] = (
+            f"collapse rule not applied: the baseline's median {base_median:.3f} is within "
+            f"1/√{DEV_SIZE.get(task, '?')} = {chance_margin(task):.3f} of chance "
+            f"{CHANCE.get(task, 0.0):.3f}"
+        )
     for r, flag in zip(runs, flags, strict=True):
         out["points"].append(
             {
@@ -312,7 +322,8 @@ def sweep_table(data: dict) -> list[str]:
             md.append(
                 f"| {task} | {name} | {a['n']} | {signed(a['r'], 3)} | {fp(a['p'])} | "
                 f"{signed(s['r'], 3)} | {fp(s['p'])} | {loo_range(sw[key]['leave_one_out'])} | "
-                f"{sw['n_collapsed']} | {w['n']} | {signed(w['r'], 3)} | {fp(w['p'])} |"
+                f"{'n/a' if sw['collapse_note'] else sw['n_collapsed']} | {w['n']} | "
+                f"{signed(w['r'], 3)} | {fp(w['p'])} |"
                 + "".join(cells)
             )
     return md
@@ -335,3 +346,7 @@ def value(v) -> str:
 
 def chance_note() -> str:
     return ", ".join(f"{k} {v}" for k, v in CHANCE.items())
+
+
+def dev_size_note() -> str:
+    return ", ".join(f"{k} {n}" for k, n in DEV_SIZE.items())

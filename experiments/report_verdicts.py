@@ -314,8 +314,13 @@ def _istar_lines(data: dict, fig: dict) -> list[str]:
             f"**{v}** (Pearson r = {signed(a['r'], 3)}, p = {fp(a['p'])}, Holm p = {fp(p_adj)}; "
             f"Spearman ρ = {signed(s['r'], 3)}, p = {fp(s['p'])}; n = {a['n']}"
             + (f"; {why}" if why else "")
-            + f"; without collapsed runs: r = {signed(w['r'], 3)}, p = {fp(w['p'])}, "
-            f"n = {w['n']}{_fig(fig, 'sweep')})"
+            + (
+                f"; {per_task[task]['sweep']['collapse_note']}"
+                if per_task[task]["sweep"]["collapse_note"]
+                else f"; without collapsed runs: r = {signed(w['r'], 3)}, p = {fp(w['p'])}, "
+                f"n = {w['n']}"
+            )
+            + f"{_fig(fig, 'sweep')})"
         )
     helps = Family("[I-STAR] λ < 0 helps", +1)
     helps.size_note = NO_SIZE + " (the gain is 'modest')"

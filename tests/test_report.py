@@ -209,6 +209,41 @@ def _sweep_records() -> tuple[list[dict], dict]:
     return records, points
 
 
+@pytest.mark.parametrize(
+    ("base", "applied"), [(0.531, False), (0.5271 + 1 / 277**0.5 + 0.002, True)]
+)
+def test_collapse_rule_needs_a_baseline_that_beats_chance_by_its_noise(tmp_path, base, applied):
+    """RTE (277 dev pairs, chance 0.5271): a lambda = 0 median within 1/sqrt(277) = 0.060 of
+    chance leaves nothing to collapse from, so no run is counted collapsed and the line says
+    why; a median just beyond it flags the run below halfway."""
+    margin = 1 / 277**0.5
+    assert report_records.chance_margin("rte") == pytest.approx(margin, abs=1e-15)
+    assert report_records.beats_chance("rte", base) is applied
+    records = []
+    for weight, score in ((-5.0, 0.473), (0.0, base), (1.0, base + 0.01)):
+        for seed in (1, 2):
+            iso = _iso(seed) | {"tokens_isoscore": 0.1 * (weight + 6), "tokens_isoscore_star": 0.1}
+            records.append(
+                _record(f"rte-istar-istar.weight={weight:g}-s{seed}", "rte", "istar", seed,
+                        [score, score + 0.001 * seed], extra={"istar.weight": weight}, iso=iso)
+            )
+    path = _write(tmp_path, "rte_sweep", records)
+    sw = report.build(report_records.read_records(path))["per_task"]["rte"]["sweep"]
+    assert sw["n_collapsed"] == (2 if applied else 0)
+    assert [p["collapsed"] for p in sw["points"]] == [applied and p["value"] == -5.0
+                                                      for p in sw["points"]]
+    md = report.write_report(path).read_text()
+    line = next(x for x in md.splitlines() if "isotropy (IsoScore) is negatively" in x)
+    row = next(x for x in md.splitlines() if x.startswith("| rte | IsoScore |"))
+    note = "collapse rule not applied: the baseline's median 0.532 is within 1/√277 = 0.060"
+    if applied:
+        assert note[:26] not in line and "without collapsed runs: r = " in line
+        assert row.split(" | ")[8] == "2"
+    else:
+        assert note + " of chance 0.527" in line and "without collapsed" not in line
+        assert row.split(" | ")[8] == "n/a"
+
+
 def test_sweep_report_gives_scipy_pearson_with_and_without_collapsed_runs(tmp_path):
     records, points = _sweep_records()
     path = _write(tmp_path, "sweep", records)
