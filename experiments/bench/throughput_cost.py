@@ -86,6 +86,40 @@ def main(argv=None) -> dict:
     state, _ = run.train_fn(state, batches[0])  # the jit path's own compile
     meter.step(state)  # the shape's first run
     jax.block_until_ready(state)
+    state, times, figures = interleaved_rounds(run, meter, state, batches, args.rounds)
+    ratios = [m / p for m, p in zip(times["meter"], times["plain"], strict=True)]
+    plain_s, meter_s = statistics.median(times["plain"]), statistics.median(times["meter"])
+    host_s = meter_host_seconds(meter, state, batches[-1])
+
+    print(f"{args.model} {args.batch}x{args.length}, {len(batches)} steps x {args.rounds} rounds")
+    print(f"step plain {plain_s * 1e3:.1f} ms, with the meter {meter_s * 1e3:.1f} ms")
+    print(
+        f"ratio meter/plain {meter_s / plain_s:.4f} (median of step times); per-pair ratios "
+        f"min {min(ratios):.4f} max {max(ratios):.4f} (the noise)"
+    )
+    print(
+        f"meter host work {host_s * 1e6:.1f} us/step = {host_s / plain_s:.2e} of the step "
+        "(timed alone)"
+    )
+    for key in ("step_time_s", "real_tokens_per_s", "padded_tokens_per_s", "examples_per_s"):
+        print(f"  {key} {figures[key]:.4g}")
+    print(f"  flops_per_step {figures['flops_per_step']:.4g} (XLA cost analysis)")
+    print(f"  mfu {figures.get('mfu', float('nan')):.2%} against {args.peak:.3g} FLOP/s")
+    result = {"ratio": meter_s / plain_s, "ratios": ratios, "figures": figures, "memory": {}}
+    for b in [int(x) for x in args.memory_batches.split(",") if x]:
+        result["memory"][b] = m = step_memory(args.model, b, args.length)
+        print(
+            f"memory per device at {b}x{args.length}: "
+            + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in m.items())
+        )
+    return result
+
+
+def interleaved_rounds(run, meter, state, batches, rounds: int):
+    """`(state, {"plain": [s], "meter": [s]}, figures)`: per round, the mean step time of the
+    plain loop (the train step, the log's means and their host sync) and of the metered loop
+    (`meter.executable`, its counts and timing; `figures`: its last window), in alternating
+    order."""
 
     def plain(state):
         position = resume.Position()
@@ -104,54 +138,35 @@ def main(argv=None) -> dict:
             meter.step(state)
         return state, meter.window(position.pop_means())
 
-    times = {"plain": [], "meter": []}
-    figures = None
-    for r in range(args.rounds):
+    times, figures = {"plain": [], "meter": []}, None
+    for r in range(rounds):
         order = (("plain", plain), ("meter", metered))
         for name, arm in order if r % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             state, out = arm(state)
             times[name].append((time.perf_counter() - start) / len(batches))
             figures = out or figures
-    ratios = [m / p for m, p in zip(times["meter"], times["plain"], strict=True)]
-    plain_s, meter_s = statistics.median(times["plain"]), statistics.median(times["meter"])
+    return state, times, figures
 
-    calls = 10_000  # the meter's host work alone, on the last batch
+
+def meter_host_seconds(meter, state, batch, calls: int = 10_000) -> float:
+    """The meter's own host work per step (executable lookup, counts, timing), timed alone."""
     start = time.perf_counter()
     for _ in range(calls):
-        meter.executable(state, batches[-1])
+        meter.executable(state, batch)
         meter.counts()
         meter.step(state)
-    host_s = (time.perf_counter() - start) / calls
+    return (time.perf_counter() - start) / calls
 
-    print(f"{args.model} {args.batch}x{args.length}, {len(batches)} steps x {args.rounds} rounds")
-    print(f"step plain {plain_s * 1e3:.1f} ms, with the meter {meter_s * 1e3:.1f} ms")
-    print(
-        f"ratio meter/plain {meter_s / plain_s:.4f} (median of step times); per-pair ratios "
-        f"min {min(ratios):.4f} max {max(ratios):.4f} (the noise)"
+
+def step_memory(model: str, batch: int, length: int) -> dict:
+    """`hardware.memory` of the compiled train step at `batch` x `length`."""
+    config = make_config(model, batch, length, batch)
+    run = train.setup(config)
+    first = next(iter(train.train_batches(run.train_encoded, config, 0, mesh=run.mesh)))
+    return hardware.memory(
+        run.train_fn.lower(run.state, distributed.global_batch(first, run.mesh)).compile()
     )
-    print(
-        f"meter host work {host_s * 1e6:.1f} us/step = {host_s / plain_s:.2e} of the step "
-        "(timed alone)"
-    )
-    for key in ("step_time_s", "real_tokens_per_s", "padded_tokens_per_s", "examples_per_s"):
-        print(f"  {key} {figures[key]:.4g}")
-    print(f"  flops_per_step {figures['flops_per_step']:.4g} (XLA cost analysis)")
-    print(f"  mfu {figures.get('mfu', float('nan')):.2%} against {args.peak:.3g} FLOP/s")
-    result = {"ratio": meter_s / plain_s, "ratios": ratios, "figures": figures, "memory": {}}
-    for b in [int(x) for x in args.memory_batches.split(",") if x]:
-        cfg = make_config(args.model, b, args.length, b)
-        r = train.setup(cfg)
-        batch = distributed.global_batch(
-            next(iter(train.train_batches(r.train_encoded, cfg, 0, mesh=r.mesh))), r.mesh
-        )
-        m = hardware.memory(r.train_fn.lower(r.state, batch).compile())
-        result["memory"][b] = m
-        print(
-            f"memory per device at {b}x{args.length}: "
-            + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in m.items())
-        )
-    return result
 
 
 if __name__ == "__main__":

@@ -338,15 +338,7 @@ def main():
     if args.profile:
         profile(args, args.profile)
         return 0
-
-    jax_steps, compile_s = {}, {}
-    for method, cls_only in isojax_arms(args):
-        name = method if cls_only else "every token"
-        stepper = IsojaxStepper(args, method, cls_only)
-        first = stepper()
-        compile_s[name] = first - min(stepper() for _ in range(2))
-        jax_steps[name] = stepper
-        log(f"isojax {name} compiled in {compile_s[name]:.1f} s")
+    jax_steps, compile_s = compiled_isojax_arms(args)
     if args.costs:
         arms = {
             f"isojax {name}" if name != "none" else "isojax": functools.partial(
@@ -359,6 +351,33 @@ def main():
         log(f"== costs (per-round ratios of the mean of {args.costs} steps per arm) ==")
         log_costs(times)
         return 0
+    times = interleaved(speed_arms(args, jax_steps), args.rounds)
+    log("")
+    log("== figures (per-round ratios: median, IQR, min-max, bootstrap noise) ==")
+    log_speed(args, times)
+    log_costs(times)
+    log_c0_pass(jax_steps, times, args.batch)
+    log("compile time (train step): " + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
+    return 0
+
+
+def compiled_isojax_arms(args) -> tuple[dict, dict[str, float]]:
+    """`({name: IsojaxStepper}, {name: compile seconds})` of `isojax_arms`, each compiled (its
+    first step less the fastest of the next two); names: the method, or "every token"."""
+    jax_steps, compile_s = {}, {}
+    for method, cls_only in isojax_arms(args):
+        name = method if cls_only else "every token"
+        stepper = IsojaxStepper(args, method, cls_only)
+        first = stepper()
+        compile_s[name] = first - min(stepper() for _ in range(2))
+        jax_steps[name] = stepper
+        log(f"isojax {name} compiled in {compile_s[name]:.1f} s")
+    return jax_steps, compile_s
+
+
+def speed_arms(args, jax_steps: dict) -> dict:
+    """The arms of the speed rounds, every one compiled and warmed up: the four isojax steps and
+    PyTorch's at batch x length, and the plain steps of both at the other widths of `MIX`."""
     plain = jax_steps["none"]
     batches = {args.length: plain.host_batch}
     for width in sorted(MIX):
@@ -368,7 +387,6 @@ def main():
     torch_step = TorchStepper(args)
     for batch in batches.values():
         torch_step(batch)  # warm-up
-
     arms = {
         "isojax": plain,
         "isojax every token": jax_steps["every token"],
@@ -380,10 +398,35 @@ def main():
         if width != args.length:
             arms[f"isojax {width}"] = lambda w=width: plain(batches[w])
             arms[f"torch {width}"] = lambda w=width: torch_step(batches[w])
-    times = interleaved(arms, args.rounds)
+    return arms
 
-    # I-STAR's C0 pass: eval-mode forward batches until 250 000 token vectors (all layers).
-    istar = jax_steps["istar"]
+
+def log_speed(args, times: dict[str, np.ndarray]) -> None:
+    """The median step times and the torch/isojax ratios: at batch x length, at the STS-B
+    bucket mix (a round's mix time: its widths' step times weighted by `MIX`), and against the
+    every-token step."""
+
+    def mix(prefix: str) -> np.ndarray:
+        names = {w: prefix if w == args.length else f"{prefix} {w}" for w in MIX}
+        return sum(share * times[names[w]] for w, share in MIX.items()) / sum(MIX.values())
+
+    log("median step time: " + ", ".join(f"{k} {np.median(v):.3f} s" for k, v in times.items()))
+    text, _ = summarize(times["torch"] / times["isojax"])
+    log(
+        f"speed vs PyTorch at {args.batch} x {args.length}, torch/isojax step time: {text} "
+        "(goal >= 1)"
+    )
+    text, _ = summarize(mix("torch") / mix("isojax"))
+    mix_text = ", ".join(f"{w}: {100 * s:.1f} %" for w, s in MIX.items())
+    log(f"speed vs PyTorch at the STS-B bucket mix ({mix_text}): {text} (goal >= 1)")
+    text, _ = summarize(times["torch"] / times["isojax every token"])
+    log(f"the same at {args.batch} x {args.length} with the last layer at every token: {text}")
+
+
+def log_c0_pass(jax_steps: dict, times: dict[str, np.ndarray], batch_size: int) -> None:
+    """I-STAR's C0 pass (eval-mode forward batches until the stabilizer's 250 000 token vectors,
+    all layers; the fastest of two timed batches) as a share of an RTE epoch of I-STAR steps."""
+    istar, plain = jax_steps["istar"], jax_steps["none"]
     acc = jax.device_put(
         regularizers.stabilizer_init(istar.run.hidden_size),
         jax.sharding.NamedSharding(istar.run.mesh, jax.sharding.PartitionSpec()),
@@ -398,34 +441,13 @@ def main():
         jax.block_until_ready(acc)
         pass_times.append(time.perf_counter() - start)
     pass_batches = int(np.ceil(istar.config.istar.stabilizer.tokens / tokens))
-    rte_steps = int(np.ceil(len(plain.run.train_encoded) / args.batch))
-
-    def mix(prefix: str) -> np.ndarray:
-        names = {w: prefix if w == args.length else f"{prefix} {w}" for w in MIX}
-        return sum(share * times[names[w]] for w, share in MIX.items()) / sum(MIX.values())
-
-    log("")
-    log("== figures (per-round ratios: median, IQR, min-max, bootstrap noise) ==")
-    log("median step time: " + ", ".join(f"{k} {np.median(v):.3f} s" for k, v in times.items()))
-    text, _ = summarize(times["torch"] / times["isojax"])
-    log(
-        f"speed vs PyTorch at {args.batch} x {args.length}, torch/isojax step time: {text} "
-        "(goal >= 1)"
-    )
-    text, _ = summarize(mix("torch") / mix("isojax"))
-    mix_text = ", ".join(f"{w}: {100 * s:.1f} %" for w, s in MIX.items())
-    log(f"speed vs PyTorch at the STS-B bucket mix ({mix_text}): {text} (goal >= 1)")
-    text, _ = summarize(times["torch"] / times["isojax every token"])
-    log(f"the same at {args.batch} x {args.length} with the last layer at every token: {text}")
-    log_costs(times)
+    rte_steps = int(np.ceil(len(plain.run.train_encoded) / batch_size))
     pass_s = pass_batches * min(pass_times)
     log(
         f"I-STAR C0 pass per epoch: {pass_batches} eval batches x {min(pass_times):.3f} s = "
         f"{pass_s:.1f} s = {100 * pass_s / (rte_steps * np.median(times['isojax istar'])):.1f} "
         f"% of an RTE epoch ({rte_steps} steps)"
     )
-    log("compile time (train step): " + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
-    return 0
 
 
 def isojax_arms(args) -> list[tuple[str, bool]]:
