@@ -323,8 +323,7 @@ def sweep_table(data: dict) -> list[str]:
                 f"| {task} | {name} | {a['n']} | {signed(a['r'], 3)} | {fp(a['p'])} | "
                 f"{signed(s['r'], 3)} | {fp(s['p'])} | {loo_range(sw[key]['leave_one_out'])} | "
                 f"{'n/a' if sw['collapse_note'] else sw['n_collapsed']} | {w['n']} | "
-                f"{signed(w['r'], 3)} | {fp(w['p'])} |"
-                + "".join(cells)
+                f"{signed(w['r'], 3)} | {fp(w['p'])} |" + "".join(cells)
             )
     return md
 

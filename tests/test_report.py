@@ -224,14 +224,22 @@ def test_collapse_rule_needs_a_baseline_that_beats_chance_by_its_noise(tmp_path,
         for seed in (1, 2):
             iso = _iso(seed) | {"tokens_isoscore": 0.1 * (weight + 6), "tokens_isoscore_star": 0.1}
             records.append(
-                _record(f"rte-istar-istar.weight={weight:g}-s{seed}", "rte", "istar", seed,
-                        [score, score + 0.001 * seed], extra={"istar.weight": weight}, iso=iso)
+                _record(
+                    f"rte-istar-istar.weight={weight:g}-s{seed}",
+                    "rte",
+                    "istar",
+                    seed,
+                    [score, score + 0.001 * seed],
+                    extra={"istar.weight": weight},
+                    iso=iso,
+                )
             )
     path = _write(tmp_path, "rte_sweep", records)
     sw = report.build(report_records.read_records(path))["per_task"]["rte"]["sweep"]
     assert sw["n_collapsed"] == (2 if applied else 0)
-    assert [p["collapsed"] for p in sw["points"]] == [applied and p["value"] == -5.0
-                                                      for p in sw["points"]]
+    assert [p["collapsed"] for p in sw["points"]] == [
+        applied and p["value"] == -5.0 for p in sw["points"]
+    ]
     md = report.write_report(path).read_text()
     line = next(x for x in md.splitlines() if "isotropy (IsoScore) is negatively" in x)
     row = next(x for x in md.splitlines() if x.startswith("| rte | IsoScore |"))
