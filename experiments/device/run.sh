@@ -14,7 +14,8 @@
 # about 1 minute of it is kept to finish and copy.
 #
 # GRIDS: the grids go runs, in order, each PATH[:TIER] (tiers 1..TIER; 1 if not given). By
-# default the grids the CPU has not run: istar_zeta, then normalizers' tier 2. A grid whose GPU
+# default istar_zeta (not yet run on the CPU), then normalizers through tier 2 (for its recenter
+# and layernorm arms, with the none runs they pair with on the same device). A grid whose GPU
 # records are committed (experiments/results/gpu/<study>.jsonl, travelling with the tree)
 # continues from them: they are copied into $OUT first, so the runner skips their cells.
 #
