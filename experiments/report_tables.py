@@ -161,7 +161,9 @@ def _sweep(runs: list[dict], sweep: str, base_median: float) -> dict:
     flags = [collapsed(r, base_median) for r in runs]
     task = runs[0]["fields"]["task"] if runs else ""
     out = {"n_collapsed": int(sum(flags)), "points": [], "collapse_note": ""}
-    if runs and not beats_chance(task, base_median):
+    if runs and not math.isfinite(base_median):
+        out["collapse_note"] = "collapse rule not applied: no baseline run yet"
+    elif runs and not beats_chance(task, base_median):
         out["collapse_note"] = (
             f"collapse rule not applied: the baseline's median {base_median:.3f} is within "
             f"1/√{DEV_SIZE.get(task, '?')} = {chance_margin(task):.3f} of chance "

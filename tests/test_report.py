@@ -250,6 +250,14 @@ def test_collapse_rule_needs_a_baseline_that_beats_chance_by_its_noise(tmp_path,
     else:
         assert note + " of chance 0.527" in line and "without collapsed" not in line
         assert row.split(" | ")[8] == "n/a"
+    # Before any baseline run has landed (a grid in progress) the line says that instead.
+    path = _write(tmp_path, "no_base", [r for r in records if r["fields"]["istar.weight"] != 0])
+    line = next(
+        x
+        for x in report.write_report(path).read_text().splitlines()
+        if "isotropy (IsoScore) is negatively" in x
+    )
+    assert "collapse rule not applied: no baseline run yet" in line
 
 
 def test_sweep_report_gives_scipy_pearson_with_and_without_collapsed_runs(tmp_path):
