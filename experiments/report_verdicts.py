@@ -315,8 +315,8 @@ def _istar_lines(data: dict, fig: dict) -> list[str]:
             f"Spearman ρ = {signed(s['r'], 3)}, p = {fp(s['p'])}; n = {a['n']}"
             + (f"; {why}" if why else "")
             + (
-                f"; {per_task[task]['sweep']['collapse_note']}"
-                if per_task[task]["sweep"]["collapse_note"]
+                f"; {note}"
+                if (note := per_task[task]["sweep"]["collapse_note"])
                 else f"; without collapsed runs: r = {signed(w['r'], 3)}, p = {fp(w['p'])}, "
                 f"n = {w['n']}"
             )
