@@ -39,9 +39,10 @@ RecordsError = records_io.RecordsError
 
 
 def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
-    """The Markdown report: header, scores, paired differences (with a baseline), isotropy,
+    """The Markdown report: header, scores, evaluations at a constant prediction's score
+    (classification tasks), paired differences (with a baseline), isotropy,
     the sweep (with one), verdicts, failed cells."""
-    md = _header(records, data, stem) + _scores(data, files)
+    md = _header(records, data, stem) + _scores(data, files) + _constant(data)
     if data["baseline"]:
         md += _paired(data, files)
     md += _isotropy(data, files)
@@ -115,6 +116,23 @@ def _scores(data: dict, files: dict) -> list[str]:
         + ", ".join(f"[{n}]({f})" for n, f in files.items() if n in ("scores", "curves")),
         "",
         *tables.scores_table(data),
+    ]
+
+
+def _constant(data: dict) -> list[str]:
+    table = tables.constant_table(data)
+    if not table:
+        return []
+    return [
+        "",
+        "## Evaluations at a constant prediction's score",
+        "",
+        "Dev evaluations whose score equals, to 1e-6, that of predicting one class for every "
+        f"dev example ({tables.constant_note(data)}): a sign that the run predicts one "
+        "class, not a proof (another prediction can score the same). Counted over the "
+        "epochs before each run's last, and over the runs' last epochs.",
+        "",
+        *table,
     ]
 
 

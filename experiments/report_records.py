@@ -31,11 +31,37 @@ METRIC_NAMES = {
     "sst2": "accuracy",
     "qnli": "accuracy",
 }
-# The dev score of a constant prediction (the majority class; 0 for a correlation), from the
-# local dev TSVs: RTE 146/277 not_entailment; MRPC 279/408 paraphrases (accuracy 0.684, F1 0.812).
-CHANCE = {"cola": 0.0, "mrpc": 0.7480, "stsb": 0.0, "rte": 0.5271}
-# Dev examples per task (the local TSVs), for the chance-level noise 1/√n of `beats_chance`.
+# Dev examples per class id of the local TSVs (../shared/data/glue; TFDS's label order): CoLA
+# 0 unacceptable / 1 acceptable, MRPC 0 / 1 paraphrase, RTE 0 entailment / 1 not_entailment.
+DEV_CLASS_COUNTS = {"cola": (322, 721), "mrpc": (129, 279), "rte": (146, 131)}
+# Dev examples per task, for the chance-level noise 1/√n of `beats_chance`.
 DEV_SIZE = {"cola": 1043, "mrpc": 408, "stsb": 1500, "rte": 277}
+
+
+def constant_scores(task: str) -> tuple[float, ...]:
+    """The dev score of predicting class c for every dev example, per class id c (empty for a
+    task without `DEV_CLASS_COUNTS`: STS-B's correlations are undefined for a constant).
+
+    With n_c examples of class c out of n: RTE's accuracy is n_c / n; MRPC's score is
+    (accuracy + F1) / 2, F1 of class 1 being 2 n_1 / (n_1 + n) when every prediction is 1
+    (precision n_1 / n, recall 1) and 0 when none is; CoLA's Matthews correlation is 0.
+    """
+    counts = DEV_CLASS_COUNTS.get(task)
+    if counts is None:
+        return ()
+    n = sum(counts)
+    accuracy = [c / n for c in counts]
+    if task == "cola":
+        return (0.0,) * len(counts)
+    if task == "mrpc":
+        f1 = (0.0, 2 * counts[1] / (counts[1] + n))
+        return tuple((a + f) / 2 for a, f in zip(accuracy, f1, strict=True))
+    return tuple(accuracy)
+
+
+# The dev score of a constant prediction of the majority class (0 for a correlation):
+# RTE 146/277 entailment, MRPC 279/408 paraphrases (accuracy 0.684, F1 0.812).
+CHANCE = {t: max(constant_scores(t), default=0.0) for t in ("cola", "mrpc", "stsb", "rte")}
 
 
 # The keys the report reads from every record (what `experiments/study.py` writes).
@@ -206,6 +232,14 @@ def collapsed(record: dict, baseline_median: float) -> bool:
         return False
     chance = CHANCE.get(task, 0.0)
     return last_value(record) - chance < 0.5 * (baseline_median - chance)
+
+
+def at_constant_prediction(record: dict) -> list[bool]:
+    """Per dev evaluation (by epoch): whether its score equals a constant prediction's
+    (`constant_scores`, to 1e-6). A sign that the run predicts one class for every example,
+    not a proof: another prediction can reach the same score."""
+    scores = constant_scores(record["fields"]["task"])
+    return [any(abs(float(r["score"]) - c) < 1e-6 for c in scores) for r in dev_rows(record)]
 
 
 def task_key(task: str) -> tuple:

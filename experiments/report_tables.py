@@ -29,10 +29,12 @@ from report_records import (
     DEV_SIZE,
     PRETRAINED,
     arm_label,
+    at_constant_prediction,
     beats_chance,
     best_score,
     chance_margin,
     collapsed,
+    constant_scores,
     dev_rows,
     is_baseline,
     last_value,
@@ -112,6 +114,8 @@ def build(records: list[dict]) -> dict:
                 "best": stats.summary([best_score(r) for r in rows]),
                 "seeds": sorted(r["seed"] for r in rows),
             }
+            if constant_scores(task):
+                t["arms"][label]["constant"] = _constant_counts(rows)
             t["isotropy"][label] = {
                 key: float(np.median([last_value(r, key) for r in rows])) for key, _ in ISOTROPY
             }
@@ -194,6 +198,16 @@ def _sweep(runs: list[dict], sweep: str, base_median: float) -> dict:
     return out
 
 
+def _constant_counts(rows: list[dict]) -> dict:
+    """How many of the arm's dev evaluations sit at a constant prediction's score
+    (`at_constant_prediction`): `{"earlier": (k, m)}` over the epochs before each run's last,
+    `{"last": (k, n)}` over the runs' last epochs."""
+    flags = [at_constant_prediction(r) for r in rows]
+    earlier = [x for f in flags for x in f[:-1]]
+    last = [f[-1] for f in flags if f]
+    return {"earlier": (sum(earlier), len(earlier)), "last": (sum(last), len(last))}
+
+
 def _metric(key: str):
     return lambda r: last_value(r, key)
 
@@ -258,6 +272,27 @@ def scores_table(data: dict) -> list[str]:
                 f"| {task} | {label} | {a['last']['n']} | {f(a['last']['median'])} | "
                 f"{_ms(a['last'])} | {f(a['best']['median'])} | {_ms(a['best'])} |"
             )
+    return md
+
+
+def constant_table(data: dict) -> list[str]:
+    """Per classification task x arm: the dev evaluations at a constant prediction's score,
+    before the last epoch and at it (empty where no task has `constant_scores`)."""
+    rows = [
+        (task, label, a["constant"])
+        for task in data["tasks"]
+        for label, a in data["per_task"][task]["arms"].items()
+        if "constant" in a
+    ]
+    if not rows:
+        return []
+    md = [
+        "| task | arm | epochs before the last: at a constant's score | last epoch: runs at it |",
+        "|---|---|---|---|",
+    ]
+    for task, label, c in rows:
+        (k, m), (j, n) = c["earlier"], c["last"]
+        md.append(f"| {task} | {label} | {k} of {m} | {j} of {n} |")
     return md
 
 
@@ -346,7 +381,16 @@ def value(v) -> str:
 
 
 def chance_note() -> str:
-    return ", ".join(f"{k} {v}" for k, v in CHANCE.items())
+    return ", ".join(f"{k} {format(v, '.4g')}" for k, v in CHANCE.items())
+
+
+def constant_note(data: dict) -> str:
+    """`rte 0.527 / 0.473` per task of `data` with `constant_scores`, by class id."""
+    return "; ".join(
+        f"{task} " + " / ".join(dict.fromkeys(f"{c:.3f}" for c in constant_scores(task)))
+        for task in data["tasks"]
+        if constant_scores(task)
+    )
 
 
 def dev_size_note() -> str:

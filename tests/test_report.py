@@ -575,3 +575,53 @@ def test_zeta_sweep_tests_both_ends_against_every_zeta_inside(tmp_path):
     assert "stsb: **not tested (an end or the range has no runs)** (" in _zeta_line(
         _markdown(_write(tmp_path, "lone", lone)), "- [I-STAR] the best ζ lies in"
     )
+
+
+@pytest.mark.parametrize("task", ["cola", "mrpc", "rte"])
+def test_constant_scores_are_sklearns_scores_of_one_class_on_the_real_dev_labels(task, glue_dir):
+    """`constant_scores(task)[c]` is the task's dev score (scikit-learn) of predicting class c
+    for every dev example of the local TSV, and `CHANCE` is the best of them."""
+    import sklearn.metrics
+
+    from isojax.data import glue
+
+    labels = np.array([e.label for e in glue.load_tsv(glue_dir, task, "dev")])
+    assert tuple(np.bincount(labels)) == report_records.DEV_CLASS_COUNTS[task]
+    assert len(labels) == report_records.DEV_SIZE[task]
+    expected = []
+    for c in range(2):
+        pred = np.full_like(labels, c)
+        if task == "cola":
+            expected.append(sklearn.metrics.matthews_corrcoef(labels, pred))
+        elif task == "mrpc":
+            f1 = sklearn.metrics.f1_score(labels, pred, zero_division=0.0)
+            expected.append((sklearn.metrics.accuracy_score(labels, pred) + f1) / 2)
+        else:
+            expected.append(sklearn.metrics.accuracy_score(labels, pred))
+    np.testing.assert_allclose(report_records.constant_scores(task), expected, rtol=0, atol=1e-12)
+    assert report_records.CHANCE[task] == max(expected)
+    assert report_records.constant_scores("stsb") == () and report_records.CHANCE["stsb"] == 0.0
+
+
+def test_evaluations_at_a_constant_prediction_are_counted_per_arm(tmp_path):
+    """RTE: an evaluation at 146/277 or 131/277 (to 1e-6) counts, 0.53 does not; the epochs
+    before the last and the last epochs are counted apart, per arm, and STS-B has no row."""
+    major, minor = 146 / 277, 131 / 277
+    records = [
+        _record("rte-none-s1", "rte", "none", 1, [major, 0.58]),
+        _record("rte-none-s2", "rte", "none", 2, [0.53, minor + 5e-7]),
+        _record("rte-isobn-s1", "rte", "isobn", 1, [minor, major]),
+        _record("rte-isobn-s2", "rte", "isobn", 2, [major + 1e-5, 0.60]),
+        _record("stsb-none-s1", "stsb", "none", 1, [0.0, 0.80]),
+    ]
+    assert report_records.at_constant_prediction(records[1]) == [False, True]
+    data = report.build(records)
+    arms = data["per_task"]["rte"]["arms"]
+    assert arms["none"]["constant"] == {"earlier": (1, 2), "last": (1, 2)}
+    assert arms["isobn"]["constant"] == {"earlier": (1, 2), "last": (1, 2)}
+    assert "constant" not in data["per_task"]["stsb"]["arms"]["none"]
+    md = report.write_report(_write(tmp_path, "constant", records)).read_text()
+    assert "(rte 0.527 / 0.473)" in md
+    section = md.split("## Evaluations at a constant prediction's score")[1].split("\n## ")[0]
+    assert "| rte | none | 1 of 2 | 1 of 2 |" in section
+    assert "| rte | isobn | 1 of 2 | 1 of 2 |" in section and "| stsb |" not in section
