@@ -34,8 +34,8 @@ METRIC_NAMES = {
 # Dev examples per class id of the local TSVs (../shared/data/glue; TFDS's label order): CoLA
 # 0 unacceptable / 1 acceptable, MRPC 0 / 1 paraphrase, RTE 0 entailment / 1 not_entailment.
 DEV_CLASS_COUNTS = {"cola": (322, 721), "mrpc": (129, 279), "rte": (146, 131)}
-# Dev examples per task, for the chance-level noise 1/√n of `beats_chance`.
-DEV_SIZE = {"cola": 1043, "mrpc": 408, "stsb": 1500, "rte": 277}
+# Dev examples per task (STS-B: 1500 pairs), for the chance-level noise 1/√n of `beats_chance`.
+DEV_SIZE = {t: sum(DEV_CLASS_COUNTS.get(t, ())) or 1500 for t in ("cola", "mrpc", "stsb", "rte")}
 
 
 def constant_scores(task: str) -> tuple[float, ...]:
