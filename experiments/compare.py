@@ -25,7 +25,7 @@ import sys
 import time
 
 from isojax import config as config_lib
-from isojax import train
+from isojax import evaluation, train
 from isojax.data import glue
 
 
@@ -47,7 +47,7 @@ def pretrained_row(config) -> dict:
     config.max_train_examples = config.batch_size
     run = train.setup(config)
     split = glue.get_task(config.task).dev_splits[0]
-    result = train.evaluate(run, run.state, run.dev_encoded[split], config)
+    result = evaluation.evaluate(run, run.state, run.dev_encoded[split], config)
     return {key: value for key, value in result.items() if key in ISOTROPY_KEYS}
 
 

@@ -6,7 +6,7 @@ The recipe is the linen loop's, read from the same config file (default the READ
 `experiments/configs/main_job.py`: MiniLM-L6 on STS-B, one epoch, packed, seed 1, batch 32,
 max length 128, AdamW lr 1e-4 with warm-up, decay and clipping, IsoBN's momentum/beta/epsilon,
 I-STAR's weight, zeta and C0 pass), built from the same parts: the tokenizer, examples,
-batches (padded or packed, `isojax.train.train_batches`), optimizer (`build.make_optimizer`)
+batches (padded or packed, `isojax.feeds.train_batches`), optimizer (`build.make_optimizer`)
 and loss (`steps.task_loss`).
 What is NNX here: the model (`isojax.nnx.from_pretrained` + `SequenceClassifier`), the state
 (`nnx.Optimizer(model, tx, wrt=nnx.Param)`, IsoBN's and I-STAR's `nnx.BatchStat`s), the step
@@ -33,7 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from isojax import build, metrics, precision, regularizers, steps, train
+from isojax import build, feeds, metrics, precision, regularizers, steps
 from isojax.data import batching, glue, packing
 from isojax.nnx import pretrained
 
@@ -144,7 +144,7 @@ def finetune(config, out: pathlib.Path | None = None, *, stop_after: int | None 
     for epoch in range(step // per_epoch, config.num_epochs):
         if istar is not None and step % per_epoch == 0:  # the C0 pass before every epoch
             # (a run resumed mid-epoch keeps the checkpoint's C0)
-            batches = train.train_batches(train_enc, config, epoch)
+            batches = feeds.train_batches(train_enc, config, epoch)
             istar = nnx.merge(graphdefs[2], states[2])
             c0 = c0_pass(eval_step, states[0], batches, istar.num_features, config)
             from isojax.nnx import install_c0
@@ -152,7 +152,7 @@ def finetune(config, out: pathlib.Path | None = None, *, stop_after: int | None 
             install_c0(istar, c0)
             states = (states[0], states[1], nnx.state(istar))
         start = time.perf_counter()
-        for batch in train.train_batches(train_enc, config, epoch, step % per_epoch):
+        for batch in feeds.train_batches(train_enc, config, epoch, step % per_epoch):
             states, loss = train_step(states, batch)
             step, done = step + 1, done + 1
             if stop_after is not None and done == stop_after:
@@ -185,7 +185,7 @@ def c0_pass(eval_step, model_state, batches, d: int, config) -> jax.Array:
 def evaluate(eval_step, model_state, encoded, config, task) -> dict:
     """The task's dev metrics (`metrics.compute_metrics`) of the eval-mode model."""
     preds, labels = [], []
-    for batch in train.batches(encoded, config, batch_size=config.eval_batch_size):
+    for batch in feeds.batches(encoded, config, batch_size=config.eval_batch_size):
         logits, _ = eval_step(model_state, batch)
         real = np.asarray(batch["example_mask"]) > 0
         logits = np.asarray(logits)[real]

@@ -115,12 +115,12 @@ def read_run(workdir: pathlib.Path, chunk: int = LOSS_CHUNK_STEPS) -> dict:
 
 def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
     """Dev metrics and isotropy of the step-0 model (pre-trained encoder, fresh head)."""
-    from isojax import train
+    from isojax import evaluation, train
 
     run = train.setup(config)
     rows = []
     for split, encoded in run.dev_encoded.items():
-        result = train.evaluate(run, run.state, encoded, config)
+        result = evaluation.evaluate(run, run.state, encoded, config)
         rows.append({"step": 0, "epoch": 0, "split": split, **result})
     return rows
 

@@ -1,7 +1,7 @@
 """Gradient accumulation's batches: `k` micro-batches stacked into one `[k, ...]` update batch.
 
     config.batch_size, config.grad_accum_steps = 32, 4     # 4 micro-batches of 8 per update
-    for batch in train.update_batches(encoded, config, epoch):   # input_ids [4, 8, t] ...
+    for batch in feeds.update_batches(encoded, config, epoch):   # input_ids [4, 8, t] ...
         state, metrics = run.train_fn(state, distributed.global_batch(batch, mesh, stacked=True))
 
 `config.batch_size` stays the examples per optimizer update. The epoch's micro-batches of

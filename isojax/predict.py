@@ -6,7 +6,7 @@
     test = predict.predict(restored, "test")
     predict.write_submission(test, "submission")    # submission/RTE.tsv
 
-The forward pass is the run's own eval step over the same eval batches (`train.eval_outputs`:
+The forward pass is the run's own eval step over the same eval batches (`evaluation.eval_outputs`:
 file order, the last batch filled with masked rows so each example counts once), so the dev
 metrics equal the run's evaluation of that checkpoint. A dev split is cut to the run's
 `max_eval_examples`, as the run evaluated it; a test split is always whole.
@@ -36,7 +36,7 @@ import re
 
 import numpy as np
 
-from isojax import metrics, runs, train
+from isojax import evaluation, metrics, runs
 from isojax.data import batching, glue
 
 # (task, test split) -> the benchmark's file name.
@@ -201,13 +201,13 @@ def predict(
         filler = 0.0 if task.is_regression else 0
         examples = [example._replace(label=filler) for example in examples]
     encoded = batching.encode(examples, restored.tokenizer, config.max_length)
-    logits, acc = train.eval_outputs(
+    logits, acc = evaluation.eval_outputs(
         restored.eval_fn, restored.state, encoded, config, restored.mesh, restored.hidden_size
     )
     scores = None
     if labelled:
         scores = metrics.compute_metrics(task, logits, encoded.labels)
-        scores |= train.isotropy_of(acc, restored.state, config)
+        scores |= evaluation.isotropy_of(acc, restored.state, config)
     return Predictions(task=task, split=split, idx=encoded.idx, logits=logits, metrics=scores)
 
 

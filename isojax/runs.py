@@ -57,7 +57,7 @@ class Restored:
       mesh: the devices it lives on (default: every device, as the run).
       checkpoint: "latest", "best" or "step N": which checkpoint this is.
       position: the `resume.Position` saved with it (JSON: epoch, batch, last_eval, best).
-      eval_fn: the jitted `steps.eval_step` for `mesh` (`train.eval_outputs` drives it).
+      eval_fn: the jitted `steps.eval_step` for `mesh` (`evaluation.eval_outputs` drives it).
     """
 
     run_dir: pathlib.Path

@@ -6,7 +6,7 @@
 
 The loop (flax `examples/imagenet/train.py` shape): `setup` builds the classifier and the train
 state on the device mesh (`build`, `distributed`) and encodes the task (`data.batching`;
-`batches` pads each batch to a length bucket, or packs it with `config.packing`);
+`feeds` pads each batch to a length bucket, or packs it with `config.packing`);
 `train_and_evaluate` restores the newest usable checkpoint (`checkpointing`), then per epoch
 runs the I-STAR C0 pass (method "istar" with stabilizer kind "pass"; "epoch" and "ema" update
 C0 inside the steps), the epoch's training batches from where the checkpoint left off, a dev
@@ -24,25 +24,23 @@ References:
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import pathlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import ml_collections
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from isojax import (
-    accumulation,
     build,
     distributed,
-    metrics,
+    evaluation,
+    feeds,
     models,
     nonfinite,
     optim,
@@ -57,7 +55,7 @@ from isojax import (
 )
 from isojax import config as config_lib
 from isojax import stabilizer as stabilizer_lib
-from isojax.data import batching, glue, packing
+from isojax.data import batching, glue
 
 
 class Run(NamedTuple):
@@ -80,82 +78,6 @@ class Run(NamedTuple):
     dev_encoded: dict[str, batching.Encoded]
     steps_per_epoch: int
     total_steps: int
-
-
-def batches(
-    encoded: batching.Encoded,
-    config: ml_collections.ConfigDict,
-    *,
-    batch_size: int,
-    mesh: jax.sharding.Mesh | None = None,
-    **kwargs,
-) -> Iterator[dict]:
-    """This process's rows of `encoded`'s batches: packed into rows of `config.max_length`
-    with `config.packing` (`packing.packed_batches`, row counts a multiple of the mesh's local
-    devices, default every local device), else padded to `config.buckets`
-    (`batching.batches`). `kwargs`: shuffle, seed, epoch, start_batch, drop_remainder."""
-    where = {"process_index": jax.process_index(), "process_count": jax.process_count()}
-    if config.packing:
-        local_devices = jax.local_device_count() if mesh is None else mesh.local_mesh.size
-        row_buckets = None if config.row_buckets is None else tuple(config.row_buckets)
-        return packing.packed_batches(
-            encoded,
-            batch_size=batch_size,
-            row_buckets=row_buckets,
-            row_multiple=local_devices,
-            **where,
-            **kwargs,
-        )
-    buckets = tuple(config.buckets) or None
-    return batching.batches(encoded, batch_size=batch_size, buckets=buckets, **where, **kwargs)
-
-
-def train_batches(
-    encoded: batching.Encoded,
-    config: ml_collections.ConfigDict,
-    epoch: int,
-    start: int = 0,
-    *,
-    mesh: jax.sharding.Mesh | None = None,
-    batch_size: int | None = None,
-) -> Iterator[dict]:
-    """This process's rows of the training batches of `epoch` (shuffled by seed and epoch),
-    from batch `start` on; the last incomplete batch is dropped (`batches`). `batch_size`:
-    default `config.batch_size`."""
-    return batches(
-        encoded,
-        config,
-        batch_size=batch_size or config.batch_size,
-        mesh=mesh,
-        shuffle=True,
-        seed=config.seed,
-        epoch=epoch,
-        start_batch=start,
-        drop_remainder=True,
-    )
-
-
-def update_batches(
-    encoded: batching.Encoded,
-    config: ml_collections.ConfigDict,
-    epoch: int,
-    start: int = 0,
-    *,
-    mesh: jax.sharding.Mesh | None = None,
-) -> Iterator[dict]:
-    """The batches of the optimizer updates of `epoch` from update `start` on: `train_batches`,
-    or with `config.grad_accum_steps = k > 1` each update's `k` micro-batches of
-    `batch_size / k` examples stacked (`accumulation.grouped`)."""
-    k = config.grad_accum_steps
-    if k == 1:
-        return train_batches(encoded, config, epoch, start, mesh=mesh)
-    micro = train_batches(
-        encoded, config, epoch, start * k, mesh=mesh, batch_size=config.batch_size // k
-    )
-    updates = batching.num_batches(len(encoded), config.batch_size, drop_remainder=True) - start
-    return accumulation.grouped(
-        micro, k, updates, pad_id=encoded.pad_id, process_index=jax.process_index()
-    )
 
 
 def make_objective(
@@ -240,7 +162,7 @@ def c0_pass(run: Run, state: steps.TrainState, config: ml_collections.ConfigDict
     replicated = NamedSharding(run.mesh, P())
     acc = regularizers.estimate_stabilizer(
         lambda acc, batch: run.stabilize_fn(state, distributed.global_batch(batch, run.mesh), acc),
-        train_batches(  # micro-batches under accumulation: a device holds those
+        feeds.train_batches(  # micro-batches under accumulation: a device holds those
             run.train_encoded,
             config,
             epoch,
@@ -255,60 +177,6 @@ def c0_pass(run: Run, state: steps.TrainState, config: ml_collections.ConfigDict
     return state.replace(stabilizer=stabilizer_lib.replace_c0(state.stabilizer, c0))
 
 
-def eval_outputs(
-    eval_fn: Callable,
-    state: steps.TrainState,
-    encoded: batching.Encoded,
-    config: ml_collections.ConfigDict,
-    mesh: jax.sharding.Mesh,
-    hidden_size: int,
-) -> tuple[np.ndarray, steps.EvalAccumulator]:
-    """The eval step over `encoded` in file order, every example exactly once (the last
-    batch's filler rows are masked): `(logits [n, k] float32 in `encoded`'s row order, the
-    summed embedding statistics)`."""
-    acc = steps.eval_accumulator_init(hidden_size)
-    acc = jax.device_put(acc, NamedSharding(mesh, P()))
-    logits = []
-    for batch in batches(encoded, config, batch_size=config.eval_batch_size, mesh=mesh):
-        acc, out = eval_fn(state, distributed.global_batch(batch, mesh), acc)
-        out = jax.device_get(out)
-        logits.append(out["logits"][out["example_mask"].astype(bool)])
-    return np.concatenate(logits), acc
-
-
-def isotropy_of(
-    acc: steps.EvalAccumulator, state: steps.TrainState, config: ml_collections.ConfigDict
-) -> dict[str, float]:
-    """`steps.isotropy_metrics` of the accumulated statistics, with the run's C0 if any."""
-    c0 = None if state.stabilizer is None else state.stabilizer["c0"]
-    return resume.host_floats(_isotropy_jit(acc, c0, config.istar.zeta))
-
-
-def evaluate(
-    run: Run, state: steps.TrainState, encoded: batching.Encoded, config: ml_collections.ConfigDict
-) -> dict[str, float]:
-    """Task metrics and isotropy of one dev split (every example exactly once)."""
-    logits, acc = eval_outputs(run.eval_fn, state, encoded, config, run.mesh, run.hidden_size)
-    result = metrics.compute_metrics(config.task, logits, encoded.labels)
-    return result | isotropy_of(acc, state, config)
-
-
-def evaluate_all(run: Run, state, config, step: int, epoch: int, log) -> dict:
-    """`{"step", "epoch", split: evaluate(...)}` over every dev split, each written to
-    `log.writer` (a `reporting.RunLog`; None writes nothing)."""
-    results = {"step": step, "epoch": epoch}
-    for split, encoded in run.dev_encoded.items():
-        results[split] = evaluate(run, state, encoded, config)
-        if log is not None:
-            log.writer.write(split, step, epoch, results[split])
-    return results
-
-
-@functools.partial(jax.jit, static_argnames="zeta")
-def _isotropy_jit(acc, c0, zeta):
-    return steps.isotropy_metrics(acc, c0, zeta)
-
-
 def _train_epoch(
     run, state, config, position, step, log, save, loss_watch, watch, hooks=()
 ) -> tuple[Any, int, bool, bool]:
@@ -319,7 +187,7 @@ def _train_epoch(
     state, batch)` after each step, before its log line; `stop`: a signal (`watch`, a
     `preemption.Watch`) ended the epoch early, before the run's last step."""
     epoch_done = position.batch == run.steps_per_epoch
-    epoch_batches = update_batches(
+    epoch_batches = feeds.update_batches(
         run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
     )
     stacked, meter = config.grad_accum_steps > 1, log.throughput
@@ -407,6 +275,20 @@ def _run_log(run: Run, config: ml_collections.ConfigDict, workdir: pathlib.Path,
     )
 
 
+def _step_hooks(log, config: ml_collections.ConfigDict, workdir: pathlib.Path, lead: bool):
+    """`(hooks, profile)`: what runs after each training step, `hook(step, state, batch)` (the
+    throughput meter's timing; the `profiling.Window` of `config.profile_steps`), and that
+    window (None without one; the loop closes it)."""
+    hooks = []
+    if log.throughput is not None:
+        hooks.append(lambda step, state, batch: log.throughput.step(state))
+    profile = None
+    if config.profile_steps is not None:
+        profile = profiling.Window(workdir, *config.profile_steps, enabled=lead)
+        hooks.append(lambda step, state, batch: profile.step(step, state))
+    return hooks, profile
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
@@ -449,13 +331,7 @@ def train_and_evaluate(
     state, position = resume.restore(ckpt, run.state, workdir, lead, config)
     step = int(state.step)
     log = _run_log(run, config, workdir, lead)
-    hooks = []  # after each step: the meter's timing, the profiler window
-    if log.throughput is not None:
-        hooks.append(lambda step, state, batch: log.throughput.step(state))
-    profile = None
-    if config.profile_steps is not None:
-        profile = profiling.Window(workdir, *config.profile_steps, enabled=lead)
-        hooks.append(lambda step, state, batch: profile.step(step, state))
+    hooks, profile = _step_hooks(log, config, workdir, lead)
 
     stamp = resume.config_stamp(config)  # saved with each checkpoint, checked on restore
 
@@ -482,7 +358,7 @@ def train_and_evaluate(
                 loss_watch.check(step, position.epoch, before="checkpointing")
                 _save_and_exit(watch, save, step, state, closers, lead)
             loss_watch.check(step, position.epoch, before="evaluating")
-            results = evaluate_all(run, state, config, step, position.epoch + 1, log)
+            results = evaluation.evaluate_all(run, state, config, step, position.epoch + 1, log)
             is_best = position.note_eval(results, main_split)
             if epoch_done:
                 position.epoch, position.batch = position.epoch + 1, 0
@@ -497,7 +373,7 @@ def train_and_evaluate(
     ckpt.close()
     best_ckpt.close()
     if position.last_eval is None:  # nothing to train (resumed a finished run without results)
-        position.last_eval = evaluate_all(run, state, config, step, position.epoch, None)
+        position.last_eval = evaluation.evaluate_all(run, state, config, step, position.epoch, None)
     results = position.last_eval | {"best": position.best}
     if lead:
         (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from isojax import accumulation, distributed, models, steps, train
+from isojax import accumulation, distributed, feeds, models, steps, train
 from isojax import config as config_lib
 
 
@@ -38,7 +38,7 @@ def _five_updates(config):
     state, seen = run.state, []
     start = jax.device_get(run.state.params)
     stacked = config.grad_accum_steps > 1
-    for batch in train.update_batches(run.train_encoded, config, 0, mesh=run.mesh):
+    for batch in feeds.update_batches(run.train_encoded, config, 0, mesh=run.mesh):
         seen.append(batch["idx"].reshape(-1))
         state, _ = run.train_fn(state, distributed.global_batch(batch, run.mesh, stacked=stacked))
     assert len(seen) == 5
@@ -79,7 +79,7 @@ def test_batch_norm_sees_every_micro_batch(glue_dir, minilm_dir):
     accumulation, as PyTorch's accumulation loop does."""
     config = _config(glue_dir, minilm_dir, method="batchnorm", grad_accum_steps=4)
     run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
-    batch = next(iter(train.update_batches(run.train_encoded, config, 0, mesh=run.mesh)))
+    batch = next(iter(feeds.update_batches(run.train_encoded, config, 0, mesh=run.mesh)))
     assert batch["input_ids"].shape[:2] == (4, 8)
     state, _ = run.train_fn(run.state, distributed.global_batch(batch, run.mesh, stacked=True))
     assert int(jax.device_get(state.batch_stats)["norm"]["count"]) == 4
@@ -119,7 +119,7 @@ def test_micro_batches_weigh_real_examples(glue_dir, minilm_dir, monkeypatch):
     )
     config = _config(glue_dir, minilm_dir, batch_size=8, buckets=(), max_length=32)
     run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
-    first, second = list(train.train_batches(run.train_encoded, config, 0))[:2]
+    first, second = list(feeds.train_batches(run.train_encoded, config, 0))[:2]
     second = second | {"example_mask": np.array([1] * 4 + [0] * 4, np.int32)}
     keys = distributed.BATCH_KEYS
     one = {k: np.concatenate([first[k], second[k][:4]]) for k in keys}

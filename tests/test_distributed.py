@@ -16,7 +16,7 @@ from children import child_env, finish
 from jax.sharding import PartitionSpec as P
 
 from isojax import config as config_lib
-from isojax import distributed, steps, train
+from isojax import distributed, feeds, steps, train
 
 
 def tiny_config(glue_dir, minilm_dir, **overrides):
@@ -64,7 +64,7 @@ def test_sharded_step_equals_single_device_step(glue_dir, minilm_dir):
     config = tiny_config(glue_dir, minilm_dir, rng_impl="rbg")
     single = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     host_state = jax.device_get(single.state)
-    batches = list(train.train_batches(single.train_encoded, config, 0))
+    batches = list(feeds.train_batches(single.train_encoded, config, 0))
     assert len(batches) == 2
 
     def two_steps(state, train_fn, mesh):

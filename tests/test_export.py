@@ -21,6 +21,7 @@ from isojax import (
     checkpointing,
     cli,
     distributed,
+    evaluation,
     models,
     precision,
     predict,
@@ -222,14 +223,14 @@ def test_best_restores_the_best_epochs_parameters(monkeypatch, tmp_path, glue_di
     (though `checkpoints/` keeps only the last), results.json records it, --best restores it."""
     scripted = iter([0.2, 0.9, 0.5])
     seen = {}
-    real = train.evaluate
+    real = evaluation.evaluate
 
     def evaluate(run, state, encoded, config):
         result = real(run, state, encoded, config)
         seen[int(state.step)] = jax.device_get(state.params)
         return result | {"score": next(scripted)}
 
-    monkeypatch.setattr(train, "evaluate", evaluate)
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)
     config = tiny_config(glue_dir, minilm_dir, num_epochs=3, keep_checkpoints=1)
     results = train.train_and_evaluate(config, tmp_path / "run")
     assert (results["step"], results["best"]["step"], results["best"]["epoch"]) == (6, 4, 2)

@@ -2,7 +2,7 @@
 batches, with a bounded number of compiled shapes.
 
 The model-level equality (per-example logits, loss, gradients and `batch_stats` of one packed
-batch, for all four encoder families) is in test_packing.py; here the wiring: `train.batches`,
+batch, for all four encoder families) is in test_packing.py; here the wiring: `feeds.batches`,
 `distributed.global_batch`, the steps' masks, the C0 pass and the dev evaluation. Dropout masks
 have the shape of the rows, so packed and padded training agree in distribution only; the
 equality tests switch dropout off.
@@ -14,7 +14,7 @@ import pytest
 from test_train import tiny_config
 
 from isojax import config as config_lib
-from isojax import distributed, steps, train
+from isojax import distributed, evaluation, feeds, steps, train
 from isojax.data import packing
 
 
@@ -62,7 +62,7 @@ def test_packed_training_equals_padded_training_after_5_steps(glue_dir, minilm_d
         if method == "istar":
             state = train.c0_pass(run, state, config, 0)
         losses = []
-        for batch in train.train_batches(run.train_encoded, config, 0, mesh=run.mesh):
+        for batch in feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh):
             assert packing.is_packed(batch) == packed
             state, m = run.train_fn(state, distributed.global_batch(batch, run.mesh))
             losses.append(float(m["loss"]))
@@ -88,12 +88,12 @@ def test_packed_evaluation_counts_each_dev_example_once(glue_dir, minilm_dir):
         config = _config(glue_dir, minilm_dir, "isobn", packed)
         run = train.setup(config)
         encoded = run.dev_encoded["dev"]
-        logits, acc = train.eval_outputs(
+        logits, acc = evaluation.eval_outputs(
             run.eval_fn, run.state, encoded, config, run.mesh, run.hidden_size
         )
         assert logits.shape == (12, 2)
         assert int(acc.sentence.moments.count) == 12
-        results[packed] = (logits, acc, train.evaluate(run, run.state, encoded, config))
+        results[packed] = (logits, acc, evaluation.evaluate(run, run.state, encoded, config))
     np.testing.assert_allclose(results[True][0], results[False][0], atol=1e-5)
     assert int(results[True][1].tokens.count) == int(results[False][1].tokens.count)
     plain, packed = results[False][2], results[True][2]
@@ -110,7 +110,7 @@ def test_an_epoch_of_packed_steps_compiles_at_most_one_shape_per_row_bucket(glue
         run = train.setup(config)
         bound = len(packing.resolve_row_buckets(None, config.batch_size, run.mesh.size))
         state, rows = run.state, set()
-        for batch in train.train_batches(run.train_encoded, config, 0, mesh=run.mesh):
+        for batch in feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh):
             rows.add(batch["input_ids"].shape[0])
             state, _ = run.train_fn(state, distributed.global_batch(batch, run.mesh))
         assert run.train_fn._cache_size() == len(rows) <= bound == 2

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from isojax import config as config_lib
-from isojax import distributed, precision
+from isojax import distributed, feeds, precision
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def _tiny_run(glue_dir, minilm_dir, policy, **overrides):
     run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     batches = [
         distributed.global_batch(batch, run.mesh)
-        for batch in train.train_batches(run.train_encoded, config, 0)
+        for batch in feeds.train_batches(run.train_encoded, config, 0)
     ]
     return run, batches
 

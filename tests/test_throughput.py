@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from isojax import config as config_lib
-from isojax import distributed, hardware, throughput, train
+from isojax import distributed, feeds, hardware, throughput, train
 
 
 def _config(glue_dir, minilm_dir, **overrides):
@@ -55,7 +55,7 @@ def test_logged_flops_are_xla_cost_analysis_and_profile_window(
     assert "peak 1e+09 FLOP/s per device (config.peak_flops)" in err
 
     run = train.setup(config, mesh=mesh)
-    batch = next(iter(train.train_batches(run.train_encoded, config, 0, mesh=mesh)))
+    batch = next(iter(feeds.train_batches(run.train_encoded, config, 0, mesh=mesh)))
     compiled = run.train_fn.lower(run.state, distributed.global_batch(batch, mesh)).compile()
     want = compiled.cost_analysis()
     want = (want[0] if isinstance(want, list) else want)["flops"]

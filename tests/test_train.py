@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from isojax import config as config_lib
-from isojax import configs, distributed, isotropy, optim, regularizers, resume, steps, train
+from isojax import configs, distributed, feeds, isotropy, optim, regularizers, resume, steps, train
 from isojax import stabilizer as stabilizer_lib
 from isojax.data import batching, packing
 
@@ -207,7 +207,7 @@ def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, me
     )
     run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     batch = distributed.global_batch(
-        next(train.train_batches(run.train_encoded, config, 0)), run.mesh
+        next(feeds.train_batches(run.train_encoded, config, 0)), run.mesh
     )
     state = run.state
     assert (state.stabilizer is not None) == (method == "istar")
@@ -456,7 +456,7 @@ def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
     those eval-mode tokens."""
     config = tiny_config(glue_dir, minilm_dir, method="istar", max_train_examples=24)
     run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
-    batches = list(train.train_batches(run.train_encoded, config, 0))
+    batches = list(feeds.train_batches(run.train_encoded, config, 0))
     assert len(batches) == 3
     tokens = [_eval_tokens(run, run.state, b) for b in batches]
     config.istar.stabilizer.tokens = len(tokens[0]) + extra  # 1 batch, or 1 token more: 2
@@ -496,7 +496,7 @@ def test_c0_pass_is_rebuilt_before_each_epoch_from_the_updated_parameters(
     train.train_and_evaluate(config, tmp_path, mesh=distributed.make_mesh(jax.devices()[:1]))
     assert [(int(s.step), epoch) for _, s, epoch, _ in passes] == [(0, 0), (2, 1)]
     for run, state, epoch, c0 in passes:
-        batches = train.train_batches(run.train_encoded, config, epoch)
+        batches = feeds.train_batches(run.train_encoded, config, epoch)
         want = np.cov(np.concatenate([_eval_tokens(run, state, b) for b in batches]), rowvar=False)
         np.testing.assert_allclose(c0, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
     assert np.abs(passes[1][3] - passes[0][3]).max() > 1e-3 * np.abs(passes[0][3]).max()

@@ -33,7 +33,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from isojax import build, distributed, train  # noqa: E402
+from isojax import build, distributed, feeds, train  # noqa: E402
 from isojax import config as config_lib  # noqa: E402
 from isojax.data import batching  # noqa: E402
 
@@ -76,7 +76,7 @@ def epoch_shapes(args, tokenizer) -> tuple[dict, dict, dict]:
         for layout, fields in LAYOUTS.items():
             config.update(fields)
             keys, real, computed = [], 0, 0
-            for batch in train.train_batches(encoded, config, epoch=0):
+            for batch in feeds.train_batches(encoded, config, epoch=0):
                 key = (layout == "packed", *batch["input_ids"].shape)
                 keys.append(key)
                 mask = batch["token_mask" if key[0] else "attention_mask"]

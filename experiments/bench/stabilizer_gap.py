@@ -29,7 +29,7 @@ import jax
 import numpy as np
 import optax
 
-from isojax import configs, distributed, regularizers, steps, train
+from isojax import configs, distributed, feeds, regularizers, steps, train
 from isojax.data import packing
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def measure(config, mode: str, every: int, *, mesh=None) -> list[Row]:
     probe = make_probe(state.apply_fn, state.objective)
     last = min(run.total_steps, run.steps_per_epoch) - 1
     rows = []
-    for step, batch in enumerate(train.train_batches(run.train_encoded, config, 0)):
+    for step, batch in enumerate(feeds.train_batches(run.train_encoded, config, 0)):
         if step > last:
             break
         batch = distributed.global_batch(batch, run.mesh)

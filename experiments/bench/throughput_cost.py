@@ -32,7 +32,7 @@ import time
 import jax
 
 from isojax import config as config_lib
-from isojax import distributed, hardware, precision, resume, throughput, train
+from isojax import distributed, feeds, hardware, precision, resume, throughput, train
 
 CPU_PEAK = 2 * 2.6e9 * 32  # see the module doc
 
@@ -77,7 +77,7 @@ def main(argv=None) -> dict:
     run = train.setup(config)
     batches = [
         distributed.global_batch(b, run.mesh)
-        for b in train.train_batches(run.train_encoded, config, 0, mesh=run.mesh)
+        for b in feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh)
     ]
     compute = precision.get_policy(config.policy).compute_dtype
     meter = throughput.Meter(run.train_fn, run.mesh, compute, peak_override=args.peak)
@@ -163,7 +163,7 @@ def step_memory(model: str, batch: int, length: int) -> dict:
     """`hardware.memory` of the compiled train step at `batch` x `length`."""
     config = make_config(model, batch, length, batch)
     run = train.setup(config)
-    first = next(iter(train.train_batches(run.train_encoded, config, 0, mesh=run.mesh)))
+    first = next(iter(feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh)))
     return hardware.memory(
         run.train_fn.lower(run.state, distributed.global_batch(first, run.mesh)).compile()
     )

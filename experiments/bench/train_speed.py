@@ -99,7 +99,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from isojax import build, distributed, regularizers, train  # noqa: E402
+from isojax import build, distributed, feeds, regularizers, train  # noqa: E402
 from isojax import config as config_lib  # noqa: E402
 from isojax.data import batching  # noqa: E402
 
@@ -170,7 +170,7 @@ class IsojaxStepper:
         self.config.cls_only = cls_only
         self.run = train.setup(self.config, mesh=distributed.make_mesh(jax.devices()[:1]))
         self.state = self.run.state
-        self.host_batch = next(train.train_batches(self.run.train_encoded, self.config, 0))
+        self.host_batch = next(feeds.train_batches(self.run.train_encoded, self.config, 0))
 
     def __call__(self, host_batch=None) -> float:
         batch = distributed.global_batch(
@@ -186,7 +186,7 @@ def width_batch(args, stepper: IsojaxStepper, width: int) -> dict:
     """The first training batch of RTE rows encoded at max_length `width` (truncated)."""
     config = bench_config(args, "none", width)
     encoded = batching.encode(build.load_examples(config, "train"), stepper.run.tokenizer, width)
-    return next(train.train_batches(encoded, config, 0))
+    return next(feeds.train_batches(encoded, config, 0))
 
 
 class TorchStepper:
