@@ -6,7 +6,8 @@ The recipe is the linen loop's, read from the same config file (default the READ
 `experiments/configs/main_job.py`: MiniLM-L6 on STS-B, one epoch, packed, seed 1, batch 32,
 max length 128, AdamW lr 1e-4 with warm-up, decay and clipping, IsoBN's momentum/beta/epsilon,
 I-STAR's weight, zeta and C0 pass), built from the same parts: the tokenizer, examples,
-batches (padded or packed, `isojax.feeds.train_batches`), optimizer (`build.make_optimizer`)
+batches (padded or packed, `isojax.training.feeds.train_batches`), optimizer
+(`build.make_optimizer`)
 and loss (`steps.task_loss`).
 What is NNX here: the model (`isojax.nnx.from_pretrained` + `SequenceClassifier`), the state
 (`nnx.Optimizer(model, tx, wrt=nnx.Param)`, IsoBN's and I-STAR's `nnx.BatchStat`s), the step
@@ -33,9 +34,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from isojax import build, feeds, metrics, precision, regularizers, steps
-from isojax.data import batching, glue, packing
+from isojax.core import penalties
+from isojax.data import batching, glue, metrics, packing
+from isojax.models import transformer
 from isojax.nnx import pretrained
+from isojax.training import build, feeds, precision, steps
 
 
 def build_run(config, num_labels: int):
@@ -66,7 +69,7 @@ def make_loss(regression: bool, weight: float):
 
     def loss_fn(model, istar, batch):
         logits, out = model(
-            **packing.model_inputs(batch),
+            **transformer.model_inputs(batch),
             example_mask=batch["example_mask"],
             cls_only=istar is None,
         )
@@ -97,7 +100,7 @@ def make_steps(graphdefs, regression: bool, weight: float):
 
     @jax.jit
     def eval_step(model_state, batch):
-        logits, out = nnx.merge(eval_def, model_state)(**packing.model_inputs(batch))
+        logits, out = nnx.merge(eval_def, model_state)(**transformer.model_inputs(batch))
         return logits, out["encoder"].hidden_states
 
     return train_step, eval_step
@@ -174,12 +177,12 @@ def c0_pass(eval_step, model_state, batches, d: int, config) -> jax.Array:
 
     def update(acc, batch):
         _, hidden = eval_step(model_state, batch)
-        return regularizers.stabilizer_update(acc, hidden, packing.token_mask(batch))
+        return penalties.c0_pass_update(acc, hidden, packing.token_mask(batch))
 
-    acc = regularizers.estimate_stabilizer(
-        update, batches, regularizers.stabilizer_init(d), num_points=config.istar.stabilizer.tokens
+    acc = penalties.estimate_c0(
+        update, batches, penalties.c0_pass_init(d), num_points=config.istar.stabilizer.tokens
     )
-    return regularizers.stabilizer_finalize(acc)
+    return penalties.c0_pass_finalize(acc)
 
 
 def evaluate(eval_step, model_state, encoded, config, task) -> dict:

@@ -357,7 +357,7 @@ def _continue_at_recorded_commit(args, options: list[tuple[str, object]], where:
     worktree = pathlib.Path(where) if where else study_commit.default_worktree(REPO, commit)
     worktree = study_commit.ensure_worktree(REPO, commit, worktree)
     argv = study_commit.old_argv(REPO, worktree, args.grid, options)
-    from isojax import config as config_lib
+    from isojax.training import config as config_lib
 
     study_commit.reexec(argv, worktree, config_lib.default_glue_dir())
 
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminate)
         cache = pathlib.Path(args.runs_dir) / ".jax_cache" if args.compile_cache is None else None
         if cache or args.compile_cache:
-            from isojax import distributed
+            from isojax.training import distributed
 
             distributed.enable_compilation_cache(cache or args.compile_cache)
         run_grid(

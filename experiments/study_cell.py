@@ -115,9 +115,9 @@ def read_run(workdir: pathlib.Path, chunk: int = LOSS_CHUNK_STEPS) -> dict:
 
 def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
     """Dev metrics and isotropy of the step-0 model (pre-trained encoder, fresh head)."""
-    from isojax import evaluation, train
+    from isojax.training import evaluation, loop
 
-    run = train.setup(config)
+    run = loop.setup(config)
     rows = []
     for split, encoded in run.dev_encoded.items():
         result = evaluation.evaluate(run, run.state, encoded, config)
@@ -128,7 +128,7 @@ def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
 def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str) -> dict:
     """Runs (or resumes, or reads back) one cell; returns the run part of its record.
     Exceptions propagate after the attempt's wall time is saved."""
-    from isojax import nonfinite, train
+    from isojax.training import loop, nonfinite
 
     start = time.monotonic()
     try:
@@ -140,7 +140,7 @@ def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str
             # A run stopped on a non-finite loss has a results.json without a score: rerun
             # (it raises again, and the cell is recorded failed).
             if not (workdir / "results.json").exists() or nonfinite.stopped(workdir):
-                train.train_and_evaluate(config, workdir)
+                loop.train_and_evaluate(config, workdir)
             part = read_run(workdir)
     finally:
         seconds = _add_wall(workdir, time.monotonic() - start)

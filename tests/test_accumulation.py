@@ -5,8 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-from isojax import accumulation, distributed, feeds, models, steps, train
-from isojax import config as config_lib
+from isojax import models
+from isojax.training import accumulation, distributed, feeds, loop, steps
+from isojax.training import config as config_lib
 
 
 def _config(glue_dir, minilm_dir, **overrides):
@@ -34,7 +35,7 @@ def _config(glue_dir, minilm_dir, **overrides):
 
 
 def _five_updates(config):
-    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     state, seen = run.state, []
     start = jax.device_get(run.state.params)
     stacked = config.grad_accum_steps > 1
@@ -78,7 +79,7 @@ def test_batch_norm_sees_every_micro_batch(glue_dir, minilm_dir):
     """Batch norm's running statistics count each micro-batch (4 per update) under
     accumulation, as PyTorch's accumulation loop does."""
     config = _config(glue_dir, minilm_dir, method="batchnorm", grad_accum_steps=4)
-    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     batch = next(iter(feeds.update_batches(run.train_encoded, config, 0, mesh=run.mesh)))
     assert batch["input_ids"].shape[:2] == (4, 8)
     state, _ = run.train_fn(run.state, distributed.global_batch(batch, run.mesh, stacked=True))
@@ -118,7 +119,7 @@ def test_micro_batches_weigh_real_examples(glue_dir, minilm_dir, monkeypatch):
         models.VARIANTS, "tiny", tiny.replace(hidden_dropout=0.0, attention_dropout=0.0)
     )
     config = _config(glue_dir, minilm_dir, batch_size=8, buckets=(), max_length=32)
-    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     first, second = list(feeds.train_batches(run.train_encoded, config, 0))[:2]
     second = second | {"example_mask": np.array([1] * 4 + [0] * 4, np.int32)}
     keys = distributed.BATCH_KEYS

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tokenizers
 
-from isojax import analysis, isotropy
+from isojax.analysis import encoder as analysis
+from isojax.core import isotropy
 from isojax.data import glue
 from isojax.models import config as config_lib
 from isojax.models import encoder as encoder_lib
@@ -55,8 +56,8 @@ def test_sentence_report_matches_numpy_float64():
     rng = np.random.default_rng(0)
     x = anisotropic(rng, (60,), 8).astype(np.float32)
     keep = rng.random(60) > 0.2  # dropped rows stand for batch filler
-    state = analysis.sentence_stats_init(8)
-    update = jax.jit(analysis.sentence_stats_update)
+    state = isotropy.sentence_stats_init(8)
+    update = jax.jit(isotropy.sentence_stats_update)
     for lo, hi in ((0, 25), (25, 40), (40, 60)):  # batches of different sizes
         state = update(state, x[lo:hi], keep[lo:hi].astype(np.int32))
     got = jax.tree.map(np.asarray, analysis.sentence_report(state))
@@ -69,7 +70,7 @@ def test_sentence_report_matches_numpy_float64():
 
 def test_mean_cosine_counts_zero_vectors_as_zero():
     x = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 0.0]], np.float32)
-    state = analysis.sentence_stats_update(analysis.sentence_stats_init(2), x)
+    state = isotropy.sentence_stats_update(isotropy.sentence_stats_init(2), x)
     got = isotropy.mean_cosine_from_sums(state.unit_sum, state.unit_sq, state.moments.count)
     np.testing.assert_allclose(got, 2.0 / 6.0, rtol=1e-6)  # one pair of cosine 1, both ways
 

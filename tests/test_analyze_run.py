@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from test_train import tiny_config
 
-from isojax import analysis, cli, predict, run_analysis, runs, train
+from isojax import analysis, cli, runs
+from isojax.runs import predict
+from isojax.training import loop
 
 WORDS = "the a cat dog man woman car city ran saw ate big small red old new house".split()
 DEV_ROWS = 19
@@ -54,7 +56,7 @@ def isobn_run(tmp_path_factory, minilm_dir):
     data = write_rte(root / "glue", {"train": 16, "dev": DEV_ROWS})
     config = tiny_config(data, minilm_dir, method="isobn", num_epochs=2)
     config.max_eval_examples = None
-    results = train.train_and_evaluate(config, root / "run")
+    results = loop.train_and_evaluate(config, root / "run")
     return root / "run", results
 
 
@@ -107,7 +109,7 @@ def test_analyze_run_encoder_figures_are_analyze_encoders(isobn_run):
     run_dir, _ = isobn_run
     restored = runs.restore(run_dir, best=True)
     examples = predict.load_split(restored, "dev", labelled=True)
-    rep = run_analysis.analyze_run(restored, examples)
+    rep = analysis.analyze_run(restored, examples)
     encoder = analysis.analyze_encoder(
         restored.module.encoder,
         restored.state.params["encoder"],

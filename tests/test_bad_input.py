@@ -11,7 +11,9 @@ import shutil
 import jax
 import pytest
 
-from isojax import build, cli, norms, precision
+from isojax import cli
+from isojax.linen import norms
+from isojax.training import build, precision
 
 RTE_HEADER = "index\tsentence1\tsentence2\tlabel"
 STSB_HEADER = (

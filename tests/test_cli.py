@@ -46,7 +46,7 @@ def run(capsys, argv):
         (["--set", "buckets=(32,"], "buckets='(32,'"),
         (["--set", "optimizer=0.1"], "optimizer=0.1"),
         # Issue 25 item 11: a negative seed, None where a value is needed, an unknown key of
-        # the normaliser (refused by norms.check_hparams before anything is built).
+        # the normaliser (refused by normalizers.check_hparams before anything is built).
         (["--seed", "-1"], "config: seed must be an integer in [0, 2**32 - 1], got -1"),
         (["--set", "seed=4294967296"], "seed must be an integer in [0, 2**32 - 1]"),
         (["--set", "log_every=None"], "config: log_every must be set (its default is 50)"),

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 from test_packing import LENGTHS, both_layouts, make_head  # tests/ is on sys.path
 
-from isojax import models, steps
+from isojax import models
 from isojax.data import packing
+from isojax.models import transformer
+from isojax.training import steps
 
 
 def loss_and_grads(head, variables, batch, *, cls_only, dropout_key=None):
@@ -21,7 +23,7 @@ def loss_and_grads(head, variables, batch, *, cls_only, dropout_key=None):
     def loss_fn(params):
         (logits, out), updates = head.apply(
             {**variables, "params": params},
-            **packing.model_inputs(batch),
+            **transformer.model_inputs(batch),
             deterministic=dropout_key is None,
             use_running_average=False,
             example_mask=batch["example_mask"],

@@ -15,8 +15,8 @@ import pytest
 from children import child_env, finish
 from jax.sharding import PartitionSpec as P
 
-from isojax import config as config_lib
-from isojax import distributed, feeds, steps, train
+from isojax.training import config as config_lib
+from isojax.training import distributed, feeds, loop, steps
 
 
 def tiny_config(glue_dir, minilm_dir, **overrides):
@@ -62,7 +62,7 @@ def test_sharded_step_equals_single_device_step(glue_dir, minilm_dir):
     RngBitGenerator), whose masks must not depend on the sharding either; the default
     threefry keys: test_two_processes_match_one_process."""
     config = tiny_config(glue_dir, minilm_dir, rng_impl="rbg")
-    single = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    single = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     host_state = jax.device_get(single.state)
     batches = list(feeds.train_batches(single.train_encoded, config, 0))
     assert len(batches) == 2
@@ -90,8 +90,8 @@ def test_sharded_step_equals_single_device_step(glue_dir, minilm_dir):
 _CHILD = textwrap.dedent(
     """
     import sys
-    from isojax import distributed, train
-    from isojax import config as config_lib
+    from isojax.training import distributed, loop
+    from isojax.training import config as config_lib
 
     assert distributed.initialize_distributed()
     import jax
@@ -106,7 +106,7 @@ _CHILD = textwrap.dedent(
         "progress": False, "tensorboard": False, "optimizer.warmup_fraction": 0.0,
         "optimizer.learning_rate": 1e-3, "num_epochs": 1,
     })
-    train.train_and_evaluate(config, workdir)
+    loop.train_and_evaluate(config, workdir)
     """
 )
 
@@ -149,7 +149,7 @@ def test_two_processes_match_one_process(tmp_path, glue_dir, minilm_dir):
         )
     # Meanwhile, the same run in this process (4 simulated devices).
     config = tiny_config(glue_dir, minilm_dir, num_epochs=1)
-    want = train.train_and_evaluate(config, tmp_path / "one")
+    want = loop.train_and_evaluate(config, tmp_path / "one")
     for child in children:
         done = finish(child)
         assert done.returncode == 0, done.stdout[-3000:]

@@ -16,21 +16,11 @@ import torch
 import transformers
 from test_train import tiny_config
 
-from isojax import (
-    build,
-    checkpointing,
-    cli,
-    distributed,
-    evaluation,
-    models,
-    precision,
-    predict,
-    resume,
-    runs,
-    train,
-)
+from isojax import cli, models, runs
 from isojax.data import glue
 from isojax.models import config as config_lib
+from isojax.runs import predict
+from isojax.training import build, checkpointing, distributed, evaluation, loop, precision, resume
 
 TEST_ROWS = {"cola": 1063, "mrpc": 1725, "rte": 3000, "stsb": 1379}
 ALLOWED = {"cola": {"0", "1"}, "mrpc": {"0", "1"}, "rte": {"entailment", "not_entailment"}}
@@ -74,7 +64,7 @@ def trained(tmp_path_factory, glue_dir, minilm_dir, roberta_dir):
         if model == "roberta":
             config.model = str(roberta_dir)
         out[name] = tmp_path_factory.mktemp(name) / "run"
-        train.train_and_evaluate(config, out[name])
+        loop.train_and_evaluate(config, out[name])
     return out
 
 
@@ -89,7 +79,7 @@ def untrained_run(workdir: pathlib.Path, config) -> pathlib.Path:
         encoder_params,
         build.make_optimizer(config, 1),
         policy,
-        train.make_objective(config, task, 1),
+        loop.make_objective(config, task, 1),
         hidden,
         distributed.make_mesh(),
     )
@@ -232,7 +222,7 @@ def test_best_restores_the_best_epochs_parameters(monkeypatch, tmp_path, glue_di
 
     monkeypatch.setattr(evaluation, "evaluate", evaluate)
     config = tiny_config(glue_dir, minilm_dir, num_epochs=3, keep_checkpoints=1)
-    results = train.train_and_evaluate(config, tmp_path / "run")
+    results = loop.train_and_evaluate(config, tmp_path / "run")
     assert (results["step"], results["best"]["step"], results["best"]["epoch"]) == (6, 4, 2)
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["best"]["dev"]["score"] == 0.9 and saved["dev"]["score"] == 0.5

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import strategies as st
 from IsoScore import IsoScore as isoscore_package
 
-from isojax import isotropy
+from isojax.core import isotropy
 
 
 def isoscore_reference(x: np.ndarray) -> float:

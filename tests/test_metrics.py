@@ -7,7 +7,7 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 
-from isojax import metrics
+from isojax.data import metrics
 
 
 @pytest.mark.parametrize("seed", range(5))

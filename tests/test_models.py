@@ -16,8 +16,8 @@ import torch
 import transformers
 
 from isojax import models
-from isojax.models import checkpoints, heads
 from isojax.models import config as config_lib
+from isojax.models import heads, hf_import
 
 # Random tiny configs: every family, several activations, ALBERT with 2 groups x 2 inner layers.
 TINY_HF = {
@@ -74,7 +74,7 @@ def run_both(family, dtype=jnp.float32, seed=0):
     hf = TINY_HF[family]
     cfg = config_lib.EncoderConfig.from_hf(hf)
     model = torch_model(hf, seed=seed)
-    params, report = checkpoints.params_from_state_dict(cfg, torch_state_dict(model))
+    params, report = hf_import.params_from_state_dict(cfg, torch_state_dict(model))
     assert report.missing == () and report.mismatched == ()
     ids, mask, types = batch(cfg, seed)
     kwargs = dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
@@ -118,7 +118,7 @@ def test_head_logits_match_transformers_sequence_classifier(family):
             hf, transformers.AutoModelForSequenceClassification, num_labels=num_labels
         )
         sd = torch_state_dict(model)
-        encoder_params, report = checkpoints.params_from_state_dict(cfg, sd)
+        encoder_params, report = hf_import.params_from_state_dict(cfg, sd)
         assert report.unexpected == ("classifier.bias", "classifier.weight")
         head = models.SequenceClassifier(models.Encoder(cfg), num_labels=num_labels)
         params = {
@@ -142,7 +142,7 @@ def test_head_logits_match_transformers_sequence_classifier(family):
 def test_head_with_normalizers(normalizer):
     """The head applies `norms.make_normalizer(name)` to the sentence vector, trains its
     statistics when `use_running_average=False`, and gradients reach the encoder."""
-    from isojax import norms
+    from isojax.linen import norms
 
     cfg = config_lib.VARIANTS["tiny"]
     head = models.SequenceClassifier(

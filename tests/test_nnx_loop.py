@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from isojax import config as config_lib
+from isojax.training import config as config_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

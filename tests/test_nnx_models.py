@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from isojax import distributed, models
+from isojax import models
 from isojax.models import dropout as dropout_lib
 from isojax.models import encoder as linen_encoder
 from isojax.nnx import encoder as nnx_encoder
 from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained
+from isojax.training import distributed
 
 TINY = models.VARIANTS["tiny"].replace(hidden_dropout=0.0, attention_dropout=0.0)
 CONFIGS = {

@@ -12,7 +12,8 @@ from flax import nnx
 from nnx_parity import VARIANTS, Twins, failures, linen_run
 
 from isojax import nnx as inx
-from isojax import norms
+from isojax.core import normalizers
+from isojax.linen import norms
 
 D, B = 5, 8
 
@@ -105,13 +106,13 @@ def test_isobn_skips_the_one_row_batch_and_counts_it():
 
 def test_one_hyper_parameter_table_for_both_front_ends():
     for name in norms.NORMALIZERS:
-        takes = set(norms.HPARAMS[name]) | set(norms.STRUCTURAL[name])
-        linen_fields = norms._fields(norms._CLASSES[name]) - {"name"}
+        takes = set(normalizers.HPARAMS[name]) | set(normalizers.STRUCTURAL[name])
+        linen_fields = norms._fields(norms.CLASSES[name]) - {"name"}
         signature = inspect.signature(inx.CLASSES[name].__init__).parameters
         nnx_args = set(signature) - {"self", "num_features", "rngs"}
         assert linen_fields == takes == nnx_args, name
-        for arg, default in norms.HPARAMS[name].items():
-            assert getattr(norms._CLASSES[name], arg) == default
+        for arg, default in normalizers.HPARAMS[name].items():
+            assert getattr(norms.CLASSES[name], arg) == default
             assert signature[arg].default == default
     for bad, match in [
         ({"momentum": 1.0}, r"momentum 1.0 not in \(0, 1\)"),
@@ -171,8 +172,12 @@ def test_linen_module_is_exactly_its_pure_step(name):
     variables = model.init(jax.random.key(0), x, use_running_average=True)
     state = dict(variables["batch_stats"])
     y, updates = model.apply(variables, x, False, mask=mask, mutable=["batch_stats"])
-    step = {"isobn": norms.isobn, "recenter": norms.recenter, "batchnorm": norms.batch_norm}
-    hparams = {k: getattr(model, k) for k in norms.HPARAMS[name] if not k.endswith("_init")}
+    step = {
+        "isobn": normalizers.isobn,
+        "recenter": normalizers.recenter,
+        "batchnorm": normalizers.batch_norm,
+    }
+    hparams = {k: getattr(model, k) for k in normalizers.HPARAMS[name] if not k.endswith("_init")}
     for k in ("use_bias", "use_scale"):
         hparams.pop(k, None)
     extra = {"params": dict(variables["params"])} if "params" in variables else {}

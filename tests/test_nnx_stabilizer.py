@@ -10,7 +10,8 @@ from flax import nnx
 from nnx_parity import Twins, failures, linen_run
 
 from isojax import nnx as inx
-from isojax import regularizers, stabilizer
+from isojax.core import istar, penalties
+from isojax.linen import istar as linen_istar
 
 D = 4
 SETTINGS = {
@@ -34,12 +35,12 @@ def batches(seed=0):
 
 
 def linen_result(mode, zeta=0.3, **overrides):
-    module = stabilizer.make_isoscore_star(mode, zeta=zeta, **(SETTINGS[mode] | overrides))
+    module = linen_istar.make_isoscore_star(mode, zeta=zeta, **(SETTINGS[mode] | overrides))
     c0 = jnp.eye(D) + 0.1  # a non-trivial pass C0, so the pass mode is checked too
-    batch_stats = stabilizer.replace_c0(stabilizer.init_batch_stats(module, D), c0)
+    batch_stats = istar.replace_c0(linen_istar.init_batch_stats(module, D), c0)
 
     def apply(variables, h, mask, train):
-        penalty, new = stabilizer.penalty_and_update(
+        penalty, new = linen_istar.penalty_and_update(
             module, variables["batch_stats"], h, mask, train=train
         )
         return penalty, new
@@ -54,7 +55,7 @@ def nnx_model(mode):
 
 
 def call(module, h, mask):
-    return inx.istar_penalty(module, h, mask)  # in the module's mode
+    return inx.penalty_and_update(module, h, mask)  # in the module's mode
 
 
 TWINS = Twins(linen_result, nnx_model, call, batches)
@@ -80,19 +81,19 @@ def test_parity_check_reports_a_broken_twin(mode, broken):
 
 def test_install_c0_from_the_explicit_pass_matches_linen_replace_c0():
     data = batches()
-    update = jax.jit(lambda state, batch: regularizers.stabilizer_update(state, *batch))
-    state = regularizers.estimate_stabilizer(
-        update, data, regularizers.stabilizer_init(D), num_points=40
-    )
-    c0 = regularizers.stabilizer_finalize(state)
+    update = jax.jit(lambda state, batch: penalties.c0_pass_update(state, *batch))
+    state = penalties.estimate_c0(update, data, penalties.c0_pass_init(D), num_points=40)
+    c0 = penalties.c0_pass_finalize(state)
     module = inx.make_isoscore_star(D, "pass")
     inx.install_c0(module, state)
     np.testing.assert_array_equal(module.c0.get_value(), c0)
-    linen = stabilizer.make_isoscore_star("pass")
-    batch_stats = stabilizer.replace_c0(stabilizer.init_batch_stats(linen, D), c0)
+    linen = linen_istar.make_isoscore_star("pass")
+    batch_stats = istar.replace_c0(linen_istar.init_batch_stats(linen, D), c0)
     h, mask = data[0]
-    want, _ = stabilizer.penalty_and_update(linen, batch_stats, h, mask, train=False)
-    np.testing.assert_allclose(inx.istar_penalty(module, h, mask, train=False), want, atol=1e-6)
+    want, _ = linen_istar.penalty_and_update(linen, batch_stats, h, mask, train=False)
+    np.testing.assert_allclose(
+        inx.penalty_and_update(module, h, mask, train=False), want, atol=1e-6
+    )
     with pytest.raises(ValueError, match=r"c0 has shape \(3, 3\), the state holds \(4, 4\)"):
         inx.install_c0(module, jnp.eye(3))
 
@@ -111,7 +112,7 @@ def test_settings_are_checked_by_the_shared_rules():
         inx.IsoScoreStar(D, stabilizer="running")
     module = inx.IsoScoreStar(D, stabilizer="ema")
     assert sorted(nnx.to_pure_dict(nnx.state(module, nnx.BatchStat))) == sorted(
-        stabilizer.init_batch_stats(stabilizer.make_isoscore_star("ema"), D)
+        linen_istar.init_batch_stats(linen_istar.make_isoscore_star("ema"), D)
     )
     with pytest.raises(ValueError, match=r"feature size 3\).*\(3, 3\).*\(4, 4\)"):
         module(jnp.ones((5, 3)), use_running_average=True)
@@ -127,17 +128,15 @@ def test_settings_are_checked_by_the_shared_rules():
 @pytest.mark.parametrize("mode", ["epoch", "ema"])
 def test_linen_module_is_exactly_its_pure_step(mode):
     """The linen IsoScoreStar computes nothing but the pure step the NNX module runs."""
-    module = stabilizer.make_isoscore_star(mode, zeta=0.3, **SETTINGS[mode])
-    batch_stats = stabilizer.init_batch_stats(module, D)
+    module = linen_istar.make_isoscore_star(mode, zeta=0.3, **SETTINGS[mode])
+    batch_stats = linen_istar.init_batch_stats(module, D)
     h, mask = batches()[0]
     score, updates = module.apply(
         {"batch_stats": batch_stats}, h, mask, use_running_average=False, mutable=["batch_stats"]
     )
-    x, token_mask = stabilizer.prepare(h, mask)
-    settings = stabilizer.checked_settings(module)
-    want, new, _ = stabilizer.step(
-        dict(batch_stats), x, token_mask, update=True, zeta=0.3, **settings
-    )
+    x, token_mask = istar.prepare(h, mask)
+    settings = istar.checked_settings(module)
+    want, new, _ = istar.step(dict(batch_stats), x, token_mask, update=True, zeta=0.3, **settings)
     np.testing.assert_array_equal(score, want)
     for key, value in new.items():
         np.testing.assert_array_equal(updates["batch_stats"][key], value)

@@ -1,4 +1,5 @@
-"""Tests for isojax.norms: IsoBN against a float64 NumPy transcription of SPEC.md §1, the other
+"""Tests for isojax.linen.norms: IsoBN against a float64 NumPy transcription of SPEC.md §1, the
+other
 normalisers against Flax, gradient semantics, mixed precision, bad batches and composition with
 nn.scan, nn.remat, jax.vmap and jax.grad."""
 
@@ -11,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from isojax import norms
+from isojax.core import normalizers
+from isojax.linen import norms
 
 D = 8
 
@@ -101,7 +103,7 @@ def test_isobn_gain_is_one_before_any_update():
 
 def test_isobn_gain_pure_function_handles_dead_dimension():
     cov = np.diag([4.0, 1.0, 0.0])
-    gain = norms.isobn_gain(jnp.asarray(cov), jnp.asarray([2.0, 1.0, 0.0]))
+    gain = normalizers.isobn_gain(jnp.asarray(cov), jnp.asarray([2.0, 1.0, 0.0]))
     assert gain.dtype == jnp.float32 and np.isfinite(gain).all()
     # rho = I on the live dims: gamma_i = 1/3, g_i = (s_i / 3 + eps)^-1/2, c keeps tr(S).
     g = (np.array([2.0, 1.0, 0.0]) / 3 * np.array([1, 1, 0]) + 1e-3) ** -0.5
@@ -124,7 +126,7 @@ def test_isobn_jacobian_is_the_diagonal_gain():
 
     jac = jax.jit(jax.jacrev(lambda x: forward(x)[0]))(x)  # [6, 4, 6, 4]
     stats_after = forward(x)[1]
-    gain = norms.isobn_gain(stats_after["cov"], stats_after["std"])
+    gain = normalizers.isobn_gain(stats_after["cov"], stats_after["std"])
     expected = np.einsum("ij,ab,b->iajb", np.eye(6), np.eye(4), gain)
     np.testing.assert_allclose(jac, expected, rtol=1e-6, atol=0)
     assert not np.allclose(gain, 1.0)

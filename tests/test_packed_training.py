@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from test_train import tiny_config
 
-from isojax import config as config_lib
-from isojax import distributed, evaluation, feeds, steps, train
 from isojax.data import packing
+from isojax.training import config as config_lib
+from isojax.training import distributed, evaluation, feeds, loop, steps
 
 
-def _without_dropout(run: train.Run) -> train.Run:
+def _without_dropout(run: loop.Run) -> loop.Run:
     """`run` with every dropout rate 0 (encoder and head) and its steps recompiled."""
     encoder = run.model.encoder
     enc_config = encoder.config.replace(hidden_dropout=0.0, attention_dropout=0.0)
@@ -55,12 +55,12 @@ def test_packed_training_equals_padded_training_after_5_steps(glue_dir, minilm_d
     finals = {}
     for packed in (False, True):
         config = _config(glue_dir, minilm_dir, method, packed)
-        run = _without_dropout(train.setup(config))
+        run = _without_dropout(loop.setup(config))
         assert run.steps_per_epoch == 5
         state = run.state
         initial = jax.device_get(state.params)  # the same for both layouts (same seed)
         if method == "istar":
-            state = train.c0_pass(run, state, config, 0)
+            state = loop.c0_pass(run, state, config, 0)
         losses = []
         for batch in feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh):
             assert packing.is_packed(batch) == packed
@@ -86,7 +86,7 @@ def test_packed_evaluation_counts_each_dev_example_once(glue_dir, minilm_dir):
     results = {}
     for packed in (False, True):
         config = _config(glue_dir, minilm_dir, "isobn", packed)
-        run = train.setup(config)
+        run = loop.setup(config)
         encoded = run.dev_encoded["dev"]
         logits, acc = evaluation.eval_outputs(
             run.eval_fn, run.state, encoded, config, run.mesh, run.hidden_size
@@ -107,7 +107,7 @@ def test_an_epoch_of_packed_steps_compiles_at_most_one_shape_per_row_bucket(glue
     train step compiles once per row count used, never more than the row buckets."""
     for task in ("cola", "rte"):
         config = _config(glue_dir, minilm_dir, "none", True, task=task, max_train_examples=48)
-        run = train.setup(config)
+        run = loop.setup(config)
         bound = len(packing.resolve_row_buckets(None, config.batch_size, run.mesh.size))
         state, rows = run.state, set()
         for batch in feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh):
@@ -129,7 +129,7 @@ def test_packing_refuses_the_reference_padding_option():
 def test_packed_run_end_to_end(glue_dir, minilm_dir, tmp_path):
     """`train_and_evaluate` with packing: two I-STAR steps (C0 pass) and a dev evaluation."""
     config = _config(glue_dir, minilm_dir, "istar", True, max_steps=2)
-    result = train.train_and_evaluate(config, tmp_path)
+    result = loop.train_and_evaluate(config, tmp_path)
     assert (result["step"], result["epoch"]) == (2, 1)
     dev = result["dev"]
     assert 0.0 <= dev["accuracy"] <= 1.0 and 0.0 < dev["tokens_isoscore_star"] <= 1.0

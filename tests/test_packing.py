@@ -16,10 +16,11 @@ import pytest
 import tokenizers
 from test_models import TINY_HF  # tests/ is on sys.path under pytest (no __init__.py)
 
-from isojax import models, regularizers
+from isojax import models
+from isojax.core import penalties
 from isojax.data import batching, glue, packing
 from isojax.models import config as config_lib
-from isojax.models import heads
+from isojax.models import heads, transformer
 
 MAX_LENGTH = 16
 NUM_LABELS = 3
@@ -212,7 +213,7 @@ def loss_and_stats(head, params, batch_stats, batch):
     variables = {"params": params, **({"batch_stats": batch_stats} if batch_stats else {})}
     (logits, out), updates = head.apply(
         variables,
-        **packing.model_inputs(batch),
+        **transformer.model_inputs(batch),
         deterministic=True,
         use_running_average=False,
         example_mask=batch["example_mask"],
@@ -286,8 +287,8 @@ def test_packed_batch_gives_the_unpacked_logits_loss_gradients_and_stats(
             np.testing.assert_allclose(h1[row, start : start + n], h0[j, :n], atol=1e-5)
     mask0, mask1 = packing.token_mask(plain), packing.token_mask(packed)
     for penalty in (
-        functools.partial(regularizers.istar_penalty, zeta=0.2),
-        lambda h, m: regularizers.cosreg_penalty(h[-1], m),
+        functools.partial(penalties.istar_penalty, zeta=0.2),
+        lambda h, m: penalties.cosreg_penalty(h[-1], m),
     ):
         np.testing.assert_allclose(
             penalty(hidden1, mask1), penalty(hidden0, mask0), rtol=1e-5, atol=1e-6
@@ -387,7 +388,7 @@ def test_packed_rows_sharded_over_devices():
     def forward(variables, batch):
         return head.apply(
             variables,
-            **packing.model_inputs(batch),
+            **transformer.model_inputs(batch),
             use_running_average=False,
             example_mask=batch["example_mask"],
             mutable=["batch_stats"],

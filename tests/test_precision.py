@@ -1,12 +1,13 @@
-"""Tests for isojax.precision: policy parsing, loss scaling, and skipped float16 overflow steps."""
+"""Tests for isojax.training.precision: policy parsing, loss scaling, and skipped float16 overflow
+steps."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from isojax import config as config_lib
-from isojax import distributed, feeds, precision
+from isojax.training import config as config_lib
+from isojax.training import distributed, feeds, precision
 
 
 @pytest.mark.parametrize(
@@ -95,7 +96,7 @@ def test_all_finite_and_select_tree():
 
 
 def _tiny_run(glue_dir, minilm_dir, policy, **overrides):
-    from isojax import train
+    from isojax.training import loop
 
     config = config_lib.default_config()
     config.update_from_flattened_dict(
@@ -117,7 +118,7 @@ def _tiny_run(glue_dir, minilm_dir, policy, **overrides):
             **overrides,
         }
     )
-    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     batches = [
         distributed.global_batch(batch, run.mesh)
         for batch in feeds.train_batches(run.train_encoded, config, 0)

@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 from children import child_env, finish
 
-from isojax import preemption, throughput
+from isojax.training import preemption, throughput
 
 # `isojax finetune` in a child; with STOP_AT, the child signals itself right after that step
 # (from the log hook, as a scheduler's SIGTERM would arrive mid-epoch) and once more while the
@@ -23,7 +23,8 @@ from isojax import preemption, throughput
 _CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    from isojax import checkpointing, cli, reporting
+    from isojax.training import checkpointing, reporting
+    from isojax import cli
 
     workdir, glue_dir, tokenizer, stop_at, rank = sys.argv[1:]
     stop_at = int(stop_at)

@@ -16,8 +16,8 @@ the code. The rule, for everyone who writes README.md:
    `../shared/data/glue`), so the README's data path holds, and the files a block writes (under
    `runs/`, which a reader's checkout git-ignores) vanish with the folder. Nothing else of the
    checkout is there: a block reads only what the package and the GLUE folder hold.
-4. Training is shrunk, nothing else: while the blocks run, `isojax.train.train_and_evaluate`
-   and `isojax.train.setup` (and so `isojax.cli.main(["finetune", ...])`, which calls them)
+4. Training is shrunk, nothing else: while the blocks run, `isojax.training.loop.train_and_evaluate`
+   and `isojax.training.loop.setup` (and so `isojax.cli.main(["finetune", ...])`, which calls them)
    receive a copy of the block's config with `SMALL_RUN` applied: the random 2-layer
    `tiny-bert` (MiniLM's tokenizer), 32 training and 16 dev examples, batch 8, max length 64,
    at most 2 steps, a 1000-token C0 pass. So a block shows the real recipe a reader runs
@@ -123,7 +123,7 @@ def shrink(config):
 @pytest.fixture
 def readme_workdir(tmp_path, monkeypatch, glue_dir):
     """Rule 3 (an empty folder with ../shared/data/glue beside it) and rule 4 (small training)."""
-    from isojax import train
+    from isojax.training import loop
 
     root = tmp_path / "checkout"
     root.mkdir()
@@ -131,11 +131,11 @@ def readme_workdir(tmp_path, monkeypatch, glue_dir):
     (tmp_path / "shared" / "data" / "glue").symlink_to(glue_dir.resolve())
     monkeypatch.chdir(root)
     if os.environ.get("ISOJAX_README_FULL") != "1":
-        full_run, full_setup = train.train_and_evaluate, train.setup
+        full_run, full_setup = loop.train_and_evaluate, loop.setup
         monkeypatch.setattr(
-            train, "train_and_evaluate", lambda c, *a, **k: full_run(shrink(c), *a, **k)
+            loop, "train_and_evaluate", lambda c, *a, **k: full_run(shrink(c), *a, **k)
         )
-        monkeypatch.setattr(train, "setup", lambda c, *a, **k: full_setup(shrink(c), *a, **k))
+        monkeypatch.setattr(loop, "setup", lambda c, *a, **k: full_setup(shrink(c), *a, **k))
     return root
 
 

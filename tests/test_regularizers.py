@@ -1,4 +1,4 @@
-"""Tests for isojax.regularizers: I-STAR against a float64 NumPy transcription of SPEC.md §4 and
+"""Tests for isojax.core.penalties: I-STAR against a float64 NumPy transcription of SPEC.md §4 and
 the IsoScore package's torch reference, masking, gradients and the sign of lambda; CosReg against
 the [N, N] cosine matrix; the C0 stabiliser pass against numpy.cov."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from isojax import isotropy, regularizers
+from isojax.core import isotropy, penalties
 
 L, B, T, D = 2, 3, 5, 6
 
@@ -49,7 +49,7 @@ def test_istar_matches_numpy_and_the_isoscore_package(zeta, use_c0):
 
     hidden, mask = hidden_and_mask()
     c0 = random_spd(D) if use_c0 else np.eye(D)
-    got = regularizers.istar_penalty(
+    got = penalties.istar_penalty(
         [jnp.asarray(h, jnp.float32) for h in hidden],
         mask,
         c0=jnp.asarray(c0, jnp.float32) if use_c0 else None,
@@ -69,14 +69,12 @@ def test_istar_matches_numpy_and_the_isoscore_package(zeta, use_c0):
 def test_istar_masked_equals_penalty_on_the_unpadded_tokens_alone():
     hidden, mask = hidden_and_mask(seed=1)
     c0 = random_spd(D)
-    got = regularizers.istar_penalty(jnp.asarray(hidden, jnp.float32), mask, c0=c0, zeta=0.2)
+    got = penalties.istar_penalty(jnp.asarray(hidden, jnp.float32), mask, c0=c0, zeta=0.2)
     real = np.stack([h[mask.astype(bool)] for h in hidden])  # [L, n_real, d]
-    alone = regularizers.istar_penalty(
-        jnp.asarray(real[:, None], jnp.float32), None, c0=c0, zeta=0.2
-    )
+    alone = penalties.istar_penalty(jnp.asarray(real[:, None], jnp.float32), None, c0=c0, zeta=0.2)
     np.testing.assert_allclose(got, alone, rtol=1e-6)
     np.testing.assert_allclose(got, numpy_istar(real, c0, 0.2), rtol=1e-5)
-    padded = regularizers.istar_penalty(
+    padded = penalties.istar_penalty(
         jnp.asarray(hidden, jnp.float32), mask, c0=c0, zeta=0.2, include_padding=True
     )
     assert abs(float(padded) - float(got)) > 1e-4  # the padding really changes the value
@@ -84,26 +82,26 @@ def test_istar_masked_equals_penalty_on_the_unpadded_tokens_alone():
 
 def test_istar_stacked_and_list_inputs_agree_and_half_precision_is_float32():
     hidden, mask = hidden_and_mask(seed=2)
-    stacked = regularizers.istar_penalty(jnp.asarray(hidden, jnp.float32), mask)
-    listed = regularizers.istar_penalty(tuple(jnp.asarray(h, jnp.float32) for h in hidden), mask)
+    stacked = penalties.istar_penalty(jnp.asarray(hidden, jnp.float32), mask)
+    listed = penalties.istar_penalty(tuple(jnp.asarray(h, jnp.float32) for h in hidden), mask)
     np.testing.assert_allclose(stacked, listed, rtol=1e-7)
-    half = regularizers.istar_penalty(jnp.asarray(hidden, jnp.bfloat16), mask)
+    half = penalties.istar_penalty(jnp.asarray(hidden, jnp.bfloat16), mask)
     assert half.dtype == jnp.float32
     np.testing.assert_allclose(half, stacked, rtol=2e-2)
-    big = regularizers.istar_penalty(jnp.asarray(hidden * 100.0 + 300.0, jnp.float16), mask)
+    big = penalties.istar_penalty(jnp.asarray(hidden * 100.0 + 300.0, jnp.float16), mask)
     assert big.dtype == jnp.float32 and np.isfinite(big)
 
 
 def test_istar_rejects_mismatched_shapes():
     hidden, mask = hidden_and_mask()
     with pytest.raises(ValueError, match=r"mask of shape \(3, 4\).*\(3, 5\)"):
-        regularizers.istar_penalty(hidden, mask[:, :4])
+        penalties.istar_penalty(hidden, mask[:, :4])
     with pytest.raises(ValueError, match=r"\(3, 5, 6\), \(3, 4, 6\)"):
-        regularizers.istar_penalty([hidden[0], hidden[1][:, :4]], None)
+        penalties.istar_penalty([hidden[0], hidden[1][:, :4]], None)
     with pytest.raises(ValueError, match=r"\[layers, batch, len, d\].*\(3, 5, 6\)"):
-        regularizers.istar_penalty(jnp.asarray(hidden[0]), mask)
+        penalties.istar_penalty(jnp.asarray(hidden[0]), mask)
     with pytest.raises(ValueError, match=r"c0 of shape \(5, 5\).*d=6"):
-        regularizers.istar_penalty(hidden, mask, c0=np.eye(5))
+        penalties.istar_penalty(hidden, mask, c0=np.eye(5))
 
 
 class TinyEncoder(nn.Module):
@@ -135,7 +133,7 @@ def test_istar_has_a_gradient_with_respect_to_encoder_parameters():
     model, params, ids, mask = encoder_setup()
 
     def penalty(params, zeta):
-        return regularizers.istar_penalty(model.apply({"params": params}, ids), mask, zeta=zeta)
+        return penalties.istar_penalty(model.apply({"params": params}, ids), mask, zeta=zeta)
 
     grads = jax.jit(jax.grad(penalty))(params, 0.2)
     for path, g in jax.tree_util.tree_leaves_with_path(grads):
@@ -153,9 +151,7 @@ def test_istar_sgd_moves_isoscore_star_with_the_sign_of_lambda(lam):
     optimizer = optax.sgd(0.5)
 
     def loss(params):
-        return lam * regularizers.istar_penalty(
-            model.apply({"params": params}, ids), mask, zeta=zeta
-        )
+        return lam * penalties.istar_penalty(model.apply({"params": params}, ids), mask, zeta=zeta)
 
     @jax.jit
     def step(params, opt_state):
@@ -187,28 +183,28 @@ def numpy_cosreg(tokens):
 def test_cosreg_matches_the_cosine_matrix_and_masks_padding():
     hidden, mask = hidden_and_mask(seed=4)
     last = hidden[-1]
-    got = regularizers.cosreg_penalty(jnp.asarray(last, jnp.float32), mask)
+    got = penalties.cosreg_penalty(jnp.asarray(last, jnp.float32), mask)
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(got, numpy_cosreg(last[mask.astype(bool)]), rtol=1e-5)
-    everything = regularizers.cosreg_penalty(
+    everything = penalties.cosreg_penalty(
         jnp.asarray(last, jnp.float32), mask, include_padding=True
     )
     np.testing.assert_allclose(everything, numpy_cosreg(last.reshape(-1, D)), rtol=1e-5)
     # Zero vectors (e.g. zeroed padding kept in) add nothing instead of -1/N^2.
     zeros = np.concatenate([last.reshape(-1, D), np.zeros((3, D))])
-    with_zeros = regularizers.cosreg_penalty(jnp.asarray(zeros[None], jnp.float32), None)
+    with_zeros = penalties.cosreg_penalty(jnp.asarray(zeros[None], jnp.float32), None)
     n = len(zeros)
     expected = numpy_cosreg(last.reshape(-1, D)) * (n - 3) ** 2 / n**2
     np.testing.assert_allclose(with_zeros, expected, rtol=1e-5)
     with pytest.raises(ValueError, match=r"last layer \[batch, len, d\].*\(2, 3, 5, 6\)"):
-        regularizers.cosreg_penalty(hidden, mask)
+        penalties.cosreg_penalty(hidden, mask)
 
 
 def test_cosreg_gradient_lowers_mean_cosine():
     model, params, ids, mask = encoder_setup(seed=5)
 
     def penalty(params):
-        return regularizers.cosreg_penalty(model.apply({"params": params}, ids)[-1], mask)
+        return penalties.cosreg_penalty(model.apply({"params": params}, ids)[-1], mask)
 
     grad_fn = jax.jit(jax.value_and_grad(penalty))
     before, grads = grad_fn(params)
@@ -222,11 +218,11 @@ def test_cosreg_gradient_lowers_mean_cosine():
 @pytest.mark.parametrize("include_padding", [False, True])
 def test_stabilizer_pass_equals_numpy_cov_of_all_tokens(include_padding):
     batches = [hidden_and_mask(seed=s) for s in range(3)]
-    update = jax.jit(regularizers.stabilizer_update, static_argnames="include_padding")
-    state = regularizers.stabilizer_init(D)
+    update = jax.jit(penalties.c0_pass_update, static_argnames="include_padding")
+    state = penalties.c0_pass_init(D)
     for hidden, mask in batches:
         state = update(state, jnp.asarray(hidden, jnp.float32), mask, include_padding)
-    c0 = jax.jit(regularizers.stabilizer_finalize)(state)
+    c0 = jax.jit(penalties.c0_pass_finalize)(state)
     if include_padding:
         tokens = np.concatenate([h.reshape(-1, D) for h, _ in batches])
     else:
@@ -237,19 +233,17 @@ def test_stabilizer_pass_equals_numpy_cov_of_all_tokens(include_padding):
 
 
 def test_stabilizer_state_is_a_checkpointable_pytree_and_empty_gives_identity():
-    np.testing.assert_array_equal(
-        regularizers.stabilizer_finalize(regularizers.stabilizer_init(D)), np.eye(D)
-    )
+    np.testing.assert_array_equal(penalties.c0_pass_finalize(penalties.c0_pass_init(D)), np.eye(D))
     hidden, mask = hidden_and_mask()
-    state = regularizers.stabilizer_update(regularizers.stabilizer_init(D), hidden, mask)
+    state = penalties.c0_pass_update(penalties.c0_pass_init(D), hidden, mask)
     restored = flax.serialization.from_bytes(
-        regularizers.stabilizer_init(D), flax.serialization.to_bytes(state)
+        penalties.c0_pass_init(D), flax.serialization.to_bytes(state)
     )
     assert type(restored) is type(state)
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match=r"feature size 6.*size 4"):
-        regularizers.stabilizer_update(regularizers.stabilizer_init(4), hidden, mask)
+        penalties.c0_pass_update(penalties.c0_pass_init(4), hidden, mask)
 
 
 def test_estimate_stabilizer_stops_after_num_points():
@@ -261,14 +255,14 @@ def test_estimate_stabilizer_stops_after_num_points():
 
     def update_fn(state, batch):
         calls.append(1)
-        return regularizers.stabilizer_update(state, jnp.asarray(batch[0], jnp.float32), batch[1])
+        return penalties.c0_pass_update(state, jnp.asarray(batch[0], jnp.float32), batch[1])
 
-    state = regularizers.estimate_stabilizer(
-        update_fn, batches, regularizers.stabilizer_init(D), num_points=tokens_per_batch[0] + 1
+    state = penalties.estimate_c0(
+        update_fn, batches, penalties.c0_pass_init(D), num_points=tokens_per_batch[0] + 1
     )
-    c0 = regularizers.stabilizer_finalize(state)
+    c0 = penalties.c0_pass_finalize(state)
     assert len(calls) == 2 and int(state.count) == sum(tokens_per_batch[:2])
     tokens = np.concatenate([h[:, m.astype(bool)].reshape(-1, D) for h, m in batches[:2]])
     np.testing.assert_allclose(c0, np.cov(tokens, rowvar=False), rtol=1e-5, atol=1e-6)
-    penalty = functools.partial(regularizers.istar_penalty, c0=c0, zeta=0.2)
+    penalty = functools.partial(penalties.istar_penalty, c0=c0, zeta=0.2)
     assert np.isfinite(penalty(jnp.asarray(batches[0][0], jnp.float32), batches[0][1]))

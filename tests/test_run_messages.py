@@ -8,8 +8,9 @@ import pathlib
 
 import pytest
 
-from isojax import cli, reporting, train
-from isojax import config as config_lib
+from isojax import cli
+from isojax.training import config as config_lib
+from isojax.training import loop, reporting
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -41,10 +42,10 @@ def _first_stderr_line(capsys, monkeypatch, config, workdir) -> str:
         raise _Stop
 
     # The line comes once the data have loaded (`setup`), before any checkpoint is read.
-    monkeypatch.setattr(train, "setup", lambda *args, **kwargs: None)
-    monkeypatch.setattr(train.resume, "checkpointers", stop)
+    monkeypatch.setattr(loop, "setup", lambda *args, **kwargs: None)
+    monkeypatch.setattr(loop.resume, "checkpointers", stop)
     with pytest.raises(_Stop):
-        train.train_and_evaluate(config, workdir)
+        loop.train_and_evaluate(config, workdir)
     return capsys.readouterr().err.splitlines()[0]
 
 
@@ -63,9 +64,9 @@ def test_first_line_names_the_data_source(capsys, monkeypatch, tmp_path):
     assert "glue/mrpc in /data/tfds" in line
 
     config.progress = False  # no progress display: stderr keeps a refusal's one line alone
-    monkeypatch.setattr(train, "setup", lambda *a, **k: (_ for _ in ()).throw(_Stop()))
+    monkeypatch.setattr(loop, "setup", lambda *a, **k: (_ for _ in ()).throw(_Stop()))
     with pytest.raises(_Stop):
-        train.train_and_evaluate(config, tmp_path / "d")
+        loop.train_and_evaluate(config, tmp_path / "d")
     assert capsys.readouterr().err == ""
 
 

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from isojax import checkpointing, cli, nonfinite, optim, resume, runs
+from isojax import cli, runs
+from isojax.training import checkpointing, loop, nonfinite, optim, resume
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 _CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    from isojax import checkpointing, cli, reporting
+    from isojax.training import checkpointing, reporting
+    from isojax import cli
 
     mode, *argv = sys.argv[1:]
     if mode == "kill-before-first-checkpoint":
@@ -279,7 +281,7 @@ def test_cli_refuses_infinite_weight_decay_and_a_tokenizer_larger_than_the_vocab
 
 
 def test_max_nonfinite_steps_is_validated_and_may_change_on_resume(tmp_path):
-    from isojax import config as config_lib
+    from isojax.training import config as config_lib
 
     config = config_lib.default_config()
     assert config.max_nonfinite_steps == 10
@@ -297,7 +299,7 @@ def test_max_nonfinite_steps_is_validated_and_may_change_on_resume(tmp_path):
 
 
 def test_the_watch_counts_consecutive_losses_and_is_off_under_a_dynamic_loss_scale(tmp_path):
-    from isojax import precision
+    from isojax.training import precision
 
     nan = float("nan")
     watch = nonfinite.LossWatch(3, precision.NoOpLossScale(), tmp_path, lead=True)
@@ -323,7 +325,6 @@ def test_the_study_reruns_a_stopped_cell_and_records_its_failure(monkeypatch, tm
     study = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(REPO / "experiments" / "configs"))
     spec.loader.exec_module(study)
-    from isojax import train
 
     (tmp_path / "results.json").write_text(json.dumps({"stopped": nonfinite.STOPPED}))
     calls = []
@@ -332,7 +333,7 @@ def test_the_study_reruns_a_stopped_cell_and_records_its_failure(monkeypatch, tm
         calls.append(workdir)
         raise nonfinite.NonFiniteLoss("training loss non-finite")
 
-    monkeypatch.setattr(train, "train_and_evaluate", stopped_again)
+    monkeypatch.setattr(loop, "train_and_evaluate", stopped_again)
     with pytest.raises(nonfinite.NonFiniteLoss):  # the grid's loop records it as failed
         study.run_cell(None, tmp_path, "run")
     assert calls == [tmp_path]
@@ -543,7 +544,7 @@ def test_compare_prints_progress_and_the_table_not_json(monkeypatch, tmp_path, c
         workdir.mkdir(parents=True)
         return {"dev": row | {"score": 0.8}}
 
-    monkeypatch.setattr(compare.train, "train_and_evaluate", train_and_evaluate)
+    monkeypatch.setattr(compare.loop, "train_and_evaluate", train_and_evaluate)
     argv = ["--config", str(REPO / "experiments" / "configs" / "main_job.py")]
     assert compare.main([*argv, "--methods", "none,isobn", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -11,7 +11,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from isojax import norms, regularizers
+from isojax.core import penalties
+from isojax.linen import norms
 
 DEVICES = 4
 BATCH, D, STEPS = 16, 8, 3
@@ -114,7 +115,7 @@ def test_istar_and_stabilizer_on_a_sharded_batch(mesh):
     rng = np.random.default_rng(1)
     hidden = jnp.asarray(rng.normal(size=(2, 8, 5, D)) * np.geomspace(3, 0.3, D), jnp.float32)
     mask = jnp.asarray((np.arange(5)[None] < rng.integers(2, 6, size=8)[:, None]), jnp.int32)
-    penalty = jax.jit(functools.partial(regularizers.istar_penalty, zeta=0.2))
+    penalty = jax.jit(functools.partial(penalties.istar_penalty, zeta=0.2))
     single = penalty(hidden, mask)
     sharded = penalty(
         jax.device_put(hidden, NamedSharding(mesh, P(None, "data"))),
@@ -122,15 +123,15 @@ def test_istar_and_stabilizer_on_a_sharded_batch(mesh):
     )
     np.testing.assert_allclose(sharded, single, rtol=1e-6)
 
-    state = regularizers.stabilizer_init(D)
-    want = regularizers.stabilizer_finalize(regularizers.stabilizer_update(state, hidden, mask))
+    state = penalties.c0_pass_init(D)
+    want = penalties.c0_pass_finalize(penalties.c0_pass_update(state, hidden, mask))
     mapped = jax.jit(
         jax.shard_map(
-            functools.partial(regularizers.stabilizer_update, axis_name="data"),
+            functools.partial(penalties.c0_pass_update, axis_name="data"),
             mesh=mesh,
             in_specs=(P(), P(None, "data"), P("data")),
             out_specs=P(),
         )
     )
-    got = regularizers.stabilizer_finalize(mapped(state, hidden, mask))
+    got = penalties.c0_pass_finalize(mapped(state, hidden, mask))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from isojax import isotropy, regularizers
+from isojax.core import isotropy, penalties
 
 DEVICES = 4
 LAYERS, BATCH, LEN, D = 2, 8, 3, 8  # 2 examples x 3 tokens per device: fewer points than d
@@ -54,13 +54,13 @@ CASES = {
         P(None, "data"),
     ),
     "istar_penalty": (
-        lambda x, m, c0, axis_name: regularizers.istar_penalty(
+        lambda x, m, c0, axis_name: penalties.istar_penalty(
             x, m, c0=c0, zeta=0.2, axis_name=axis_name
         ),
         P(None, "data"),
     ),
     "cosreg_penalty": (
-        lambda x, m, c0, axis_name: regularizers.cosreg_penalty(x[-1], m, axis_name=axis_name),
+        lambda x, m, c0, axis_name: penalties.cosreg_penalty(x[-1], m, axis_name=axis_name),
         P(None, "data"),
     ),
 }

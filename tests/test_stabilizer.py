@@ -12,7 +12,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from isojax import isotropy, regularizers, stabilizer
+from isojax.core import isotropy, istar, penalties
+from isojax.linen import istar as linen_istar
 
 L, B, T, D = 2, 8, 6, 8  # [layers, batch, len, d]
 
@@ -62,7 +63,7 @@ def _init(model, x, mask):
 @pytest.mark.parametrize("unit, window", [("steps", 3), ("tokens", 150)])
 def test_epoch_window_c0_is_covariance_of_window_tokens(unit, window):
     zeta = 0.3
-    model = stabilizer.IsoScoreStar(stabilizer="epoch", zeta=zeta, window=window, window_unit=unit)
+    model = linen_istar.IsoScoreStar(stabilizer="epoch", zeta=zeta, window=window, window_unit=unit)
     batches = [_batch(s) for s in range(7)]
     variables = _init(model, batches[0][0].astype(np.float32), batches[0][1])
     bs = variables["batch_stats"]
@@ -96,7 +97,7 @@ def test_epoch_window_c0_is_covariance_of_window_tokens(unit, window):
 def test_c0_init_is_used_until_the_first_window_closes():
     x, mask = _batch(0)
     given = np.diag(np.arange(1.0, D + 1))
-    model = stabilizer.IsoScoreStar(
+    model = linen_istar.IsoScoreStar(
         window=2, window_unit="steps", c0_init=nn.initializers.constant(given)
     )
     bs = _init(model, x.astype(np.float32), mask)["batch_stats"]
@@ -110,7 +111,7 @@ def test_c0_init_is_used_until_the_first_window_closes():
 def test_ema_matches_numpy_transcription(debias):
     momentum, zeta = 0.8, 0.25
     given = np.diag(np.linspace(0.5, 2.0, D))
-    model = stabilizer.IsoScoreStar(
+    model = linen_istar.IsoScoreStar(
         stabilizer="ema",
         zeta=zeta,
         momentum=momentum,
@@ -137,7 +138,7 @@ def test_ema_matches_numpy_transcription(debias):
 @pytest.mark.parametrize("mode", ["epoch", "ema"])
 def test_gradient_flows_through_batch_covariance_only(mode):
     zeta = 0.4
-    model = stabilizer.IsoScoreStar(stabilizer=mode, zeta=zeta, window=1, window_unit="steps")
+    model = linen_istar.IsoScoreStar(stabilizer=mode, zeta=zeta, window=1, window_unit="steps")
     x0, mask0 = _batch(20)
     variables = _init(model, x0.astype(np.float32), mask0)
     # One update, so that C0 is a data covariance rather than the identity.
@@ -183,7 +184,7 @@ def test_gradient_flows_through_batch_covariance_only(mode):
 
 
 def test_bad_batches_leave_state_unchanged_and_are_counted():
-    model = stabilizer.IsoScoreStar(window=2, window_unit="steps")
+    model = linen_istar.IsoScoreStar(window=2, window_unit="steps")
     x, mask = _batch(30)
     bs = _init(model, x.astype(np.float32), mask)["batch_stats"]
     _, bs = _train_step(model)({"batch_stats": bs}, jnp.asarray(x, jnp.float32), mask)
@@ -215,7 +216,7 @@ def test_bad_batches_leave_state_unchanged_and_are_counted():
 
 @pytest.mark.parametrize("mode", ["epoch", "ema", "pass"])
 def test_frozen_state_in_evaluation_and_pass_mode(mode):
-    model = stabilizer.make_isoscore_star(mode, zeta=0.2, window=1, window_unit="steps")
+    model = linen_istar.make_isoscore_star(mode, zeta=0.2, window=1, window_unit="steps")
     x, mask = _batch(40)
     variables = _init(model, x.astype(np.float32), mask)
     score = model.apply(variables, jnp.asarray(x, jnp.float32), mask, use_running_average=True)
@@ -227,14 +228,14 @@ def test_frozen_state_in_evaluation_and_pass_mode(mode):
     if mode == "pass":  # the reference stabiliser: only the explicit pass changes C0
         chex.assert_trees_all_equal(bs, variables["batch_stats"])
     c0 = np.cov(_tokens(x, mask), rowvar=False)
-    replaced = stabilizer.replace_c0(bs, c0)
+    replaced = istar.replace_c0(bs, c0)
     score = model.apply({"batch_stats": replaced}, x, mask, use_running_average=True)
     np.testing.assert_allclose(score, _np_score(c0, c0, 0.2), rtol=2e-5)
     with pytest.raises(ValueError, match="shape"):
-        stabilizer.replace_c0(bs, np.eye(D + 1))
+        istar.replace_c0(bs, np.eye(D + 1))
     # The train-step helpers: data-free initial state, penalty and state in one call.
-    chex.assert_trees_all_equal(stabilizer.init_batch_stats(model, D), variables["batch_stats"])
-    penalty, new_bs = jax.jit(functools.partial(stabilizer.penalty_and_update, model))(
+    chex.assert_trees_all_equal(linen_istar.init_batch_stats(model, D), variables["batch_stats"])
+    penalty, new_bs = jax.jit(functools.partial(linen_istar.penalty_and_update, model))(
         variables["batch_stats"], [jnp.asarray(h, jnp.float32) for h in x], mask
     )
     np.testing.assert_allclose(penalty, 1 - ref, rtol=1e-5)
@@ -246,12 +247,12 @@ def test_epoch_window_equals_the_reference_pass_and_penalty():
     zeta = 0.2
     batches = [_batch(45 + s) for s in range(3)]
     n_tokens = sum(len(_tokens(x, m)) for x, m in batches)
-    pass_state = regularizers.stabilizer_init(D)
+    pass_state = penalties.c0_pass_init(D)
     for x, mask in batches:
         layers = [jnp.asarray(h, jnp.float32) for h in x]  # L arrays [batch, len, d]
-        pass_state = regularizers.stabilizer_update(pass_state, layers, mask)
-    c0_pass = regularizers.stabilizer_finalize(pass_state)
-    model = stabilizer.IsoScoreStar(stabilizer="epoch", zeta=zeta, window=n_tokens)
+        pass_state = penalties.c0_pass_update(pass_state, layers, mask)
+    c0_pass = penalties.c0_pass_finalize(pass_state)
+    model = linen_istar.IsoScoreStar(stabilizer="epoch", zeta=zeta, window=n_tokens)
     bs = _init(model, batches[0][0].astype(np.float32), batches[0][1])["batch_stats"]
     step = _train_step(model)
     for x, mask in batches:
@@ -259,18 +260,18 @@ def test_epoch_window_equals_the_reference_pass_and_penalty():
     assert int(bs["windows_closed"]) == 1
     np.testing.assert_allclose(bs["c0"], c0_pass, rtol=1e-5, atol=1e-6)
     # With the pass's C0 in the 'pass' stabiliser, the module's penalty is the reference's.
-    ref_model = stabilizer.make_isoscore_star("pass", zeta=zeta)
+    ref_model = linen_istar.make_isoscore_star("pass", zeta=zeta)
     layers = [jnp.asarray(h, jnp.float32) for h in batches[0][0]]
-    ref_bs = stabilizer.replace_c0(_init(ref_model, layers, batches[0][1])["batch_stats"], c0_pass)
+    ref_bs = istar.replace_c0(_init(ref_model, layers, batches[0][1])["batch_stats"], c0_pass)
     score = ref_model.apply(
         {"batch_stats": ref_bs}, layers, batches[0][1], use_running_average=True
     )
-    penalty = regularizers.istar_penalty(layers, batches[0][1], c0=c0_pass, zeta=zeta)
+    penalty = penalties.istar_penalty(layers, batches[0][1], c0=c0_pass, zeta=zeta)
     np.testing.assert_allclose(1 - score, penalty, rtol=1e-6, atol=1e-7)
 
 
 def test_no_retrace_across_window_closes():
-    model = stabilizer.IsoScoreStar(window=2, window_unit="steps")
+    model = linen_istar.IsoScoreStar(window=2, window_unit="steps")
     x, mask = _batch(50)
     bs = _init(model, x.astype(np.float32), mask)["batch_stats"]
 
@@ -292,7 +293,7 @@ def test_sharded_jit_and_shard_map_match_one_device(mode):
     devices = np.array(jax.devices()[:4])
     assert len(devices) == 4
     kwargs = dict(stabilizer=mode, zeta=0.3, window=2, window_unit="steps", momentum=0.7)
-    model = stabilizer.IsoScoreStar(**kwargs)
+    model = linen_istar.IsoScoreStar(**kwargs)
     batches = [_batch(60 + s) for s in range(3)]
     bs0 = _init(model, batches[0][0].astype(np.float32), batches[0][1])["batch_stats"]
 
@@ -320,7 +321,7 @@ def test_sharded_jit_and_shard_map_match_one_device(mode):
     assert len(xs.sharding.device_set) == 4
 
     # shard_map: every device sees a quarter of the batch and reduces over axis_name.
-    mapped_model = stabilizer.IsoScoreStar(axis_name="data", **kwargs)
+    mapped_model = linen_istar.IsoScoreStar(axis_name="data", **kwargs)
 
     @jax.jit
     @functools.partial(
@@ -354,7 +355,7 @@ def test_half_precision_input_gives_float32_statistics_without_overflow(dtype):
     xh = jnp.asarray(x, dtype)
     for mode in ("epoch", "ema"):
         # A one-step window, or the debiased EMA (the default): C0 = cov(first batch).
-        model = stabilizer.IsoScoreStar(stabilizer=mode, window=1, window_unit="steps")
+        model = linen_istar.IsoScoreStar(stabilizer=mode, window=1, window_unit="steps")
         bs = _init(model, xh, mask)["batch_stats"]
         score, bs = _train_step(model)({"batch_stats": bs}, xh, mask)
         assert score.dtype == jnp.float32
@@ -368,7 +369,7 @@ def test_half_precision_input_gives_float32_statistics_without_overflow(dtype):
 
 
 def test_collection_survives_checkpoint_round_trip(tmp_path):
-    model = stabilizer.IsoScoreStar(window=3, window_unit="steps")
+    model = linen_istar.IsoScoreStar(window=3, window_unit="steps")
     x, mask = _batch(80)
     bs = _init(model, x.astype(np.float32), mask)["batch_stats"]
     step = _train_step(model)
@@ -409,12 +410,12 @@ def test_bad_configuration_raises():
         (dict(stabilizer="ema", momentum=0.0), r"momentum 0.0 not in \(0, 1\)"),
     ]:
         with pytest.raises(ValueError, match=match):
-            _init(stabilizer.IsoScoreStar(**kwargs), x.astype(np.float32), mask)
+            _init(linen_istar.IsoScoreStar(**kwargs), x.astype(np.float32), mask)
     with pytest.raises(ValueError, match="no field"):
-        stabilizer.make_isoscore_star("ema", moment=0.9)
+        linen_istar.make_isoscore_star("ema", moment=0.9)
     with pytest.raises(ValueError, match="unknown stabilizer"):
-        stabilizer.make_isoscore_star("swa")
-    model = stabilizer.IsoScoreStar()
+        linen_istar.make_isoscore_star("swa")
+    model = linen_istar.IsoScoreStar()
     bs = _init(model, x.astype(np.float32), mask)["batch_stats"]
     with pytest.raises(ValueError, match=r"feature size 4\).*\(4, 4\)"):
         model.apply({"batch_stats": bs}, jnp.ones((3, 5, 4)), use_running_average=True)

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 from conftest import REPO
 
-from isojax import config as config_lib
-from isojax import distributed
+from isojax.training import config as config_lib
+from isojax.training import distributed
 
 
 def load_bench():

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from isojax import stats
+from isojax.core import stats
 
 
 def _cloud(seed, m, d, shift=0.0):

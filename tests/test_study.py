@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from isojax import checkpointing
+from isojax.training import checkpointing
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments" / "configs"))
@@ -87,7 +87,7 @@ def test_cells_names_and_tiers(tmp_path, glue_dir, minilm_dir):
 
 
 def test_grid_files_load_count_and_validate():
-    from isojax import config as config_lib
+    from isojax.training import config as config_lib
 
     counts = {}
     for name in ("normalizers", "istar_lambda", "cosreg", "istar_zeta", "pilot"):

@@ -1,13 +1,14 @@
-"""Throughput and memory in the run (`isojax.throughput`, `isojax.hardware`), and the profiler
-window (`isojax.profiling`)."""
+"""Throughput and memory in the run (`isojax.training.throughput`, `isojax.training.hardware`), and
+the profiler
+window (`isojax.training.profiling`)."""
 
 import json
 
 import jax
 import pytest
 
-from isojax import config as config_lib
-from isojax import distributed, feeds, hardware, throughput, train
+from isojax.training import config as config_lib
+from isojax.training import distributed, feeds, hardware, loop, throughput
 
 
 def _config(glue_dir, minilm_dir, **overrides):
@@ -49,12 +50,12 @@ def test_logged_flops_are_xla_cost_analysis_and_profile_window(
     mesh = distributed.make_mesh(jax.devices()[:1])
     # progress on: the start-of-run lines belong to the progress display
     config = _config(glue_dir, minilm_dir, peak_flops=1e9, profile_steps=(1, 3), progress=True)
-    train.train_and_evaluate(config, tmp_path / "run", mesh=mesh)
+    loop.train_and_evaluate(config, tmp_path / "run", mesh=mesh)
     err = capsys.readouterr().err
     assert "train step memory per device: arguments" in err
     assert "peak 1e+09 FLOP/s per device (config.peak_flops)" in err
 
-    run = train.setup(config, mesh=mesh)
+    run = loop.setup(config, mesh=mesh)
     batch = next(iter(feeds.train_batches(run.train_encoded, config, 0, mesh=mesh)))
     compiled = run.train_fn.lower(run.state, distributed.global_batch(batch, mesh)).compile()
     want = compiled.cost_analysis()
@@ -78,13 +79,13 @@ def test_off_by_default_no_trace_and_unknown_peak_said(tmp_path, glue_dir, minil
     MFU in the log, and one line says why. With `throughput` False no figures at all."""
     mesh = distributed.make_mesh(jax.devices()[:1])
     config = _config(glue_dir, minilm_dir, progress=True)
-    train.train_and_evaluate(config, tmp_path / "a", mesh=mesh)
+    loop.train_and_evaluate(config, tmp_path / "a", mesh=mesh)
     assert "isojax: MFU: no peak known for device 'cpu'" in capsys.readouterr().err
     assert not (tmp_path / "a" / "profile").exists()
     lines = _train_lines(tmp_path / "a")
     assert "mfu" not in lines[-1] and lines[-1]["flops_per_step"] > 0
     config = _config(glue_dir, minilm_dir, throughput=False)
-    train.train_and_evaluate(config, tmp_path / "b", mesh=mesh)
+    loop.train_and_evaluate(config, tmp_path / "b", mesh=mesh)
     assert not set(throughput.TIMED_KEYS) & set(_train_lines(tmp_path / "b")[-1])
 
 
@@ -118,7 +119,7 @@ def test_a_step_that_cannot_fit_fails_with_one_line():
 
 
 def _initialize_calls(monkeypatch, env: dict) -> list:
-    from isojax import distributed
+    from isojax.training import distributed
 
     for key in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
                 "ISOJAX_DISTRIBUTED", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"):  # fmt: skip

@@ -1,4 +1,5 @@
-"""Tests for isojax.train / isojax.steps / isojax.optim: config, optimizer, steps, the loop.
+"""Tests for isojax.training.loop / isojax.training.steps / isojax.training.optim: config,
+optimizer, steps, the loop.
 
 A random tiny BERT (hidden 32, 2 layers) over the real MiniLM WordPiece vocabulary (30522 ids,
 so no id is clipped) runs on 16 real rows of each local GLUE task.
@@ -14,10 +15,12 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from isojax import config as config_lib
-from isojax import configs, distributed, feeds, isotropy, optim, regularizers, resume, steps, train
-from isojax import stabilizer as stabilizer_lib
-from isojax.data import batching, packing
+from isojax.core import isotropy, penalties
+from isojax.data import batching
+from isojax.linen import istar as linen_istar
+from isojax.models import transformer
+from isojax.training import config as config_lib
+from isojax.training import configs, distributed, feeds, loop, optim, resume, steps
 
 
 def tiny_config(glue_dir, minilm_dir, **overrides):
@@ -79,7 +82,7 @@ def test_the_config_and_the_module_share_one_rule_for_the_stabilizer_momentum():
     """IsoScoreStar refuses what the config refuses (momentum 0 used to pass the module)."""
     for momentum in (0.0, 1.0):
         with pytest.raises(ValueError, match=r"momentum .* not in \(0, 1\)"):
-            stabilizer_lib.make_isoscore_star("ema", momentum=momentum)
+            linen_istar.make_isoscore_star("ema", momentum=momentum)
 
 
 def test_default_config_is_valid_and_presets_set_the_references():
@@ -164,7 +167,7 @@ def _train_mode_tokens(run, state, batch) -> np.ndarray:
     (_, out), _ = jax.jit(
         lambda s, b: s.apply_fn(
             {"params": s.params, "batch_stats": s.batch_stats},
-            **packing.model_inputs(b),
+            **transformer.model_inputs(b),
             deterministic=False,
             use_running_average=False,
             example_mask=b["example_mask"],
@@ -205,7 +208,7 @@ def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, me
         **{"istar.stabilizer.kind": stabilizer, "istar.stabilizer.unit": "steps"},
         **{"istar.stabilizer.window": 2, "istar.stabilizer.momentum": 0.75},
     )
-    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     batch = distributed.global_batch(
         next(feeds.train_batches(run.train_encoded, config, 0)), run.mesh
     )
@@ -269,7 +272,7 @@ def _penalty_inputs(seed: int, filler: int):
 def test_filler_rows_never_enter_the_penalty_or_c0(method, stabilizer, include_padding):
     """The penalty, the running stabiliser and the C0 pass of a batch padded with filler rows
     equal those of the batch without them; `include_padding` adds only real rows' padding
-    (the I-STAR penalty checked against `regularizers.istar_penalty` on the real rows)."""
+    (the I-STAR penalty checked against `penalties.istar_penalty` on the real rows)."""
     objective = steps.Objective(
         method=method,
         weight=1.0,
@@ -290,7 +293,7 @@ def test_filler_rows_never_enter_the_penalty_or_c0(method, stabilizer, include_p
         )
         penalty, new_stabilizer = steps._penalty(state, out, batch)
         inputs = batch | {"input_ids": None, "token_type_ids": None}
-        acc = steps.stabilizer_step(state, inputs, regularizers.stabilizer_init(8))
+        acc = steps.stabilizer_step(state, inputs, penalties.c0_pass_init(8))
         results.append((penalty, new_stabilizer, acc, acc.count))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
     jax.tree.map(
@@ -303,7 +306,7 @@ def test_filler_rows_never_enter_the_penalty_or_c0(method, stabilizer, include_p
     assert float(results[1][3]) == 2 * real_tokens
     if method == "istar":
         mask = None if include_padding else batch["attention_mask"]
-        want = regularizers.istar_penalty(hidden, mask, zeta=0.2)
+        want = penalties.istar_penalty(hidden, mask, zeta=0.2)
         np.testing.assert_allclose(results[1][0], want, rtol=1e-5)
 
 
@@ -311,7 +314,7 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
     """The dev-set accumulation over padded, sharded batches equals isotropy.* on all the
     sentence vectors and tokens at once (12 rows: the last batch has 4 filler rows)."""
     config = tiny_config(glue_dir, minilm_dir, method="isobn", max_eval_examples=12)
-    run = train.setup(config)  # 4 devices
+    run = loop.setup(config)  # 4 devices
     state = run.state
     acc = steps.eval_accumulator_init(run.hidden_size)
     sentences, pre_logits, tokens, last_tokens = [], [], [], []
@@ -386,7 +389,7 @@ def test_two_steps_end_to_end(glue_dir, minilm_dir, tmp_path, task, method, stab
         **{"istar.stabilizer.kind": stabilizer},
     )
     config.tensorboard = task == "rte"
-    result = train.train_and_evaluate(
+    result = loop.train_and_evaluate(
         config, tmp_path, mesh=distributed.make_mesh(jax.devices()[:1])
     )
     assert (result["step"], result["epoch"]) == (2, 1)
@@ -450,12 +453,12 @@ def _eval_tokens(run, state, batch) -> np.ndarray:
 def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
     glue_dir, minilm_dir, extra
 ):
-    """`train.c0_pass` reads the epoch's training batches in order until
+    """`loop.c0_pass` reads the epoch's training batches in order until
     `istar.stabilizer.tokens` token vectors (every layer's real tokens counted), the batch
     that reaches the count included whole, and its C0 is the float64 unbiased covariance of
     those eval-mode tokens."""
     config = tiny_config(glue_dir, minilm_dir, method="istar", max_train_examples=24)
-    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     batches = list(feeds.train_batches(run.train_encoded, config, 0))
     assert len(batches) == 3
     tokens = [_eval_tokens(run, run.state, b) for b in batches]
@@ -466,7 +469,7 @@ def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
         calls.append(1)
         return run.stabilize_fn(state, batch, acc)
 
-    state = train.c0_pass(run._replace(stabilize_fn=counting), run.state, config, 0)
+    state = loop.c0_pass(run._replace(stabilize_fn=counting), run.state, config, 0)
     used = 1 + extra
     assert len(calls) == used
     want = np.cov(np.concatenate(tokens[:used]), rowvar=False)
@@ -485,15 +488,15 @@ def test_c0_pass_is_rebuilt_before_each_epoch_from_the_updated_parameters(
     )
     config.istar.stabilizer.tokens = 10**6  # every batch of the epoch
     passes = []
-    original = train.c0_pass
+    original = loop.c0_pass
 
     def recording(run, state, config, epoch):
         new_state = original(run, state, config, epoch)
         passes.append((run, jax.device_get(state), epoch, np.asarray(new_state.stabilizer["c0"])))
         return new_state
 
-    monkeypatch.setattr(train, "c0_pass", recording)
-    train.train_and_evaluate(config, tmp_path, mesh=distributed.make_mesh(jax.devices()[:1]))
+    monkeypatch.setattr(loop, "c0_pass", recording)
+    loop.train_and_evaluate(config, tmp_path, mesh=distributed.make_mesh(jax.devices()[:1]))
     assert [(int(s.step), epoch) for _, s, epoch, _ in passes] == [(0, 0), (2, 1)]
     for run, state, epoch, c0 in passes:
         batches = feeds.train_batches(run.train_encoded, config, epoch)

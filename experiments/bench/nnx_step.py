@@ -29,8 +29,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from isojax import build, precision, steps
-from isojax import config as config_lib
+from isojax.training import build, precision, steps
+from isojax.training import config as config_lib
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import nnx_finetune as loop  # noqa: E402  (experiments/nnx_finetune.py)

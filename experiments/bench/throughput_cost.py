@@ -3,12 +3,13 @@
     python experiments/bench/throughput_cost.py                     # MiniLM-L6, 32 x 128
     python experiments/bench/throughput_cost.py --model tiny-bert --steps 3 --rounds 2
 
-Two arms on the same jitted MiniLM-L6 train step (`train.setup`, f32, padded to `--length`,
+Two arms on the same jitted MiniLM-L6 train step (`loop.setup`, f32, padded to `--length`,
 real RTE rows), run as the loop runs them, interleaved (ABBA order per pair of rounds), each
 round `--steps` steps then one host sync (the log step's):
   plain: `run.train_fn(state, batch)`, the step metrics summed (`resume.Position.add`);
   meter: `meter.executable(state, batch)(...)` (the compiled step for the batch's shapes),
-         the metrics plus `meter.counts()` summed, `meter.step(state)` (`isojax.throughput`).
+         the metrics plus `meter.counts()` summed, `meter.step(state)`
+         (`isojax.training.throughput`).
 Printed: each arm's median step time over the rounds, the ratio meter / plain, and the noise:
 the spread (min, max) of the per-pair ratios. Beside it, the meter's own host work per step
 timed alone (10,000 calls), as a fraction of the step: a bound the interleaved ratio cannot
@@ -31,8 +32,8 @@ import time
 
 import jax
 
-from isojax import config as config_lib
-from isojax import distributed, feeds, hardware, precision, resume, throughput, train
+from isojax.training import config as config_lib
+from isojax.training import distributed, feeds, hardware, loop, precision, resume, throughput
 
 CPU_PEAK = 2 * 2.6e9 * 32  # see the module doc
 
@@ -74,7 +75,7 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     config = make_config(args.model, args.batch, args.length, args.batch * args.steps)
-    run = train.setup(config)
+    run = loop.setup(config)
     batches = [
         distributed.global_batch(b, run.mesh)
         for b in feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh)
@@ -162,7 +163,7 @@ def meter_host_seconds(meter, state, batch, calls: int = 10_000) -> float:
 def step_memory(model: str, batch: int, length: int) -> dict:
     """`hardware.memory` of the compiled train step at `batch` x `length`."""
     config = make_config(model, batch, length, batch)
-    run = train.setup(config)
+    run = loop.setup(config)
     first = next(iter(feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh)))
     return hardware.memory(
         run.train_fn.lower(run.state, distributed.global_batch(first, run.mesh)).compile()

@@ -3,16 +3,16 @@
     isojax finetune --config experiments/configs/finetune.py:rte,isobn --workdir runs/rte-isobn
     isojax finetune --config experiments/configs/finetune.py:mrpc,istar,tiny --workdir /tmp/x
 
-arg: "task[,method][,tiny]". The method is one of `isojax.config.METHODS` (default "none");
+arg: "task[,method][,tiny]". The method is one of `isojax.training.config.METHODS` (default "none");
 `tiny` swaps in a random 2-layer BERT (`tiny-bert`, MiniLM's tokenizer) on 32 training rows for
-two steps, for smoke tests. GLUE comes from `isojax.config.default_glue_dir()`:
+two steps, for smoke tests. GLUE comes from `isojax.training.config.default_glue_dir()`:
 `$ISOJAX_GLUE_DIR`, else `../shared/data/glue` beside the repository when it exists, else
 tensorflow-datasets.
 """
 
 import ml_collections
 
-from isojax import config as config_lib
+from isojax.training import config as config_lib
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -3,7 +3,7 @@
     python experiments/compare.py --config experiments/configs/main_job.py \
         --methods none,isobn,istar --workdir runs/main_job
 
-arg: the method ("none" by default; "isobn", "istar", or any of `isojax.config.METHODS`).
+arg: the method ("none" by default; "isobn", "istar", or any of `isojax.training.config.METHODS`).
 all-MiniLM-L6-v2 on STS-B with the study's shared recipe (`study_recipe.py`: batch 32, max
 length 128, packed batches, AdamW lr 1e-4 with 10 % warm-up and linear decay, seed 1) for one
 epoch instead of three: in the pilot `none` reached dev Pearson 0.82 after its first epoch

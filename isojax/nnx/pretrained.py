@@ -7,7 +7,7 @@ One path rule (`linen_path`) names every NNX weight by its linen path, e.g.
 there is one copy of each table:
 
 - `from_pretrained` reads a Hugging Face folder or weights package with the linen loader
-  (`isojax.models.load_pretrained`: the name tables of `isojax.models.checkpoints`) and puts
+  (`isojax.models.load_pretrained`: the name tables of `isojax.models.hf_import`) and puts
   the parameters into an NNX `Encoder` (`load_linen_variables`);
 - `export_pretrained` writes a folder transformers loads, through `isojax.models.hf_export`
   on the linen twin (`to_linen`: the same weights in the linen modules' tree);
@@ -31,8 +31,8 @@ import numpy as np
 from flax import nnx
 
 from isojax import models
-from isojax.models import checkpoints, hf_export
 from isojax.models import config as config_lib
+from isojax.models import hf_export, hf_import
 from isojax.nnx import encoder as encoder_lib
 from isojax.nnx import heads as heads_lib
 
@@ -184,7 +184,7 @@ class Pretrained(NamedTuple):
     model: encoder_lib.Encoder
     config: config_lib.EncoderConfig
     tokenizer: Any
-    report: checkpoints.LoadReport
+    report: hf_import.LoadReport
 
 
 def from_pretrained(

@@ -1,0 +1,381 @@
+"""Fine-tuning on GLUE: build a run from its config, then the loop with evaluation and checkpoints.
+
+    config = isojax.training.configs.isobn.get_config()      # or
+    isojax.training.config.default_config()
+    config.task, config.data_dir = "rte", "glue_data"
+    results = train.train_and_evaluate(config, "runs/rte-isobn")   # resumes if interrupted
+
+The loop (flax `examples/imagenet/train.py` shape): `setup` builds the classifier and the train
+state on the device mesh (`build`, `distributed`) and encodes the task (`data.batching`;
+`feeds` pads each batch to a length bucket, or packs it with `config.packing`);
+`train_and_evaluate` restores the newest usable checkpoint (`checkpointing`), then per epoch
+runs the I-STAR C0 pass (method "istar" with stabilizer kind "pass"; "epoch" and "ema" update
+C0 inside the steps), the epoch's training batches from where the checkpoint left off, a dev
+evaluation (task metrics + isotropy of the sentence and token embeddings), a checkpoint (and
+the best dev epoch's, kept apart).
+Metrics go to `metrics.jsonl` and TensorBoard (`reporting`), progress to stderr. With the data
+order fixed by (seed, epoch) and the dropout key by the step, a killed and resumed run ends
+bit-identical to an uninterrupted one on CPU.
+
+References:
+  Zhou, Lin, Ren, `IsoBN <https://arxiv.org/abs/2005.02178>`_, AAAI 2021 (SPEC.md §1).
+  Rudman, Eickhoff, `Stable Anisotropic Regularization <https://arxiv.org/abs/2305.19358>`_,
+  ICLR 2024 (SPEC.md §4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from isojax import models
+from isojax.core import istar, penalties
+from isojax.data import batching, glue
+from isojax.training import (
+    build,
+    distributed,
+    evaluation,
+    feeds,
+    nonfinite,
+    optim,
+    precision,
+    preemption,
+    profiling,
+    reporting,
+    resume,
+    steps,
+    throughput,
+)
+from isojax.training import config as config_lib
+
+
+class Run(NamedTuple):
+    """Everything `train_and_evaluate` builds before its loop (also for tests and benchmarks).
+
+    `train_fn(state, batch) -> (state, metrics)`, `eval_fn(state, batch, acc) -> (acc, out)`
+    and `stabilize_fn(state, batch, acc) -> acc` are the jitted `steps` functions for `mesh`;
+    batches go through `distributed.global_batch(batch, mesh)` first.
+    """
+
+    state: steps.TrainState
+    train_fn: Callable
+    eval_fn: Callable
+    stabilize_fn: Callable
+    mesh: jax.sharding.Mesh
+    model: models.SequenceClassifier
+    tokenizer: Any
+    hidden_size: int
+    train_encoded: batching.Encoded
+    dev_encoded: dict[str, batching.Encoded]
+    steps_per_epoch: int
+    total_steps: int
+
+
+def make_objective(
+    config: ml_collections.ConfigDict, task: glue.GlueTask, steps_per_epoch: int
+) -> steps.Objective:
+    """What the train step minimises for `config` (static: compiled into the step)."""
+    method = config.method
+    return steps.Objective(
+        method=method,
+        regression=task.is_regression,
+        weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(method, 0.0),
+        zeta=config.istar.zeta,
+        include_padding=(config.istar if method == "istar" else config.cosreg).include_padding,
+        stabilizer=config.istar.stabilizer.kind,
+        # A running stabiliser counts micro-batches: an epoch is k times the updates.
+        stabilizer_kwargs=tuple(
+            config_lib.stabilizer_kwargs(config, steps_per_epoch * config.grad_accum_steps).items()
+        ),
+        cls_only=config.cls_only,
+    )
+
+
+def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None = None) -> Run:
+    """Validates `config`, loads model and data, creates the train state on `mesh` (default:
+    every device) and compiles nothing yet (the steps compile on first call)."""
+    config_lib.validate_config(config)
+    task = glue.get_task(config.task)
+    policy = precision.get_policy(config.policy)
+    model, encoder_params, tokenizer, hidden_size = build.build_model(
+        config, policy, task.num_labels
+    )
+    encode = lambda split: batching.encode(  # noqa: E731
+        build.load_examples(config, split), tokenizer, config.max_length
+    )
+    train_encoded = encode("train")
+    dev_encoded = {split: encode(split) for split in task.dev_splits}
+    steps_per_epoch = batching.num_batches(
+        len(train_encoded), config.batch_size, drop_remainder=True
+    )
+    if steps_per_epoch == 0:
+        raise config_lib.ConfigError(
+            f"config: batch_size {config.batch_size} is larger than the {len(train_encoded)} "
+            "training examples (the last incomplete batch is dropped: no step would run)"
+        )
+    total_steps = config.max_steps or steps_per_epoch * config.num_epochs
+    mesh = distributed.make_mesh() if mesh is None else mesh
+    micro = config.batch_size // config.grad_accum_steps
+    for name, size in (("batch_size / grad_accum_steps", micro), ("eval_batch_size", None)):
+        size = config.eval_batch_size if size is None else size
+        if size % mesh.size:
+            raise config_lib.ConfigError(
+                f"config: {name} {size} must be a multiple of the {mesh.size} devices"
+            )
+    objective = make_objective(config, task, steps_per_epoch)
+    tx = build.make_optimizer(config, total_steps)
+    state = build.create_train_state(
+        config, model, encoder_params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
+    )
+    train_fn, eval_fn, stabilize_fn = steps.jit_steps(
+        state, mesh, fsdp=config.fsdp, grad_accum_steps=config.grad_accum_steps
+    )
+    return Run(
+        state=state,
+        train_fn=train_fn,
+        eval_fn=eval_fn,
+        stabilize_fn=stabilize_fn,
+        mesh=mesh,
+        model=model,
+        tokenizer=tokenizer,
+        hidden_size=hidden_size,
+        train_encoded=train_encoded,
+        dev_encoded=dev_encoded,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+    )
+
+
+def c0_pass(run: Run, state: steps.TrainState, config: ml_collections.ConfigDict, epoch: int):
+    """`state` with the I-STAR stabiliser's C0 rebuilt by the explicit pass (SPEC.md §4): eval
+    mode, no gradient, `epoch`'s training batches in order until `istar.stabilizer.tokens`
+    token vectors (all layers; `penalties.estimate_c0`)."""
+    replicated = NamedSharding(run.mesh, P())
+    acc = penalties.estimate_c0(
+        lambda acc, batch: run.stabilize_fn(state, distributed.global_batch(batch, run.mesh), acc),
+        feeds.train_batches(  # micro-batches under accumulation: a device holds those
+            run.train_encoded,
+            config,
+            epoch,
+            mesh=run.mesh,
+            batch_size=config.batch_size // config.grad_accum_steps,
+        ),
+        jax.device_put(penalties.c0_pass_init(run.hidden_size), replicated),
+        num_points=config.istar.stabilizer.tokens,
+    )
+    c0 = jax.jit(penalties.c0_pass_finalize, out_shardings=replicated)(acc)
+    c0 = jax.device_put(c0, state.stabilizer["c0"].sharding)  # FSDP may split it
+    return state.replace(stabilizer=istar.replace_c0(state.stabilizer, c0))
+
+
+def _train_epoch(
+    run, state, config, position, step, log, save, loss_watch, watch, hooks=()
+) -> tuple[Any, int, bool, bool]:
+    """Trains from `position` to the end of its epoch or of the run; returns `(state, step,
+    epoch_done, stop)` with `position.batch` advanced. `log.train` after each step; `save(step,
+    state)` every `config.checkpoint_every` steps (not at the epoch's end); `loss_watch` (a
+    `nonfinite.LossWatch`) counts each loss and is checked at each log line; `hooks(step,
+    state, batch)` after each step, before its log line; `stop`: a signal (`watch`, a
+    `preemption.Watch`) ended the epoch early, before the run's last step."""
+    epoch_done = position.batch == run.steps_per_epoch
+    epoch_batches = feeds.update_batches(
+        run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
+    )
+    stacked, meter = config.grad_accum_steps > 1, log.throughput
+    for batch in epoch_batches:
+        batch = distributed.global_batch(batch, run.mesh, stacked=stacked)
+        train_fn = run.train_fn if meter is None else meter.executable(state, batch)
+        state, step_metrics = train_fn(state, batch)
+        step, position.batch = step + 1, position.batch + 1
+        for hook in hooks:  # the throughput meter, the profiler window
+            hook(step, state, batch)
+        position.add(step_metrics if meter is None else step_metrics | meter.counts())
+        log.train(step, position.epoch, position.pop_means)
+        epoch_done = position.batch == run.steps_per_epoch
+        loss_watch.update(step, step_metrics["loss"])
+        if step % config.log_every == 0 or step == run.total_steps or epoch_done:
+            loss_watch.check(step, position.epoch)
+        if watch.requested(step) and step < run.total_steps:
+            return state, step, epoch_done, True
+        if step == run.total_steps or epoch_done:
+            break
+        if config.checkpoint_every and step % config.checkpoint_every == 0:
+            loss_watch.check(step, position.epoch, before="checkpointing")
+            save(step, state)
+    return state, step, epoch_done, False
+
+
+def _meter(run: Run, config: ml_collections.ConfigDict, lead: bool):
+    """The loop's `throughput.Meter` (None with `config.throughput` False)."""
+    if not config.throughput:
+        return None
+    return throughput.Meter(
+        run.train_fn,
+        run.mesh,
+        precision.get_policy(config.policy).compute_dtype,
+        peak_override=config.peak_flops,
+        loop_trips=config.grad_accum_steps,
+        verbose=lead and config.progress,  # its lines join the progress display's
+    )
+
+
+def _save_and_exit(watch, save, step, state, closers, lead: bool):
+    """Preemption: the checkpoint of `step` (a second signal is ignored meanwhile), the
+    writers closed, one line naming it, then `preemption.Preempted` (exit status 75)."""
+    watch.saving = True
+    save(step, state)
+    for closer in closers:
+        closer.close()
+    ckpt = closers[1]
+    stopped = preemption.Preempted(step, str(ckpt.directory / str(step)), watch.signal_name)
+    if lead:
+        print(stopped.line(), file=sys.stderr, flush=True)
+    raise stopped
+
+
+def data_source(config: ml_collections.ConfigDict) -> str:
+    """Where the run reads its task (`build.load_examples`), for the run's first line: the
+    TSVs of `config.data_dir`, or, without one, tensorflow-datasets."""
+    if config.data_dir:
+        return f"{config.task} from the TSVs in {config.data_dir}"
+    where = config.tfds_data_dir or "its default data dir (~/tensorflow_datasets)"
+    return (
+        f"{config.task} from tensorflow-datasets glue/{config.task} in {where}: no data_dir "
+        "was given (--data-dir DIR reads a glue_data folder)"
+    )
+
+
+def _run_log(run: Run, config: ml_collections.ConfigDict, workdir: pathlib.Path, lead: bool):
+    """The run's `reporting.RunLog` (metrics.jsonl, TensorBoard, progress; the learning rate
+    schedule it logs; the throughput meter, None with `config.throughput` off)."""
+    opt = config.optimizer
+    return reporting.RunLog(
+        workdir,
+        total_steps=run.total_steps,
+        every=config.log_every,
+        enabled=lead,
+        progress=config.progress,
+        tensorboard=config.tensorboard,
+        learning_rate=optim.learning_rate_schedule(
+            opt.learning_rate,
+            run.total_steps,
+            warmup_fraction=opt.warmup_fraction,
+            kind=opt.schedule,
+        ),
+        throughput=_meter(run, config, lead),
+    )
+
+
+def _step_hooks(log, config: ml_collections.ConfigDict, workdir: pathlib.Path, lead: bool):
+    """`(hooks, profile)`: what runs after each training step, `hook(step, state, batch)` (the
+    throughput meter's timing; the `profiling.Window` of `config.profile_steps`), and that
+    window (None without one; the loop closes it)."""
+    hooks = []
+    if log.throughput is not None:
+        hooks.append(lambda step, state, batch: log.throughput.step(state))
+    profile = None
+    if config.profile_steps is not None:
+        profile = profiling.Window(workdir, *config.profile_steps, enabled=lead)
+        hooks.append(lambda step, state, batch: profile.step(step, state))
+    return hooks, profile
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+) -> dict:
+    """Fine-tunes `config.model` on `config.task`, evaluating on dev after every epoch.
+
+    `config`: `isojax.training.config.default_config()` or an `isojax.training.configs` preset,
+    with overrides
+    (validated here); `mesh`: the devices (default: all of every process). Resumes from the
+    newest usable checkpoint in `workdir/checkpoints` (state and `resume.Position`), ending as
+    an uninterrupted run would; writes `config.json`, `metrics.jsonl`, `tensorboard/` and
+    `results.json`, and keeps the best dev epoch's checkpoint in `workdir/best_checkpoint`.
+    With `config.progress`, the run's first line on stderr names where its data come from
+    (`data_source`).
+    A loss that stays non-finite (float32, bfloat16) stops the run with
+    `nonfinite.NonFiniteLoss`, its `results.json` a stop record with no score.
+    Returns the last dev results: `{split: {metric: value}}` per dev split ("dev", or MNLI's
+    two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
+    plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
+    score on the first dev split (`isojax export/predict --best`).
+
+    SIGTERM or SIGINT (`preemption`): the running step finishes, its checkpoint is written at
+    that position, and `preemption.Preempted` (SystemExit, status 75) is raised; rerun to resume.
+    """
+    config_lib.validate_config(config)
+    distributed.initialize_distributed()
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    lead = jax.process_index() == 0
+    resume.check_same_run(config, workdir)
+    if lead:
+        (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
+    run = setup(config, mesh=mesh)
+    if lead and config.progress:  # the progress display's first line, once the data have
+        # loaded (a refusal stays the one line on stderr; progress off: errors only)
+        print(f"isojax: {workdir}: {data_source(config)}", file=sys.stderr)
+    ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
+    main_split = glue.get_task(config.task).dev_splits[0]  # MNLI: matched
+    state, position = resume.restore(ckpt, run.state, workdir, lead, config)
+    step = int(state.step)
+    log = _run_log(run, config, workdir, lead)
+    hooks, profile = _step_hooks(log, config, workdir, lead)
+
+    stamp = resume.config_stamp(config)  # saved with each checkpoint, checked on restore
+
+    def save(step, state):
+        ckpt.save(step, state, position.to_json() | stamp)
+        if log.throughput is not None:  # the save's time is not the steps'
+            log.throughput.mark()
+
+    loss_watch = nonfinite.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead)
+    c0_pass_each_epoch = config.method == "istar" and config.istar.stabilizer.kind == "pass"
+    num_epochs = -(-run.total_steps // run.steps_per_epoch)
+    closers = (log, ckpt, best_ckpt)
+    with preemption.Watch() as watch:
+        while step < run.total_steps and position.epoch < num_epochs:
+            if c0_pass_each_epoch and position.batch == 0:
+                state = c0_pass(run, state, config, position.epoch)
+                if log.throughput is not None:  # the pass's time is not the steps'
+                    jax.block_until_ready(state)
+                    log.throughput.mark()
+            state, step, epoch_done, stop = _train_epoch(
+                run, state, config, position, step, log, save, loss_watch, watch, hooks
+            )
+            if stop:
+                loss_watch.check(step, position.epoch, before="checkpointing")
+                _save_and_exit(watch, save, step, state, closers, lead)
+            loss_watch.check(step, position.epoch, before="evaluating")
+            results = evaluation.evaluate_all(run, state, config, step, position.epoch + 1, log)
+            is_best = position.note_eval(results, main_split)
+            if epoch_done:
+                position.epoch, position.batch = position.epoch + 1, 0
+            if is_best:  # before the latest, so a resumed run never claims a best it lacks
+                best_ckpt.save(step, state, position.to_json() | stamp)
+            save(step, state)
+            if watch.signal_name is not None and step < run.total_steps:  # during eval/save
+                _save_and_exit(watch, save, step, state, closers, lead)
+    if profile is not None:
+        profile.close()
+    log.close()
+    ckpt.close()
+    best_ckpt.close()
+    if position.last_eval is None:  # nothing to train (resumed a finished run without results)
+        position.last_eval = evaluation.evaluate_all(run, state, config, step, position.epoch, None)
+    results = position.last_eval | {"best": position.best}
+    if lead:
+        (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results

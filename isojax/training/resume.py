@@ -1,0 +1,247 @@
+"""Resuming a run: where the loop stands (`Position`), the same-config check, the restore.
+
+A checkpoint holds the train state and a `Position` (JSON): the next (epoch, batch), the step
+metrics summed since the last log line, the last dev results and the best ones. A resumed run
+ends with the same parameters, metrics and `metrics.jsonl` as an uninterrupted one.
+
+A run folder keeps the newest checkpoints in `checkpoints/` and, beside them, the one with the
+best dev score so far in `best_checkpoint/` (the IsoBN protocol's early stopping).
+
+Each checkpoint's position JSON also holds the run's config (`config_stamp`: its fields and
+their SHA-256), so that a restore compares the config it is asked to use with the one the state
+was trained with (`check_stamp`), not with an editable `config.json`.
+
+`metrics.jsonl` follows the checkpoint: a resumed run drops the lines written after it, a fresh
+start (no checkpoint) begins an empty log, and a torn last line (a kill mid-write) is dropped
+with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import sys
+import warnings
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from isojax.training import checkpointing, steps
+from isojax.training import config as config_lib
+
+LATEST_DIR = "checkpoints"  # the newest `keep_checkpoints` checkpoints of a run folder
+BEST_DIR = "best_checkpoint"  # the checkpoint with the best dev score
+
+
+def host_floats(tree: dict) -> dict[str, float]:
+    """`{name: scalar array}` -> `{name: Python float}` (a host sync)."""
+    return {k: float(np.asarray(v)) for k, v in tree.items()}
+
+
+@dataclasses.dataclass
+class Position:
+    """Where the loop stands, checkpointed beside the state: the next (epoch, batch), the step
+    metrics summed since the last log line, the last dev results, and the best dev results
+    (`note_eval`)."""
+
+    epoch: int = 0
+    batch: int = 0
+    train_sums: dict = dataclasses.field(default_factory=dict)
+    train_count: int = 0
+    last_eval: dict | None = None
+    best: dict | None = None
+
+    def note_eval(self, results: dict, split: str) -> bool:
+        """Keeps `results` (`{"step", "epoch", split: {..., "score"}}`) as `last_eval`, and as
+        `best` when its `split` score (the task's GLUE score) beats the best so far; a tie
+        keeps the earlier. Returns whether it is the new best."""
+        self.last_eval = results
+        if self.best is not None and results[split]["score"] <= self.best[split]["score"]:
+            return False
+        self.best = results
+        return True
+
+    def add(self, step_metrics: dict) -> None:
+        """Adds one step's metrics to the sums (on device: no host sync per step)."""
+        self.train_sums = {k: self.train_sums.get(k, 0.0) + v for k, v in step_metrics.items()}
+        self.train_count += 1
+
+    def pop_means(self) -> dict[str, float]:
+        """The means since the last call, and empty sums."""
+        means = {k: v / self.train_count for k, v in host_floats(self.train_sums).items()}
+        self.train_sums, self.train_count = {}, 0
+        return means
+
+    def to_json(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "train_sums": host_floats(self.train_sums),
+            "train_count": self.train_count,
+            "last_eval": self.last_eval,
+            "best": self.best,
+        }
+
+
+# Fields a resumed run may change: they touch neither the train state nor the data order.
+_RESUMABLE_CHANGES = {
+    "data_dir", "tfds_data_dir", "eval_batch_size", "max_eval_examples", "checkpoint_every",
+    "keep_checkpoints", "log_every", "progress", "tensorboard", "remat", "max_nonfinite_steps",
+    "throughput", "peak_flops", "profile_steps",
+}  # fmt: skip
+
+
+def checkpointers(
+    workdir: pathlib.Path, keep: int
+) -> tuple[checkpointing.Checkpointer, checkpointing.Checkpointer]:
+    """The run folder's checkpointers: the newest `keep` steps (`LATEST_DIR`) and the best dev
+    epoch's (`BEST_DIR`, one step)."""
+    return (
+        checkpointing.Checkpointer(workdir / LATEST_DIR, max_to_keep=keep),
+        checkpointing.Checkpointer(workdir / BEST_DIR, max_to_keep=1),
+    )
+
+
+class ConfigChanged(ValueError):
+    """A checkpoint restored with a config that changes the run (one line naming the fields)."""
+
+
+def _changed_fields(before: dict, now: dict) -> list[str]:
+    """Flat keys whose values differ between two flattened configs, except `_RESUMABLE_CHANGES`
+    and fields `before` lacks that `now` holds at their default (added by a newer isojax)."""
+    defaults = config_lib.flatten(json.loads(config_lib.default_config().to_json()))
+    missing = object()
+    return sorted(
+        key
+        for key in before.keys() | now.keys()
+        if key.split(".")[0] not in _RESUMABLE_CHANGES
+        and before.get(key, missing) != now.get(key, missing)
+        and not (key not in before and key in defaults and now.get(key) == defaults[key])
+    )
+
+
+def config_stamp(config: ml_collections.ConfigDict) -> dict:
+    """`{"config": {"sha256", "fields"}}`: the flattened config (JSON values) and the SHA-256 of
+    its fields that change the run (all but `_RESUMABLE_CHANGES`), saved with each checkpoint."""
+    fields = config_lib.flatten(json.loads(config.to_json()))
+    run = {k: v for k, v in fields.items() if k.split(".")[0] not in _RESUMABLE_CHANGES}
+    digest = hashlib.sha256(json.dumps(run, sort_keys=True).encode()).hexdigest()
+    return {"config": {"sha256": digest, "fields": fields}}
+
+
+def check_stamp(stamp: dict | None, config: ml_collections.ConfigDict, where: str) -> bool:
+    """Refuses (`ConfigChanged`) to restore the checkpoint `where` whose `config_stamp` differs
+    from `config` in a field that changes the run, naming each with both values. Returns False
+    for a checkpoint saved without a stamp (isojax before stamps: nothing to compare), True
+    when the config is the run's."""
+    if stamp is None:
+        return False
+    if stamp["sha256"] == config_stamp(config)["config"]["sha256"]:
+        return True
+    before, now = stamp["fields"], config_stamp(config)["config"]["fields"]
+    changed = _changed_fields(before, now)
+    if changed:
+        missing = "(absent)"
+        shown = "; ".join(
+            f"{k}: {before.get(k, missing)!r} -> {now.get(k, missing)!r}" for k in changed[:8]
+        )
+        raise ConfigChanged(
+            f"{where} was trained with another config ({shown}"
+            + ("; ..." if len(changed) > 8 else "")
+            + "): restore it with the config it was trained with (was config.json edited?)"
+        )
+    return True
+
+
+def check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+    """Refuses to resume checkpoints in `workdir` with a config that changes the run."""
+    saved = workdir / "config.json"
+    if not (saved.exists() and (workdir / LATEST_DIR).exists()):
+        return
+    before = config_lib.flatten(json.loads(saved.read_text()))
+    now = config_lib.flatten(json.loads(config.to_json()))
+    changed = _changed_fields(before, now)
+    if changed:
+        raise ConfigChanged(
+            f"{workdir} holds checkpoints of a run with another config ({', '.join(changed)} "
+            "differ): resume with its config.json, or use a new workdir"
+        )
+
+
+def metrics_lines(path: pathlib.Path) -> list[tuple[str, dict]]:
+    """`(line, record)` of each line of a `metrics.jsonl`. A torn last line (no newline, or not
+    JSON: a kill mid-write) is left out with a `RuntimeWarning`; a bad line before the last
+    raises ValueError naming the file and line."""
+    text = path.read_text() if path.exists() else ""
+    lines = text.splitlines(keepends=True)
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line) if line.endswith("\n") else None
+        except json.JSONDecodeError:
+            record = None
+        if record is None and number == len(lines):
+            warnings.warn(
+                f"{path}:{number}: dropped a torn last line (a run killed while writing it): "
+                f"{line[:60]!r}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        if not isinstance(record, dict) or "step" not in record:
+            raise ValueError(f"{path}:{number}: not a metrics record: {line[:60]!r}")
+        out.append((line, record))
+    return out
+
+
+def _rewrite_log(path: pathlib.Path, kept: list[str]) -> None:
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+
+
+def restore(
+    ckpt,
+    state: steps.TrainState,
+    workdir: pathlib.Path,
+    lead: bool,
+    config: ml_collections.ConfigDict | None = None,
+):
+    """`(state, Position)` from the newest usable checkpoint, or the fresh ones. A resumed run
+    drops the `metrics.jsonl` lines a killed run wrote after that checkpoint (and a torn last
+    line); a fresh start begins an empty `metrics.jsonl`. With `config`, a checkpoint trained
+    with another config (`check_stamp`) raises `ConfigChanged`."""
+    restored = ckpt.restore(state)
+    path = workdir / "metrics.jsonl"
+    if restored is None:
+        if lead and path.exists() and path.stat().st_size:
+            print(
+                f"isojax: {workdir} has no checkpoint: starting afresh, with a new {path.name}",
+                file=sys.stderr,
+            )
+            _rewrite_log(path, [])
+        return state, Position()
+    state, saved = restored
+    stamp = saved.pop("config", None)
+    step = int(state.step)
+    if config is not None:
+        check_stamp(stamp, config, f"checkpoint step {step} in {ckpt.directory}")
+    position = Position(**saved)
+    position.train_sums = {k: jnp.asarray(v, jnp.float32) for k, v in saved["train_sums"].items()}
+    if lead and path.exists():
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [line for line, record in metrics_lines(path) if record["step"] <= step]
+        if kept != lines:
+            _rewrite_log(path, kept)
+    if lead:
+        print(
+            f"isojax: resumed {workdir} at step {step} (epoch {position.epoch}, "
+            f"batch {position.batch})",
+            file=sys.stderr,
+        )
+    return state, position
