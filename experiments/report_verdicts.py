@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import report_pooled as pool
 import report_stats as stats
 from report_records import PRETRAINED
 from report_tables import arm_of, f, fp, paired, signed, value
@@ -48,6 +49,17 @@ RULE = (
     "confirms, with the other sign reverses; either holds only where Spearman's ρ has the sign "
     "of Pearson's r and Pearson's r keeps its sign with each swept value left out in turn, "
     "otherwise **fragile**."
+)
+POOLED_RULE = (
+    "Pooled lines (issue 39), beside the per-task lines of a claim about fine-tuning in general: "
+    "pooling treats the tasks named on the line as a sample of the benchmark. P(arm > baseline) "
+    "is, per task, the Mann–Whitney U over n_arm · n_base (ties count ½), averaged over the "
+    "tasks; its stratified bootstrap 95 % interval (tasks are strata; each arm's runs resampled "
+    "with replacement within each task; the draws and seed are on the line) entirely above 0.5 "
+    "**confirmed**, entirely below 0.5 **reversed**; otherwise, if the interval of the "
+    "task-averaged difference of means (raw score) excludes the paper's size (where SPEC.md §9 "
+    "gives one), **smaller than claimed**, else **not detected with these runs**. The runs are "
+    "not paired by seed, and the pooled line is not in its family's Holm adjustment."
 )
 
 
@@ -116,6 +128,7 @@ class Family:
     size_note: str = NO_SIZE
     kind: str = "difference"  # or "no change" (a claim that nothing moves)
     lines: list = dataclasses.field(default_factory=list)
+    pooled: list = dataclasses.field(default_factory=list)  # `pooled_line`s, after the lines
 
     def add(
         self, where: str, t: dict, what: str, extra: str = "", direction: int = 0, claim: str = ""
@@ -170,7 +183,37 @@ class Family:
             if extra:
                 parts.append(extra)
             out.append(f"- {claim}, {where}: **{v['verdict']}** ({'; '.join(parts)})")
-        return out
+        return out + self.pooled
+
+
+def pooled_line(data: dict, label: str | None, claim: str, size: float | None) -> list[str]:
+    """The pooled verdict line of one arm (`report_pooled.pooled_verdict`) over the tasks where
+    it and the baseline have runs, with both intervals, the draws, the seed and the runs per
+    task; nothing where the study pools nothing for it (one task, or no such arm)."""
+    c = data.get("pooled", {}).get("arms", {}).get(label) if label else None
+    if not c or "p" not in c:
+        return []
+    base = data["baseline"]
+    verdict = pool.pooled_verdict(c, size)
+    n_arm, n_base = c["n_arm"], c["n_base"]
+    if len(set(n_arm)) == 1 and len(set(n_base)) == 1:
+        n = f"n = {n_arm[0]} {label} / {n_base[0]} {base} runs on each of {len(c['tasks'])} tasks"
+    else:
+        n = f"n = {label} {n_arm}, {base} {n_base} runs by task"
+    parts = [
+        f"P({label} > {base}) = {f(c['p'])}, stratified bootstrap 95 % "
+        f"[{f(c['p_lo'])}, {f(c['p_hi'])}]",
+        f"task-averaged difference ({data['pooled']['kind']} epoch) {signed(c['diff'])} "
+        f"[{signed(c['diff_lo'])}, {signed(c['diff_hi'])}]",
+    ]
+    if size is not None and math.isfinite(c["diff_hi"]):
+        parts.append(
+            f"the interval {'excludes' if c['diff_hi'] < size else 'does not exclude'} the "
+            f"paper's {size:+.3f}"
+        )
+    parts += [n, f"{c['draws']} draws, RandomState({c['seed']})"]
+    tasks = f"pooled over {len(c['tasks'])} tasks ({', '.join(c['tasks'])})"
+    return [f"- {claim}, {tasks}: **{verdict}** ({'; '.join(parts)})"]
 
 
 def no_change_verdict(t: dict, p_adj: float) -> dict:
@@ -223,6 +266,8 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
             avg = next((v for k, v in data["task_average"].items() if k.split()[0] == method), None)
             if avg:
                 fam.add("average of the tasks", avg["best"], f"{method} − none")
+            label = arm_of(data.get("pooled", {}).get("arms", {}), method)
+            fam.pooled = pooled_line(data, label, claim, fam.size)
             families.append(fam)
         for method, claim in (
             (
@@ -329,6 +374,9 @@ def _istar_lines(data: dict, fig: dict) -> list[str]:
             if (v := _sweep_value(label)) is not None and v < 0:
                 median = per_task[task]["arms"][label]["last"]["median"]
                 helps.add(f"{task}, {label}", p["last"], "vs λ = 0", f"median {f(median)}")
+    for label in data.get("pooled", {}).get("arms", {}):
+        if (v := _sweep_value(label)) is not None and v < 0:
+            helps.pooled += pooled_line(data, label, f"[I-STAR] λ < 0 helps, {label}", None)
     lines += helps.render()
     lines += [
         "",
