@@ -724,3 +724,25 @@ def test_pooled_lambda_lines_name_the_arm(tmp_path):
     line = next(x for x in md.splitlines() if "λ < 0 helps, istar lambda=-5, pooled" in x)
     assert "pooled over 2 tasks (stsb, rte): **reversed** (P(istar lambda=-5 > istar " in line
     assert "task-averaged difference (last epoch) -0.7" in line
+
+
+def test_zeta_best_is_tested_against_the_other_zetas_inside(tmp_path):
+    """ζ = 0.5 has the highest mean: its family holds ζ = 0.5 − ζ = 0.2 and − ζ = 0.8 (paired t
+    as SciPy's), and the end lines against ζ = 0.5 are marked as against the best."""
+    offsets = {0.0: -0.05, 0.2: 0.0, 0.5: 0.004, 0.8: -0.001, 1.0: -0.02}
+    records = _zeta_records(offsets, 3)
+    md = _markdown(_write(tmp_path, "zeta", records))
+    best = "[I-STAR] the best ζ (the highest mean, picked on these runs) beats the other ζ in"
+    assert f"**{best} [0.2, 0.8]**: a family of 2 lines, Holm-adjusted over 2;" in md
+    by = {(r["fields"]["istar.zeta"], r["seed"]): r["eval"][-1]["score"] for r in records}
+    for z in (0.2, 0.8):
+        diffs = [by[0.5, s] - by[z, s] for s in (1, 2, 3)]
+        lo, hi = scipy.stats.t.interval(0.95, 2, loc=np.mean(diffs), scale=scipy.stats.sem(diffs))
+        line = _zeta_line(md, f"- {best} [0.2, 0.8], stsb, ζ = 0.5 against ζ = {z:g}: **")
+        assert f"(ζ = 0.5 − ζ = {z:g} {np.mean(diffs):+.4f}, t 95 % [{lo:+.4f}, {hi:+.4f}]" in line
+    for end in ("ζ = 0 (plain IsoScore of the batch as the penalty) hurts", "optimum"):
+        line = next(x for x in md.splitlines() if f"{end}, stsb, against ζ = 0.5:" in x)
+        assert line.endswith("; against the best ζ (the highest mean))")
+    # ζ = 1 far ahead: the best is an end, and its lines are the ζ = 1 family's.
+    ahead = _markdown(_write(tmp_path, "ahead", _zeta_records(offsets | {1.0: 0.05}, 3)))
+    assert best not in ahead
