@@ -625,3 +625,124 @@ def test_evaluations_at_a_constant_prediction_are_counted_per_arm(tmp_path):
     section = md.split("## Evaluations at a constant prediction's score")[1].split("\n## ")[0]
     assert "| rte | none | 1 of 2 | 1 of 2 |" in section
     assert "| rte | isobn | 1 of 2 | 1 of 2 |" in section and "| stsb |" not in section
+
+
+def _pooled_records(scores: dict[tuple[str, str], list[float]]) -> list[dict]:
+    """One epoch per run: scores[task, method][seed - 1]."""
+    return [
+        _record(f"{task}-{method}-s{seed}", task, method, seed, [score])
+        for (task, method), by_seed in scores.items()
+        for seed, score in enumerate(by_seed, 1)
+    ]
+
+
+def test_pooled_normalisation_by_hand_leaves_out_a_task_at_chance(tmp_path):
+    """CoLA (chance 0): none 0.20, 0.25, 0.30 (median 0.25), isobn 0.30, 0.20, 0.35 -> 1.2, 0.8,
+    1.4. STS-B (chance 0): none median 0.80, isobn 0.88, 0.84, 0.76 -> 1.1, 1.05, 0.95. RTE: the
+    none median 0.56 is within 1/√277 = 0.060 of chance 146/277 = 0.527: left out and named.
+    IQM of isobn's six values: sorted 0.8, 0.95, 1.05, 1.1, 1.2, 1.4, one cut from each end,
+    mean(0.95, 1.05, 1.1, 1.2) = 1.075."""
+    records = _pooled_records(
+        {
+            ("cola", "none"): [0.20, 0.25, 0.30],
+            ("cola", "isobn"): [0.30, 0.20, 0.35],
+            ("stsb", "none"): [0.70, 0.80, 0.90],
+            ("stsb", "isobn"): [0.88, 0.84, 0.76],
+            ("rte", "none"): [0.55, 0.56, 0.57],
+            ("rte", "isobn"): [0.58, 0.54, 0.60],
+        }
+    )
+    pooled = report.build(records)["pooled"]
+    assert pooled["kind"] == "best" and pooled["normalised_tasks"] == ["cola", "stsb"]
+    assert pooled["excluded"] == {"rte": pytest.approx(0.56, abs=1e-12)}
+    isobn = pooled["arms"]["isobn"]
+    assert isobn["tasks"] == ["cola", "stsb", "rte"]
+    np.testing.assert_allclose(isobn["normalised"][0], [1.2, 0.8, 1.4], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(isobn["normalised"][1], [1.1, 1.05, 0.95], rtol=0, atol=1e-12)
+    assert isobn["iqm"]["iqm"] == pytest.approx(1.075, abs=1e-12)
+    md = report.write_report(_write(tmp_path, "hand", records)).read_text()
+    assert "rte (median 0.560, chance 0.527, 1/√277 = 0.060)" in md
+    assert "| isobn | cola, stsb, rte | 3, 3, 3 |" in md and "1.075 [" in md
+    assert (tmp_path / "hand_profile.png").stat().st_size > 1000
+
+
+POOLED_CLAIM = "[IsoBN] IsoBN improves fine-tuning (best dev epoch, as the protocol), pooled over"
+NONE = [0.800, 0.802, 0.804]
+
+
+@pytest.mark.parametrize(
+    ("isobn", "expected"),
+    [
+        # Every isobn run above every none run on both tasks: P = 1 on every resample.
+        ([0.830, 0.832, 0.834], "confirmed"),
+        ([0.770, 0.772, 0.774], "reversed"),
+        # Interleaved within 0.003: P's interval holds 0.5, the difference's lies below +0.010.
+        ([0.801, 0.803, 0.799], "smaller than claimed"),
+        # Runs spread by 0.1: P's interval holds 0.5 and the difference's holds +0.010.
+        ([0.700, 0.950, 0.760], "not detected with these runs"),
+    ],
+)
+def test_pooled_rule_gives_each_verdict_on_a_constructed_jsonl(tmp_path, isobn, expected):
+    spread = {"none": NONE, "isobn": isobn}
+    if expected == "not detected with these runs":
+        spread["none"] = [0.70, 0.80, 0.90]
+    records = _pooled_records(
+        {
+            (task, m): [s + shift for s in v]
+            for task, shift in (("stsb", 0.0), ("cola", -0.5))
+            for m, v in spread.items()
+        }  # fmt: skip
+    )
+    md = _markdown(_write(tmp_path, "rule", records))
+    line = next(x for x in md.splitlines() if x.startswith(f"- {POOLED_CLAIM}"))
+    assert f"pooled over 2 tasks (cola, stsb): **{expected}** (P(isobn > none) = " in line
+    assert "n = 3 isobn / 3 none runs on each of 2 tasks; 2000 draws, RandomState(0))" in line
+    assert "pooling treats the tasks named on the line as a sample of the benchmark" in md
+
+
+def test_recenter_and_layernorm_get_per_task_and_pooled_lines(tmp_path):
+    scores = {}
+    for task, shift in (("stsb", 0.0), ("mrpc", 0.02)):
+        scores[task, "none"] = [0.80 + shift, 0.81 + shift, 0.82 + shift]
+        scores[task, "recenter"] = [0.83 + shift, 0.84 + shift, 0.85 + shift]
+        scores[task, "layernorm"] = [0.79 + shift, 0.80 + shift, 0.815 + shift]
+    md = _markdown(_write(tmp_path, "norms", _pooled_records(scores)))
+    for name, pooled in (("re-centring", "confirmed"), ("layer-normalising", "not detected")):
+        claim = f"[EmbNorm] {name} the sentence vector improves it"
+        assert f"**{claim}**: a family of 3 lines" in md
+        for where in ("mrpc", "stsb", "average of the tasks"):
+            assert f"- {claim}, {where}: **" in md
+        assert f"- {claim}, pooled over 2 tasks (mrpc, stsb): **{pooled}" in md
+
+
+def test_pooled_lambda_lines_name_the_arm(tmp_path):
+    records, _ = _sweep_records()
+    rte = [
+        r | {"fields": r["fields"] | {"task": "rte"}, "cell": "rte" + r["cell"]} for r in records
+    ]
+    md = _markdown(_write(tmp_path, "two", records + rte))
+    line = next(x for x in md.splitlines() if "λ < 0 helps, istar lambda=-5, pooled" in x)
+    assert "pooled over 2 tasks (stsb, rte): **reversed** (P(istar lambda=-5 > istar " in line
+    assert "task-averaged difference (last epoch) -0.7" in line
+
+
+def test_zeta_best_is_tested_against_the_other_zetas_inside(tmp_path):
+    """ζ = 0.5 has the highest mean: its family holds ζ = 0.5 − ζ = 0.2 and − ζ = 0.8 (paired t
+    as SciPy's), and the end lines against ζ = 0.5 are marked as against the best."""
+    offsets = {0.0: -0.05, 0.2: 0.0, 0.5: 0.004, 0.8: -0.001, 1.0: -0.02}
+    records = _zeta_records(offsets, 3)
+    md = _markdown(_write(tmp_path, "zeta", records))
+    best = "[I-STAR] the best ζ (the highest mean, picked on these runs) beats the other ζ in"
+    assert f"**{best} [0.2, 0.8]**: a family of 2 lines, Holm-adjusted over 2;" in md
+    by = {(r["fields"]["istar.zeta"], r["seed"]): r["eval"][-1]["score"] for r in records}
+    for z in (0.2, 0.8):
+        diffs = [by[0.5, s] - by[z, s] for s in (1, 2, 3)]
+        lo, hi = scipy.stats.t.interval(0.95, 2, loc=np.mean(diffs), scale=scipy.stats.sem(diffs))
+        line = _zeta_line(md, f"- {best} [0.2, 0.8], stsb, ζ = 0.5 against ζ = {z:g}: **")
+        assert f"(ζ = 0.5 − ζ = {z:g} {np.mean(diffs):+.4f}, t 95 % [{lo:+.4f}, {hi:+.4f}]" in line
+    for end in ("ζ = 0 (plain IsoScore of the batch as the penalty) hurts", "optimum"):
+        line = next(x for x in md.splitlines() if f"{end}, stsb, against ζ = 0.5:" in x)
+        assert line.endswith("; against the best ζ (the highest mean))")
+    # ζ = 1 far ahead: the best is an end, and its lines are the ζ = 1 family's.
+    ahead = _markdown(_write(tmp_path, "ahead", _zeta_records(offsets | {1.0: 0.05}, 3)))
+    assert best not in ahead
