@@ -43,7 +43,7 @@ def pretrained_row(config) -> dict:
     untrained head's score is left out). The evaluation reads no training rows: setup encodes
     one batch of them (the state it builds needs a schedule length, unused at step 0)."""
     config = config.copy_and_resolve_references()
-    config.method = "none"
+    config.normalizer, config.penalty = "none", "none"
     config.max_train_examples = config.batch_size
     run = loop.setup(config)
     split = glue.get_task(config.task).dev_splits[0]
@@ -79,7 +79,11 @@ def format_table(rows: dict[str, dict]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="a configs/*.py file: get_config(method)")
-    parser.add_argument("--methods", default="none,isobn", help="comma-separated methods")
+    parser.add_argument(
+        "--methods",
+        default="none,isobn",
+        help="comma-separated arms: a normaliser and/or a penalty (isobn, istar, isobn+istar)",
+    )
     parser.add_argument("--workdir", default="runs/compare", help="one sub-folder per method")
     parser.add_argument("--no-pretrained", action="store_true", help="skip the pre-trained row")
     args = parser.parse_args(argv)

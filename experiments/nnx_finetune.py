@@ -54,7 +54,7 @@ def build_run(config, num_labels: int):
     if encoder_params is not None:
         pretrained.load_linen_variables(model.encoder, {"params": encoder_params})
     istar = None
-    if config.method == "istar":
+    if config.penalty == "istar":
         from isojax.nnx import IsoScoreStar
 
         istar = IsoScoreStar(hidden, stabilizer="pass", zeta=config.istar.zeta)

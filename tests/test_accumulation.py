@@ -18,7 +18,7 @@ def _config(glue_dir, minilm_dir, **overrides):
             "model": config_lib.TINY_MODEL,
             "tokenizer": str(minilm_dir),
             "task": "rte",
-            "method": "none",
+            "normalizer": "none",
             "max_train_examples": 160,
             "max_eval_examples": 8,
             "batch_size": 32,
@@ -78,7 +78,7 @@ def test_four_micro_batches_of_8_equal_batches_of_32(glue_dir, minilm_dir, monke
 def test_batch_norm_sees_every_micro_batch(glue_dir, minilm_dir):
     """Batch norm's running statistics count each micro-batch (4 per update) under
     accumulation, as PyTorch's accumulation loop does."""
-    config = _config(glue_dir, minilm_dir, method="batchnorm", grad_accum_steps=4)
+    config = _config(glue_dir, minilm_dir, normalizer="batchnorm", grad_accum_steps=4)
     run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     batch = next(iter(feeds.update_batches(run.train_encoded, config, 0, mesh=run.mesh)))
     assert batch["input_ids"].shape[:2] == (4, 8)

@@ -54,7 +54,7 @@ def isobn_run(tmp_path_factory, minilm_dir):
     """`(run folder, results)` of an IsoBN run: 2 epochs of 2 steps, 19 dev rows."""
     root = tmp_path_factory.mktemp("analyze_run")
     data = write_rte(root / "glue", {"train": 16, "dev": DEV_ROWS})
-    config = tiny_config(data, minilm_dir, method="isobn", num_epochs=2)
+    config = tiny_config(data, minilm_dir, normalizer="isobn", num_epochs=2)
     config.max_eval_examples = None
     results = loop.train_and_evaluate(config, root / "run")
     return root / "run", results

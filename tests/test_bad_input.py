@@ -149,7 +149,7 @@ def test_max_length_above_the_models_positions_is_one_line(capsys, tmp_path, min
 def test_documented_normalizer_kwargs_reach_the_head(minilm_dir):
     """`--set normalizer_kwargs.epsilon=1e-5` (ARCHITECTURE.md) sets the normaliser's epsilon."""
     args = cli.build_parser().parse_args(
-        ["finetune", "--workdir", "unused", "--model", "tiny-bert", "--method", "layernorm"]
+        ["finetune", "--workdir", "unused", "--model", "tiny-bert", "--normalizer", "layernorm"]
         + ["--set", f"tokenizer={minilm_dir}", "--set", "normalizer_kwargs.epsilon=1e-5"]
     )
     config = cli.finetune_config(args)

@@ -94,7 +94,7 @@ _CHILD = textwrap.dedent(
     config = config_lib.default_config()
     config.update_from_flattened_dict({
         "data_dir": glue_dir, "model": "tiny-bert", "tokenizer": tokenizer, "task": "rte",
-        "method": "istar", "istar.weight": 0.5, "istar.stabilizer.kind": "epoch",
+        "penalty": "istar", "istar.weight": 0.5, "istar.stabilizer.kind": "epoch",
         "istar.stabilizer.unit": "steps", "istar.stabilizer.window": 5,
         "max_train_examples": 24, "max_eval_examples": 8, "batch_size": 8,
         "eval_batch_size": 8, "max_length": 32, "buckets": (), "num_epochs": 2,

@@ -25,7 +25,7 @@ def run(capsys, argv):
     "flags, bad",
     [
         (["--task", "sst9"], "'sst9'"),
-        (["--method", "isobnx"], "'isobnx'"),
+        (["--normalizer", "isobnx"], "'isobnx'"),
         (["--set", "istar.zeta=1.5"], "istar.zeta: zeta must lie in [0, 1], got 1.5"),
         (["--set", "istar.zeta=-0.1"], "got -0.1"),
         (["--set", "isobn.momentum=1.0"], "isobn: momentum 1.0 not in (0, 1)"),
@@ -52,18 +52,18 @@ def run(capsys, argv):
         (["--set", "log_every=None"], "config: log_every must be set (its default is 50)"),
         (["--set", "batch_size=none"], "config: batch_size must be set"),
         (
-            ["--method", "layernorm", "--set", "normalizer_kwargs.epsilonn=1e-5"],
+            ["--normalizer", "layernorm", "--set", "normalizer_kwargs.epsilonn=1e-5"],
             "config: normalizer_kwargs: normalizer 'layernorm' has no hyper-parameter(s) "
             "['epsilonn']",
         ),
         (
-            ["--method", "isobn", "--set", "normalizer_kwargs.epsilon=-1.0"],
+            ["--normalizer", "isobn", "--set", "normalizer_kwargs.epsilon=-1.0"],
             "config: normalizer_kwargs: epsilon must be > 0",
         ),
         (["--set", "normalizer_kwargs.beta=0.5"], "normalizer 'none' has no hyper-parameter"),
         (["--set", "normalizer_kwargs.a.b=1"], "unknown config field 'normalizer_kwargs.a'"),
         (
-            ["--method", "layernorm", "--set", "normalizer_kwargs.dtype=float16"],
+            ["--normalizer", "layernorm", "--set", "normalizer_kwargs.dtype=float16"],
             "normalizer_kwargs: ['dtype'] are set by the classifier head",
         ),
     ],
@@ -125,7 +125,7 @@ def test_set_into_normalizer_kwargs_as_documented(capsys, tmp_path):
     check (issue 25 item 14)."""
     argv = ["finetune", "--workdir", str(tmp_path / "run"), "--print-config"]
     code, out, err = run(
-        capsys, [*argv, "--method", "layernorm", "--set", "normalizer_kwargs.epsilon=1e-5"]
+        capsys, [*argv, "--normalizer", "layernorm", "--set", "normalizer_kwargs.epsilon=1e-5"]
     )
     assert code == 0, err
     assert json.loads(out)["normalizer_kwargs"] == {"epsilon": 1e-5}
@@ -134,7 +134,7 @@ def test_set_into_normalizer_kwargs_as_documented(capsys, tmp_path):
         "import ml_collections\n"
         "def get_config(arg):\n"
         "    return ml_collections.ConfigDict(\n"
-        "        dict(method='isobn', normalizer_kwargs=dict(epsilon=1e-4, debias=True)))\n"
+        "        dict(normalizer='isobn', normalizer_kwargs=dict(epsilon=1e-4, debias=True)))\n"
     )
     code, out, err = run(capsys, [*argv, "--config", str(config_file)])
     assert code == 0, err
@@ -146,7 +146,7 @@ def test_packaged_presets_are_configs(capsys, tmp_path):
     code, out, err = run(capsys, [*argv, "--task", "mrpc", "--set", "istar.zeta=0.4"])
     assert code == 0, err
     config = json.loads(out)
-    assert (config["method"], config["task"], config["istar"]["weight"]) == ("istar", "mrpc", -5)
+    assert (config["penalty"], config["task"], config["istar"]["weight"]) == ("istar", "mrpc", -5)
     assert config["istar"]["zeta"] == 0.4 and config["optimizer"]["learning_rate"] == 1e-5
 
 
@@ -162,7 +162,7 @@ def test_finetune_tiny_model_end_to_end(capsys, tmp_path, glue_dir):
     assert 0.0 <= dev["accuracy"] <= 1.0 and 0.0 < dev["sentence_ev3"] <= 1.0
     assert f"accuracy {dev['accuracy']:.4f}" in out
     config = json.loads((workdir / "config.json").read_text())
-    assert (config["model"], config["method"]) == ("tiny-bert", "isobn")
+    assert (config["model"], config["normalizer"]) == ("tiny-bert", "isobn")
 
 
 def test_analyze_tiny_model_writes_report(capsys, tmp_path, glue_dir, minilm_dir):
@@ -225,7 +225,7 @@ def test_wheel_without_the_source_tree_runs_a_packaged_preset(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     config = json.loads(out.stdout)
-    assert (config["method"], config["optimizer"]["learning_rate"]) == ("isobn", 5e-5)
+    assert (config["normalizer"], config["optimizer"]["learning_rate"]) == ("isobn", 5e-5)
     bench = run_installed(script, "bench")
     assert bench.returncode == 2 and len(bench.stderr.strip().splitlines()) == 1, bench.stderr
     assert "an installed isojax does not include" in bench.stderr

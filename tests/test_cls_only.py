@@ -97,10 +97,10 @@ def test_cls_only_in_train_mode_with_remat():
 
 
 def test_the_train_step_skips_tokens_only_without_a_token_penalty():
-    assert not steps.Objective(method="none").reads_tokens
-    assert not steps.Objective(method="isobn").reads_tokens
-    assert steps.Objective(method="istar", weight=0.0).reads_tokens  # a metric still
-    assert steps.Objective(method="cosreg", weight=1.0).reads_tokens
+    assert not steps.Objective().reads_tokens
+    assert not steps.Objective().reads_tokens
+    assert steps.Objective(penalty="istar", weight=0.0).reads_tokens  # a metric still
+    assert steps.Objective(penalty="cosreg", weight=1.0).reads_tokens
 
 
 class EveryTokenEncoder(models.Encoder):

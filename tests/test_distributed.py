@@ -27,7 +27,7 @@ def tiny_config(glue_dir, minilm_dir, **overrides):
             "model": config_lib.TINY_MODEL,
             "tokenizer": str(minilm_dir),
             "task": "mrpc",
-            "method": "isobn",
+            "normalizer": "isobn",
             "max_train_examples": 16,
             "max_eval_examples": 8,
             "batch_size": 8,
@@ -101,7 +101,7 @@ _CHILD = textwrap.dedent(
     config = config_lib.default_config()
     config.update_from_flattened_dict({
         "data_dir": glue_dir, "model": "tiny-bert", "tokenizer": tokenizer, "task": "mrpc",
-        "method": "isobn", "max_train_examples": 16, "max_eval_examples": 8, "batch_size": 8,
+        "normalizer": "isobn", "max_train_examples": 16, "max_eval_examples": 8, "batch_size": 8,
         "eval_batch_size": 8, "max_length": 32, "buckets": (), "log_every": 1,
         "progress": False, "tensorboard": False, "optimizer.warmup_fraction": 0.0,
         "optimizer.learning_rate": 1e-3, "num_epochs": 1,

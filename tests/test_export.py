@@ -14,6 +14,7 @@ import pytest
 import test_models  # tests/ is on sys.path under pytest (no __init__.py)
 import torch
 import transformers
+from helpers import arm
 from test_train import tiny_config
 
 from isojax import cli, models, runs
@@ -60,7 +61,7 @@ def trained(tmp_path_factory, glue_dir, minilm_dir, roberta_dir):
     """`{name: run folder}`: one epoch (2 steps) of each run of TRAINED."""
     out = {}
     for name, (model, method, task) in TRAINED.items():
-        config = tiny_config(glue_dir, minilm_dir, method=method, task=task)
+        config = tiny_config(glue_dir, minilm_dir, **arm(method), task=task)
         if model == "roberta":
             config.model = str(roberta_dir)
         out[name] = tmp_path_factory.mktemp(name) / "run"
@@ -161,7 +162,7 @@ def test_exported_run_equals_predict_in_transformers(capsys, tmp_path, trained, 
 def test_layernorm_head_exports_its_encoder_and_says_so_in_one_line(
     capsys, tmp_path, glue_dir, minilm_dir
 ):
-    config = tiny_config(glue_dir, minilm_dir, method="layernorm")
+    config = tiny_config(glue_dir, minilm_dir, normalizer="layernorm")
     run_dir = untrained_run(tmp_path / "run", config)
     code, out, err = run_cli(capsys, ["export", run_dir, tmp_path / "hf"])
     assert code == 0, err

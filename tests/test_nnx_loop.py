@@ -31,7 +31,7 @@ def _plain(x):
 
 def _config(glue_dir, minilm_dir):
     config = config_lib.default_config()
-    config.task, config.method, config.model = "rte", "isobn", config_lib.TINY_MODEL
+    config.task, config.normalizer, config.model = "rte", "isobn", config_lib.TINY_MODEL
     config.tokenizer, config.data_dir = str(minilm_dir), str(glue_dir)
     config.max_train_examples, config.max_eval_examples = 40, 16
     config.batch_size, config.eval_batch_size, config.max_length = 8, 16, 32
@@ -61,7 +61,8 @@ def test_istar_loop_installs_c0_and_trains(glue_dir, minilm_dir, monkeypatch):
     the identity) into the NNX IsoScore*, then trains with the penalty."""
     loop = _loop()
     config = _config(glue_dir, minilm_dir)
-    config.method, config.max_train_examples, config.istar.stabilizer.tokens = "istar", 16, 400
+    config.normalizer = "none"
+    config.penalty, config.max_train_examples, config.istar.stabilizer.tokens = "istar", 16, 400
     installed = []
     from isojax import nnx as isojax_nnx
 

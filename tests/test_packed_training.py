@@ -11,6 +11,7 @@ equality tests switch dropout off.
 import jax
 import numpy as np
 import pytest
+from helpers import arm
 from test_train import tiny_config
 
 from isojax.data import packing
@@ -33,7 +34,7 @@ def _without_dropout(run: loop.Run) -> loop.Run:
 def _config(glue_dir, minilm_dir, method: str, packed: bool, **overrides):
     fields = {
         "task": "rte",  # pairs; max_length 32 truncates most, so many fill a whole row
-        "method": method,
+        **arm(method),
         "packing": packed,
         "max_train_examples": 40,
         "max_eval_examples": 12,  # the last dev batch of 8 holds 4 fillers
@@ -119,10 +120,10 @@ def test_an_epoch_of_packed_steps_compiles_at_most_one_shape_per_row_bucket(glue
 
 def test_packing_refuses_the_reference_padding_option():
     config = config_lib.default_config()
-    config.packing, config.method, config.istar.include_padding = True, "istar", True
+    config.packing, config.penalty, config.istar.include_padding = True, "istar", True
     with pytest.raises(ValueError, match="istar.include_padding"):
         config_lib.validate_config(config)
-    config.method = "none"  # the option of a method that is not run does not matter
+    config.penalty = "none"  # the option of a penalty that is not run does not matter
     config_lib.validate_config(config)
 
 

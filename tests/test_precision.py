@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import arm
 
 from isojax.training import config as config_lib
 from isojax.training import distributed, feeds, precision
@@ -105,7 +106,7 @@ def _tiny_run(glue_dir, minilm_dir, policy, **overrides):
             "model": config_lib.TINY_MODEL,
             "tokenizer": str(minilm_dir),
             "task": "rte",
-            "method": "isobn",
+            "normalizer": "isobn",
             "policy": policy,
             "max_train_examples": 16,
             "max_eval_examples": 8,
@@ -137,7 +138,7 @@ def test_float16_overflow_step_keeps_params_opt_state_and_running_stats(
     """A healthy float16 step moves params, optimizer state and the running statistics (IsoBN's
     batch_stats, or I-STAR's "ema" stabiliser); an overflowed one keeps all of them."""
     run, batches = _tiny_run(
-        glue_dir, minilm_dir, "p=f32,c=f16,o=f32", method=method, **{"istar.stabilizer.kind": "ema"}
+        glue_dir, minilm_dir, "p=f32,c=f16,o=f32", **arm(method), **{"istar.stabilizer.kind": "ema"}
     )
     state = run.state
     assert isinstance(state.loss_scale, precision.DynamicLossScale)

@@ -42,7 +42,7 @@ _CHILD = textwrap.dedent(
             save(self, step, state, position)
         checkpointing.Checkpointer.save = signal_during_save
     sys.exit(cli.main([
-        "finetune", "--task", "rte", "--method", "isobn", "--model", "tiny-bert",
+        "finetune", "--task", "rte", "--normalizer", "isobn", "--model", "tiny-bert",
         "--data-dir", glue_dir, "--workdir", workdir,
         "--set", f"tokenizer={tokenizer}", "--set", "max_train_examples=48",
         "--set", "max_eval_examples=8", "--set", "batch_size=8", "--set", "eval_batch_size=8",

@@ -24,11 +24,14 @@ def test_finetune_into_a_run_of_another_config_is_one_line_with_status_2(capsys,
     (workdir / "checkpoints").mkdir()
     saved = (workdir / "config.json").read_text()
 
-    code = cli.main(["finetune", "--task", "rte", "--method", "isobn", "--workdir", str(workdir)])
+    code = cli.main(
+        ["finetune", "--task", "rte", "--normalizer", "isobn", "--workdir", str(workdir)]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1, err
-    assert err.startswith("isojax finetune: error: ") and "another config (method differ)" in err
+    assert err.startswith("isojax finetune: error: ")
+    assert "another config (normalizer differ)" in err
     assert (workdir / "config.json").read_text() == saved  # nothing overwritten
     assert sorted(p.name for p in workdir.iterdir()) == ["checkpoints", "config.json"]
 

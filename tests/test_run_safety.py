@@ -350,7 +350,7 @@ def test_the_study_reruns_a_stopped_cell_and_records_its_failure(monkeypatch, tm
         ({"sentence": "cls"}, "sentence: 'pooled' -> 'cls'"),
         ({"max_length": 64}, "max_length: 32 -> 64"),
         ({"sentnce": "cls"}, "unknown config field(s) 'sentnce'"),
-        ({"method": "isobn"}, "batch_stats"),  # another method's train state: the arrays
+        ({"normalizer": "isobn"}, "batch_stats"),  # another method's train state: the arrays
     ],
 )
 def test_an_edited_config_json_is_refused_naming_the_field(

@@ -14,8 +14,10 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
+from helpers import arm
 
 from isojax.core import isotropy, penalties
+from isojax.core.normalizers import NORMALIZERS
 from isojax.data import batching
 from isojax.linen import istar as linen_istar
 from isojax.models import transformer
@@ -51,7 +53,8 @@ def tiny_config(glue_dir, minilm_dir, **overrides):
     "key, value, match",
     [
         ("task", "squad", "config: task: unknown GLUE task 'squad'"),
-        ("method", "whitening", "unknown method 'whitening'"),
+        ("normalizer", "whitening", "unknown normalizer 'whitening'"),
+        ("penalty", "isobn", "unknown penalty 'isobn'"),
         ("istar.zeta", 1.5, r"istar.zeta: zeta must lie in \[0, 1\], got 1.5"),
         ("isobn.momentum", 1.0, r"isobn: momentum 1.0 not in \(0, 1\)"),
         ("isobn.epsilon", 0.0, r"isobn: epsilon must be > 0"),
@@ -89,7 +92,7 @@ def test_default_config_is_valid_and_presets_set_the_references():
     config_lib.validate_config(config_lib.default_config())
     config = configs.load("isobn")
     config_lib.validate_config(config)
-    assert (config.method, config.batch_size, config.max_length, config.num_epochs) == (
+    assert (config.normalizer, config.batch_size, config.max_length, config.num_epochs) == (
         "isobn",
         16,
         256,
@@ -100,7 +103,7 @@ def test_default_config_is_valid_and_presets_set_the_references():
     assert config.optimizer.clip_norm is None
     config = configs.load("istar")
     config_lib.validate_config(config)
-    assert (config.method, config.istar.zeta, config.istar.weight) == ("istar", 0.2, -5.0)
+    assert (config.penalty, config.istar.zeta, config.istar.weight) == ("istar", 0.2, -5.0)
     assert (config.optimizer.learning_rate, config.optimizer.schedule) == (1e-5, "constant")
     assert (config.istar.stabilizer.kind, config.istar.stabilizer.tokens) == ("pass", 250_000)
     with pytest.raises(ValueError, match="unknown preset"):
@@ -183,7 +186,9 @@ def _train_mode_tokens(run, state, batch) -> np.ndarray:
 # "recenter" and "batchnorm" take the path of "isobn" (a head normaliser with batch_stats),
 # "layernorm" that of "none" (one without); the normalisers themselves: test_norms.py.
 SAME_PATH = ("recenter", "batchnorm", "layernorm")
-STEP_CASES = [(method, "pass") for method in config_lib.METHODS if method not in SAME_PATH] + [
+STEP_CASES = [
+    (method, "pass") for method in (*NORMALIZERS, "istar", "cosreg") if method not in SAME_PATH
+] + [
     ("istar", "epoch"),
     ("istar", "ema"),
 ]
@@ -201,7 +206,7 @@ def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, me
     config = tiny_config(
         glue_dir,
         minilm_dir,
-        method=method,
+        **arm(method),
         dropout_rate=0.0,
         **{"optimizer.learning_rate": 5e-3, "optimizer.warmup_fraction": 0.0},
         **{"optimizer.schedule": "constant", "istar.weight": 0.5, "cosreg.weight": 0.5},
@@ -274,7 +279,7 @@ def test_filler_rows_never_enter_the_penalty_or_c0(method, stabilizer, include_p
     equal those of the batch without them; `include_padding` adds only real rows' padding
     (the I-STAR penalty checked against `penalties.istar_penalty` on the real rows)."""
     objective = steps.Objective(
-        method=method,
+        penalty=method,
         weight=1.0,
         include_padding=include_padding,
         stabilizer=stabilizer or "pass",
@@ -313,7 +318,7 @@ def test_filler_rows_never_enter_the_penalty_or_c0(method, stabilizer, include_p
 def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
     """The dev-set accumulation over padded, sharded batches equals isotropy.* on all the
     sentence vectors and tokens at once (12 rows: the last batch has 4 filler rows)."""
-    config = tiny_config(glue_dir, minilm_dir, method="isobn", max_eval_examples=12)
+    config = tiny_config(glue_dir, minilm_dir, normalizer="isobn", max_eval_examples=12)
     run = loop.setup(config)  # 4 devices
     state = run.state
     acc = steps.eval_accumulator_init(run.hidden_size)
@@ -384,7 +389,7 @@ def test_two_steps_end_to_end(glue_dir, minilm_dir, tmp_path, task, method, stab
         glue_dir,
         minilm_dir,
         task=task,
-        method=method,
+        **arm(method),
         max_steps=2,
         **{"istar.stabilizer.kind": stabilizer},
     )
@@ -457,7 +462,7 @@ def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
     `istar.stabilizer.tokens` token vectors (every layer's real tokens counted), the batch
     that reaches the count included whole, and its C0 is the float64 unbiased covariance of
     those eval-mode tokens."""
-    config = tiny_config(glue_dir, minilm_dir, method="istar", max_train_examples=24)
+    config = tiny_config(glue_dir, minilm_dir, penalty="istar", max_train_examples=24)
     run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     batches = list(feeds.train_batches(run.train_encoded, config, 0))
     assert len(batches) == 3
@@ -484,7 +489,7 @@ def test_c0_pass_is_rebuilt_before_each_epoch_from_the_updated_parameters(
     """Two epochs: the loop runs the pass before each, over that epoch's batches and the
     parameters trained so far; the second C0 differs from the first."""
     config = tiny_config(
-        glue_dir, minilm_dir, method="istar", num_epochs=2, **{"optimizer.learning_rate": 1e-3}
+        glue_dir, minilm_dir, penalty="istar", num_epochs=2, **{"optimizer.learning_rate": 1e-3}
     )
     config.istar.stabilizer.tokens = 10**6  # every batch of the epoch
     passes = []

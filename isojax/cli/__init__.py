@@ -1,6 +1,6 @@
 """The `isojax` command: fine-tune, analyse isotropy, export and predict, run the benchmarks.
 
-    isojax finetune --task rte --method isobn --data-dir glue_data --workdir runs/rte-isobn
+    isojax finetune --task rte --normalizer isobn --data-dir glue_data --workdir runs/rte-isobn
     isojax finetune --config istar --task rte --workdir runs/x --set istar.weight=-2
     isojax finetune --config experiments/configs/finetune.py:rte,istar --workdir runs/x \\
         --set optimizer.learning_rate=1e-5 --set istar.stabilizer.kind=ema
@@ -17,12 +17,12 @@
 `isojax.training.configs`
 (`isobn`, `istar`: the papers' reference recipes) or a Python file's `get_config(ARG)`
 (STYLE.md §21; fields it leaves out keep their defaults); the flags typed every time
-(`--task --method --model --data-dir --seed`); `--set key.path=value`, for every other field.
-The result is checked by `isojax.training.config.validate_config` before anything is loaded: an
-unknown
-task or method, or a hyperparameter out of range (zeta outside [0, 1], momentum outside
-(0, 1)), is one line on stderr and exit status 2. So is a flag of the older, longer command
-line (`--istar-zeta`, `--preset`, ...): the message names its replacement. Bad input found
+(`--task --normalizer --penalty --model --data-dir --seed`); `--set key.path=value`, for every
+other field. The result is checked by `isojax.training.config.validate_config` before anything
+is loaded: an unknown task, normaliser or penalty, or a hyperparameter out of range (zeta
+outside [0, 1], momentum outside (0, 1)), is one line on stderr and exit status 2. So is a flag
+of the older command line (`--method`, `--istar-zeta`, `--preset`, ...): the message names its
+replacement. Bad input found
 while the run is built, before any training step, is one line too (`isojax.errors.InputError`):
 a malformed TSV (file:line), a model folder without weights or with sizes out of bounds, a
 `max_length` beyond the model's positions, a `batch_size` larger than the training data.
@@ -49,6 +49,8 @@ from collections.abc import Sequence
 import ml_collections
 
 from isojax.cli import analyze, common
+from isojax.core.normalizers import NORMALIZERS
+from isojax.core.penalties import PENALTIES
 
 PROG = "isojax"
 BENCH_DIR = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "bench"
@@ -56,13 +58,15 @@ BENCH_DIR = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "bench
 # The flags of `finetune` besides --config/--set: (flag, config key, type, help).
 FINETUNE_FLAGS = (
     ("--task", "task", str, "GLUE task: cola sst2 mrpc stsb qqp mnli qnli rte"),
-    ("--method", "method", str, "none recenter batchnorm layernorm isobn istar cosreg"),
+    ("--normalizer", "normalizer", str, "the head's normaliser: " + " ".join(NORMALIZERS)),
+    ("--penalty", "penalty", str, "a token loss term: " + " ".join(PENALTIES)),
     ("--model", "model", str, "model folder, weights package, or tiny-bert (tests)"),
     ("--data-dir", "data_dir", str, "glue_data folder (<TASK>/{train,dev}.tsv); unset: tfds"),
     ("--seed", "seed", int, "random seed"),
 )
 # Flags of the older command line -> what to type instead.
 REMOVED_FLAGS = {
+    "--method": "--normalizer NAME (the head's) and --penalty NAME (istar, cosreg): two fields now",
     "--preset": "--config isobn or --config istar",
     "--tokenizer": "--set tokenizer=PATH",
     "--sentence": "--set sentence=pooled|cls",

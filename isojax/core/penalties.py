@@ -21,6 +21,9 @@ from jax import lax
 
 from isojax.core import isotropy, stats
 
+# The token penalties a fine-tuning run can add to its loss (`config.penalty`), "none" first.
+PENALTIES = ("none", "istar", "cosreg")
+
 
 def stack_layers(
     hidden_states: Sequence[jax.Array] | jax.Array, *, ndim: int | None = 4

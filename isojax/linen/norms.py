@@ -280,8 +280,8 @@ class Identity(nn.Module):
         return normalizers.identity(x, self.dtype)
 
 
-# The registry: a normaliser's name (a `config.method`, `isojax finetune --method NAME`) -> its
-# class. A new one is a module with the common call signature, a line here and its entries in
+# The registry: a normaliser's name (`config.normalizer`, `isojax finetune --normalizer NAME`)
+# -> its class. A new one is a module with the common call signature, a line here and its entries in
 # `HPARAMS` and `STRUCTURAL` (ARCHITECTURE.md, "Adding a normaliser").
 CLASSES = {
     "none": Identity,

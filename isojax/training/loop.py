@@ -9,7 +9,7 @@ The loop (flax `examples/imagenet/train.py` shape): `setup` builds the classifie
 state on the device mesh (`build`, `distributed`) and encodes the task (`data.batching`;
 `feeds` pads each batch to a length bucket, or packs it with `config.packing`);
 `train_and_evaluate` restores the newest usable checkpoint (`checkpointing`), then per epoch
-runs the I-STAR C0 pass (method "istar" with stabilizer kind "pass"; "epoch" and "ema" update
+runs the I-STAR C0 pass (penalty "istar" with stabilizer kind "pass"; "epoch" and "ema" update
 C0 inside the steps), the epoch's training batches from where the checkpoint left off, a dev
 evaluation (task metrics + isotropy of the sentence and token embeddings), a checkpoint (and
 the best dev epoch's, kept apart).
@@ -84,13 +84,13 @@ def make_objective(
     config: ml_collections.ConfigDict, task: glue.GlueTask, steps_per_epoch: int
 ) -> steps.Objective:
     """What the train step minimises for `config` (static: compiled into the step)."""
-    method = config.method
+    penalty = config.penalty
     return steps.Objective(
-        method=method,
+        penalty=penalty,
         regression=task.is_regression,
-        weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(method, 0.0),
+        weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(penalty, 0.0),
         zeta=config.istar.zeta,
-        include_padding=(config.istar if method == "istar" else config.cosreg).include_padding,
+        include_padding=(config.istar if penalty == "istar" else config.cosreg).include_padding,
         stabilizer=config.istar.stabilizer.kind,
         # A running stabiliser counts micro-batches: an epoch is k times the updates.
         stabilizer_kwargs=tuple(
@@ -342,7 +342,7 @@ def train_and_evaluate(
             log.throughput.mark()
 
     loss_watch = nonfinite.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead)
-    c0_pass_each_epoch = config.method == "istar" and config.istar.stabilizer.kind == "pass"
+    c0_pass_each_epoch = config.penalty == "istar" and config.istar.stabilizer.kind == "pass"
     num_epochs = -(-run.total_steps // run.steps_per_epoch)
     closers = (log, ckpt, best_ckpt)
     with preemption.Watch() as watch:

@@ -5,8 +5,8 @@
 stabiliser updated in `stabilizer`) and minimises
 
     task loss (cross-entropy, or squared error for STS-B)
-      + lambda * (1 - IsoScore*(all layers' tokens; C0, zeta))    method "istar", SPEC.md §4
-      + lambda * mean off-diagonal cosine of last-layer tokens    method "cosreg", SPEC.md §5
+      + lambda * (1 - IsoScore*(all layers' tokens; C0, zeta))    penalty "istar", SPEC.md §4
+      + lambda * mean off-diagonal cosine of last-layer tokens    penalty "cosreg", SPEC.md §5
 
 in float32 whatever the compute dtype. Under float16 the loss is scaled after the penalty is
 added, the gradients are unscaled before the optimizer (so clipping sees true norms), and a
@@ -61,7 +61,8 @@ class Objective:
     """What the train step minimises (static: part of the compiled step).
 
     Attributes:
-      method: one of METHODS; "istar" and "cosreg" add a penalty, the others differ in the head.
+      penalty: `config.penalty`: "istar" or "cosreg" adds a token penalty, "none" adds none
+        (the normaliser is the head's, not the objective's).
       regression: squared error on `logits[:, 0]` (STS-B) instead of cross-entropy.
       weight: lambda of the penalty (istar / cosreg), 0 otherwise.
       zeta: I-STAR shrinkage towards C0.
@@ -76,7 +77,7 @@ class Objective:
         tokens (`reads_tokens`); False: always at every token.
     """
 
-    method: str = "none"
+    penalty: str = "none"
     regression: bool = False
     weight: float = 0.0
     zeta: float = 0.2
@@ -90,7 +91,7 @@ class Objective:
         """The loss reads token vectors (a token penalty, also when it is only a metric at
         weight 0); otherwise only the sentence vector, and the encoder's last layer runs at
         the [CLS] tokens alone (if `cls_only`)."""
-        return self.method in ("istar", "cosreg")
+        return self.penalty in ("istar", "cosreg")
 
 
 def istar_module(objective: Objective) -> linen_istar.IsoScoreStar:
@@ -102,8 +103,8 @@ def istar_module(objective: Objective) -> linen_istar.IsoScoreStar:
 
 def init_stabilizer(objective: Objective, hidden_size: int) -> dict | None:
     """The initial `TrainState.stabilizer`: the module's `batch_stats` (`{'c0': [d, d]
-    identity, ...}` float32) for method "istar", None otherwise."""
-    if objective.method != "istar":
+    identity, ...}` float32) for the I-STAR penalty, None otherwise."""
+    if objective.penalty != "istar":
         return None
     return linen_istar.init_batch_stats(istar_module(objective), hidden_size)
 
@@ -179,9 +180,9 @@ def _penalty(
         hidden = jax.tree.map(jax.lax.stop_gradient, hidden)
     # The mask carries the padding choice, so the functions below never drop it themselves.
     mask = penalty_mask(batch, objective.include_padding)
-    if objective.method == "istar":
+    if objective.penalty == "istar":
         return linen_istar.penalty_and_update(istar_module(objective), stabilizer, hidden, mask)
-    if objective.method == "cosreg":
+    if objective.penalty == "cosreg":
         return penalties.cosreg_penalty(hidden[-1], mask), stabilizer
     return jnp.zeros([], jnp.float32), stabilizer
 

@@ -18,7 +18,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The IsoBN reference config (`arg` unused)."""
     del arg
     c = config_lib.default_config()
-    c.method = "isobn"
+    c.normalizer = "isobn"
     c.sentence = "pooled"
     c.max_length = 256
     # Not the reference's layout: the same batches packed into rows of 256 tokens (same

@@ -17,7 +17,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """The I-STAR reference config (`arg` unused)."""
     del arg
     c = config_lib.default_config()
-    c.method = "istar"
+    c.penalty = "istar"
     c.sentence = "pooled"
     c.max_length = 256
     # Not the reference's layout: the same batches packed into rows of 256 tokens (same
