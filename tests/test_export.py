@@ -80,7 +80,7 @@ def untrained_run(workdir: pathlib.Path, config) -> pathlib.Path:
         encoder_params,
         build.make_optimizer(config, 1),
         policy,
-        loop.make_objective(config, task, 1),
+        build.make_objective(config, task, 1),
         hidden,
         distributed.make_mesh(),
     )

@@ -417,6 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from isojax import errors
     from isojax.data.glue import GlueDataNotFound
 
+    common.install_log_handler()
     parser = build_parser()
     args = None
     try:

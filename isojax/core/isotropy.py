@@ -149,7 +149,7 @@ def isoscore(
 
 def _centred_points(points, mask, *, min_points: int = 2):
     """``[m, d]`` centred, masked points (rows of dropped points are 0) and the count."""
-    x, w = stats._flatten(points, mask)
+    x, w = stats.flatten_points(points, mask)
     if x.shape[0] < min_points:
         raise ValueError(f"need at least two points, got points of shape {jnp.shape(points)}")
     if x.shape[1] < 2:
@@ -276,7 +276,7 @@ def mean_cosine_similarity(
     Returns:
       Scalar float32 at least, in ``[-1, 1]``.
     """
-    x, w = stats._flatten(points, mask)
+    x, w = stats.flatten_points(points, mask)
     unit_sum, unit_sq, n = unit_vector_sums(x, w)
     return mean_cosine_from_sums(unit_sum, unit_sq, n)
 

@@ -86,7 +86,7 @@ def _leading_aligned(mask: jax.Array, lead: tuple[int, ...], shape: tuple[int, .
     return jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (len(lead) - k)), lead)
 
 
-def _flatten(points: jax.typing.ArrayLike, mask: jax.typing.ArrayLike | None):
+def flatten_points(points: jax.typing.ArrayLike, mask: jax.typing.ArrayLike | None):
     """`[..., d]` points, mask over leading `[...]` -> `[m, d]` points (stats dtype), `[m]` weights.
 
     The mask is aligned with the points' leading axes from the left (`_leading_aligned`).
@@ -179,7 +179,7 @@ def batch_moments(
     Returns:
       ``Moments`` in float32 (float64 for float64 input).
     """
-    x, w = _flatten(points, mask)
+    x, w = flatten_points(points, mask)
     return moments_finalize(_local_moment_state(x, w, axis_name), ddof=ddof)
 
 
@@ -218,7 +218,7 @@ def moments_update(
 ) -> MomentState:
     """Add a batch of ``[..., d]`` points (masked as in `batch_moments`, global over
     ``axis_name``) to ``state``."""
-    x, w = _flatten(points, mask)
+    x, w = flatten_points(points, mask)
     if x.shape[-1] != state.mean.shape[-1]:
         raise ValueError(
             f"points have d={x.shape[-1]} (shape {jnp.shape(points)}) but the accumulator "

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
 
 from isojax import models
 from isojax.models import config as config_lib
@@ -64,16 +64,6 @@ def _variables(model: nnx.Module) -> dict[tuple[str, tuple[str, ...]], nnx.Varia
     return out
 
 
-def _flatten(tree: Mapping, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, (*prefix, key)))
-        else:
-            out[(*prefix, key)] = value
-    return out
-
-
 def linen_variables(model: nnx.Module) -> dict:
     """The linen variables `{'params': ..., 'batch_stats': ...}` of `model`'s weights (the
     tree its linen twin, `to_linen`, applies); collections `model` has none of are left out."""
@@ -98,7 +88,7 @@ def load_linen_variables(model: nnx.Module, variables: Mapping) -> None:
     given = {
         (collection, path): value
         for collection in ("params", "batch_stats")
-        for path, value in _flatten(variables.get(collection, {})).items()
+        for path, value in traverse_util.flatten_dict(dict(variables.get(collection, {}))).items()
     }
     problems = [f"missing: {c}/{'/'.join(p)}" for c, p in sorted(ours.keys() - given.keys())]
     problems += [f"unexpected: {c}/{'/'.join(p)}" for c, p in sorted(given.keys() - ours.keys())]

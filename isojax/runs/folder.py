@@ -7,7 +7,7 @@
 A run folder (`loop.train_and_evaluate`) holds `config.json`, the newest checkpoints in
 `checkpoints/` and the best dev epoch's in `best_checkpoint/` (`resume.LATEST_DIR`,
 `resume.BEST_DIR`). The classifier is rebuilt from the config exactly as the run built it
-(`build.build_model`, `loop.make_objective`, `build.create_train_state`, only its shapes),
+(`build.build_model` and `build.train_state`, the build the loop runs, only its shapes),
 placed on the same kind of mesh, and the whole train state is read back by the
 `checkpointing.Checkpointer` that wrote it, so a config or code change that alters an array
 is named, not papered over. `isojax export`, `isojax predict` and `isojax analyze --run` start
@@ -34,7 +34,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from isojax.training import build, checkpointing, distributed, precision, resume, steps, loop
+from isojax.training import build, checkpointing, distributed, precision, resume, steps
 from isojax import models
 from isojax.training import config as config_lib
 from isojax.data import glue
@@ -196,17 +196,10 @@ def restore(
     policy = precision.get_policy(config.policy)
     module, _, tokenizer, hidden_size = build.build_model(config, policy, task.num_labels)
     mesh = distributed.make_mesh() if mesh is None else mesh
-    tx = build.make_optimizer(config, total_steps=1)  # the schedule's length holds no array
-    # The window length of a running stabiliser is not an array either: one step per epoch.
-    objective = loop.make_objective(config, task, steps_per_epoch=1)
-    abstract = jax.eval_shape(
-        lambda: build.create_train_state(
-            config, module, None, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
-        )
-    )
-    shardings = distributed.state_sharding(abstract, mesh, fsdp=config.fsdp)
-    abstract = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+    # The schedule's length and a running stabiliser's window hold no array: one step.
+    abstract = build.train_state(
+        config, task, module, None, hidden_size, mesh,
+        steps_per_epoch=1, total_steps=1, abstract=True,
     )
     with checkpointing.Checkpointer(folder, read_only=True) as ckpt:
         try:

@@ -86,7 +86,7 @@ def file_index(path: pathlib.Path, count: int) -> list[int]:
     them): ValueError naming the file and line for a value that is not a non-negative
     integer, a repeated value, or a row count that differs; row numbers 0.. when the file has
     no `index` column."""
-    rows = glue._tsv_rows(path)  # the loader's own line splitting
+    rows = glue.tsv_rows(path)  # the loader's own line splitting
     _, header = next(rows, (1, [""]))
     if INDEX_COLUMN not in header:
         return list(range(count))

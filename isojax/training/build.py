@@ -218,3 +218,58 @@ def load_examples(config: ml_collections.ConfigDict, split: str) -> list[glue.Ex
         examples = glue.load_tfds(config.task, split, config.tfds_data_dir, labelled=True)
     limit = config.max_train_examples if split == "train" else config.max_eval_examples
     return examples if limit is None else examples[:limit]
+
+
+def make_objective(
+    config: ml_collections.ConfigDict, task: glue.GlueTask, steps_per_epoch: int
+) -> steps.Objective:
+    """What the train step minimises for `config` (static: compiled into the step)."""
+    penalty = config.penalty
+    return steps.Objective(
+        penalty=penalty,
+        regression=task.is_regression,
+        weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(penalty, 0.0),
+        zeta=config.istar.zeta,
+        include_padding=(config.istar if penalty == "istar" else config.cosreg).include_padding,
+        stabilizer=config.istar.stabilizer.kind,
+        # A running stabiliser counts micro-batches: an epoch is k times the updates.
+        stabilizer_kwargs=tuple(
+            config_lib.stabilizer_kwargs(config, steps_per_epoch * config.grad_accum_steps).items()
+        ),
+        cls_only=config.cls_only,
+    )
+
+
+def train_state(
+    config: ml_collections.ConfigDict,
+    task: glue.GlueTask,
+    model: models.SequenceClassifier,
+    encoder_params: dict | None,
+    hidden_size: int,
+    mesh: jax.sharding.Mesh,
+    *,
+    steps_per_epoch: int,
+    total_steps: int,
+    abstract: bool = False,
+) -> steps.TrainState:
+    """The run's train state on `mesh`, the one build that the loop's `setup` and a restore
+    (`isojax.runs.restore`) share: optimizer (`make_optimizer`), objective (`make_objective`)
+    and `create_train_state`. `abstract`: its shapes and dtypes only, each leaf a
+    `jax.ShapeDtypeStruct` with the sharding the run gives it (what a checkpoint restores
+    into); a restore passes any `steps_per_epoch` and `total_steps`, which shape no array."""
+    policy = precision.get_policy(config.policy)
+    tx = make_optimizer(config, total_steps)
+    objective = make_objective(config, task, steps_per_epoch)
+
+    def create(params):
+        return create_train_state(
+            config, model, params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
+        )
+
+    if not abstract:
+        return create(encoder_params)
+    shapes = jax.eval_shape(lambda: create(None))
+    shardings = distributed.state_sharding(shapes, mesh, fsdp=config.fsdp)
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
+    )

@@ -13,12 +13,13 @@ ignores it), and the one before it is used. A reader (`read_only=True`: `isojax 
 
 A save that fails for want of space (`ENOSPC`, also a quota's `EDQUOT`) removes its own
 unfinished folder and raises `CheckpointWriteError`, one line naming the folder and the error:
-the checkpoints saved before stay as they were. Orbax's writer threads print a traceback for
-each array write that the full disk cut short ("Event loop is closed"), some of them after the
-save has raised, and asyncio logs their tasks' errors when they are collected: a save holds
-what is written to `sys.stderr` meanwhile, and after a full disk waits for those threads to
-fall quiet, collects the tasks and drops that output, so that the one line is all a user reads,
-on a line of its own. Any other output is passed on when the save ends.
+the checkpoints saved before stay as they were. Orbax's writer threads die with a traceback
+for each array write that the full disk cut short ("Event loop is closed"), some of them after
+the save has raised, absl logs each failure, and asyncio logs their tasks' errors when they are
+collected: a save catches its threads' exceptions (`threading.excepthook`, logged here at
+DEBUG), filters the absl and asyncio records (`isojax.logs.quieted`, a `logging.Filter`), and
+after a full disk waits for those threads to fall quiet and collects the tasks, so that the
+one line is all a user reads. Nothing swaps `sys.stderr`.
 
 A checkpoint that reads fine but holds another train state (a code or config change added,
 removed, reshaped or retyped an array) is not damage: `restore` raises `CheckpointMismatch`,
@@ -31,19 +32,22 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
-import io
 import logging
 import os
 import pathlib
 import re
 import shutil
-import sys
+import threading
 import time
 import warnings
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from isojax.logs import quieted
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointMismatch(ValueError):
@@ -74,48 +78,37 @@ def _no_space(err: BaseException) -> bool:
     return False
 
 
-def _wait_until_quiet(stream: io.StringIO, quiet_s: float = 0.5, limit_s: float = 5.0) -> None:
-    """Returns once nothing has been written to `stream` for `quiet_s` (or after `limit_s`)."""
-    start = seen = time.monotonic()
-    size = stream.tell()
-    while time.monotonic() - seen < quiet_s and time.monotonic() - start < limit_s:
-        time.sleep(0.05)
-        if stream.tell() != size:
-            size, seen = stream.tell(), time.monotonic()
+class _ThreadErrors:
+    """For the block, an exception that ends a thread is logged at DEBUG (`log`) instead of
+    printed by `threading.excepthook`; `wait_until_quiet` returns once none has come for
+    `quiet_s` (or after `limit_s`), for writer threads that fail after the save raised."""
+
+    def __init__(self):
+        self.last = time.monotonic()
+
+    def _hook(self, args) -> None:
+        self.last = time.monotonic()
+        logger.debug("checkpoint writer thread: %r", args.exc_value)
+
+    @contextlib.contextmanager
+    def caught(self):
+        previous, threading.excepthook = threading.excepthook, self._hook
+        try:
+            yield self
+        finally:
+            threading.excepthook = previous
+
+    def wait_until_quiet(self, quiet_s: float = 0.5, limit_s: float = 5.0) -> None:
+        start = time.monotonic()
+        while time.monotonic() - self.last < quiet_s and time.monotonic() - start < limit_s:
+            time.sleep(0.05)
 
 
 def _collect_quietly() -> None:
-    """Collects garbage with the asyncio logger quiet: the tasks of the writes a full disk cut
-    short log "Task exception was never retrieved" (asyncio ERROR) when they are collected."""
-    asyncio_logger = logging.getLogger("asyncio")
-    level = asyncio_logger.level
-    asyncio_logger.setLevel(logging.CRITICAL)
-    try:
+    """Collects garbage with the asyncio logger filtered: the tasks of the writes a full disk
+    cut short log "Task exception was never retrieved" (asyncio ERROR) when collected."""
+    with quieted("asyncio", logging.CRITICAL + 1):
         gc.collect()
-    finally:
-        asyncio_logger.setLevel(level)
-
-
-@contextlib.contextmanager
-def _stderr_held(drop_after):
-    """Points `sys.stderr` at a buffer for the block, then back, and writes what the block's
-    threads wrote to the real stream; unless the block raised an error that `drop_after(err)`
-    accepts: then it waits for the writers to fall quiet and drops their output."""
-    real, held = sys.stderr, io.StringIO()
-    sys.stderr = held
-    drop = False
-    try:
-        yield
-    except BaseException as err:
-        drop = drop_after(err)
-        if drop:
-            _wait_until_quiet(held)
-        raise
-    finally:
-        sys.stderr = real
-        if not drop and held.getvalue():
-            real.write(held.getvalue())
-            real.flush()
 
 
 class _Unreadable(Exception):
@@ -174,10 +167,7 @@ class Checkpointer:
         self.read_only = read_only
         # orbax logs (absl WARNING) that a read-only manager neither saves nor deletes: that
         # is what was asked for.
-        absl_logger = logging.getLogger("absl")
-        level = absl_logger.level
-        absl_logger.setLevel(logging.ERROR if read_only else level)
-        try:
+        with quieted("absl", logging.ERROR if read_only else logging.NOTSET):
             options = ocp.CheckpointManagerOptions(
                 max_to_keep=max_to_keep,
                 enable_async_checkpointing=False,
@@ -185,8 +175,6 @@ class Checkpointer:
                 read_only=read_only,
             )
             self._manager = ocp.CheckpointManager(self.directory, options=options)
-        finally:
-            absl_logger.setLevel(level)
 
     def all_steps(self) -> list[int]:
         """Steps with a committed checkpoint, ascending."""
@@ -206,14 +194,11 @@ class Checkpointer:
         if step in self._manager.all_steps():
             return
         # orbax's writer threads log each failure with its traceback (absl ERROR) before the
-        # save raises it, and print the tracebacks of the writes it cut short (module
+        # save raises it, and die with the tracebacks of the writes it cut short (module
         # docstring): the one line below says it instead.
-        absl_logger = logging.getLogger("absl")
-        level = absl_logger.level
-        absl_logger.setLevel(logging.CRITICAL)
-        full = False
-        try:
-            with _stderr_held(drop_after=_no_space):
+        full, threads = False, _ThreadErrors()
+        with threads.caught(), quieted("absl", logging.CRITICAL + 1):
+            try:
                 self._manager.save(
                     step,
                     args=ocp.args.Composite(
@@ -221,12 +206,11 @@ class Checkpointer:
                     ),
                 )
                 self._manager.wait_until_finished()
-        except Exception as err:
-            if not _no_space(err):
-                raise
-            full = True
-        finally:
-            absl_logger.setLevel(level)
+            except Exception as err:
+                if not _no_space(err):
+                    raise
+                full = True
+                threads.wait_until_quiet()
         if full:  # raised outside the handler, so that the orbax error and its frames can go
             _collect_quietly()
             self._remove_unfinished(step)
@@ -323,14 +307,8 @@ class Checkpointer:
         """Names, shapes and dtypes of the arrays saved at `step`, from its metadata file."""
         # orbax logs (absl WARNING) that a step's own metadata file is absent; the tree
         # metadata it reads here is there.
-        absl_logger = logging.getLogger("absl")
-        level = absl_logger.level
-        absl_logger.setLevel(logging.ERROR)
-        try:
-            with ocp.StandardCheckpointer() as reader:
-                metadata = reader.metadata(self.directory / str(step) / "state")
-        finally:
-            absl_logger.setLevel(level)
+        with quieted("absl", logging.ERROR), ocp.StandardCheckpointer() as reader:
+            metadata = reader.metadata(self.directory / str(step) / "state")
         return _array_specs(ocp.tree.to_flat_dict(metadata.item_metadata.tree))
 
     def _fall_back(self, steps: list[int], i: int, err: Exception) -> None:

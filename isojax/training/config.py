@@ -24,6 +24,7 @@ import os
 import pathlib
 
 import ml_collections
+from flax import traverse_util
 from ml_collections import config_dict
 
 from isojax import errors
@@ -162,15 +163,10 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
-def flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict) -> dict:
     """`{"a": {"b": 1}, "c": {}}` -> `{"a.b": 1, "c": {}}` (an empty dict is a value)."""
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+    flat = traverse_util.flatten_dict(tree, keep_empty_nodes=True, sep=".")
+    return {key: {} if value is traverse_util.empty_node else value for key, value in flat.items()}
 
 
 def default_glue_dir() -> str | None:

@@ -25,10 +25,11 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import pathlib
-import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -42,6 +43,7 @@ from isojax.core import istar, penalties
 from isojax.data import batching, glue
 from isojax.training import (
     build,
+    checkpointing,
     distributed,
     evaluation,
     feeds,
@@ -56,6 +58,8 @@ from isojax.training import (
     throughput,
 )
 from isojax.training import config as config_lib
+
+logger = logging.getLogger(__name__)
 
 
 class Run(NamedTuple):
@@ -78,26 +82,6 @@ class Run(NamedTuple):
     dev_encoded: dict[str, batching.Encoded]
     steps_per_epoch: int
     total_steps: int
-
-
-def make_objective(
-    config: ml_collections.ConfigDict, task: glue.GlueTask, steps_per_epoch: int
-) -> steps.Objective:
-    """What the train step minimises for `config` (static: compiled into the step)."""
-    penalty = config.penalty
-    return steps.Objective(
-        penalty=penalty,
-        regression=task.is_regression,
-        weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(penalty, 0.0),
-        zeta=config.istar.zeta,
-        include_padding=(config.istar if penalty == "istar" else config.cosreg).include_padding,
-        stabilizer=config.istar.stabilizer.kind,
-        # A running stabiliser counts micro-batches: an epoch is k times the updates.
-        stabilizer_kwargs=tuple(
-            config_lib.stabilizer_kwargs(config, steps_per_epoch * config.grad_accum_steps).items()
-        ),
-        cls_only=config.cls_only,
-    )
 
 
 def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None = None) -> Run:
@@ -131,10 +115,15 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
             raise config_lib.ConfigError(
                 f"config: {name} {size} must be a multiple of the {mesh.size} devices"
             )
-    objective = make_objective(config, task, steps_per_epoch)
-    tx = build.make_optimizer(config, total_steps)
-    state = build.create_train_state(
-        config, model, encoder_params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
+    state = build.train_state(
+        config,
+        task,
+        model,
+        encoder_params,
+        hidden_size,
+        mesh,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
     )
     train_fn, eval_fn, stabilize_fn = steps.jit_steps(
         state, mesh, fsdp=config.fsdp, grad_accum_steps=config.grad_accum_steps
@@ -177,41 +166,138 @@ def c0_pass(run: Run, state: steps.TrainState, config: ml_collections.ConfigDict
     return state.replace(stabilizer=istar.replace_c0(state.stabilizer, c0))
 
 
-def _train_epoch(
-    run, state, config, position, step, log, save, loss_watch, watch, hooks=()
-) -> tuple[Any, int, bool, bool]:
-    """Trains from `position` to the end of its epoch or of the run; returns `(state, step,
-    epoch_done, stop)` with `position.batch` advanced. `log.train` after each step; `save(step,
-    state)` every `config.checkpoint_every` steps (not at the epoch's end); `loss_watch` (a
-    `nonfinite.LossWatch`) counts each loss and is checked at each log line; `hooks(step,
-    state, batch)` after each step, before its log line; `stop`: a signal (`watch`, a
-    `preemption.Watch`) ended the epoch early, before the run's last step."""
-    epoch_done = position.batch == run.steps_per_epoch
-    epoch_batches = feeds.update_batches(
-        run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
-    )
-    stacked, meter = config.grad_accum_steps > 1, log.throughput
-    for batch in epoch_batches:
-        batch = distributed.global_batch(batch, run.mesh, stacked=stacked)
-        train_fn = run.train_fn if meter is None else meter.executable(state, batch)
-        state, step_metrics = train_fn(state, batch)
-        step, position.batch = step + 1, position.batch + 1
-        for hook in hooks:  # the throughput meter, the profiler window
-            hook(step, state, batch)
-        position.add(step_metrics if meter is None else step_metrics | meter.counts())
-        log.train(step, position.epoch, position.pop_means)
+@dataclasses.dataclass
+class Loop:
+    """What `train_and_evaluate` holds while it trains, in one place: the run and its config
+    and folder, the log (with the throughput meter), the two checkpointers, the position
+    (epoch, batch, summed step metrics, dev results), the two stops (`loss_watch`, `watch`),
+    the profiler window and the compiled steps. The epoch loop reads top to bottom in
+    `train_and_evaluate`; these methods are its steps."""
+
+    run: Run
+    config: ml_collections.ConfigDict
+    workdir: pathlib.Path
+    lead: bool
+    log: reporting.RunLog
+    ckpt: checkpointing.Checkpointer
+    best_ckpt: checkpointing.Checkpointer
+    position: resume.Position
+    loss_watch: nonfinite.LossWatch
+    watch: preemption.Watch
+    profile: profiling.Window | None
+    stamp: dict  # the config saved with each checkpoint, checked on restore
+    executables: dict = dataclasses.field(default_factory=dict)  # batch shapes -> the step
+
+    @property
+    def meter(self) -> throughput.Meter | None:
+        return self.log.throughput
+
+    def save(self, step: int, state) -> None:
+        """The checkpoint of `step` with the position (the save's time is not the steps')."""
+        self.ckpt.save(step, state, self.position.to_json() | self.stamp)
+        if self.meter is not None:
+            self.meter.mark()
+
+    def train_fn(self, state, batch: dict) -> Callable:
+        """The train step for `batch`'s shapes: with the meter, compiled here ahead of its
+        first call, so that the meter reads its cost (FLOPs, memory); else the jitted step."""
+        if self.meter is None:
+            return self.run.train_fn
+        key = tuple((k, v.shape) for k, v in batch.items())
+        if key not in self.executables:
+            self.executables[key] = self.run.train_fn.lower(state, batch).compile()
+        self.meter.read(key, self.executables[key], batch["input_ids"].size)
+        return self.executables[key]
+
+    def after_step(self, step: int, state) -> None:
+        """The meter's timing and the profiler window, after each training step."""
+        if self.meter is not None:
+            self.meter.step(state)
+        if self.profile is not None:
+            self.profile.step(step, state)
+
+    def train_epoch(self, state, step: int) -> tuple[Any, int, bool, bool]:
+        """Trains from the position to the end of its epoch or of the run; returns `(state,
+        step, epoch_done, stop)`, the position's batch advanced. The log after each step; a
+        checkpoint every `config.checkpoint_every` steps (not at the epoch's end); the
+        non-finite watch counts each loss; `stop`: a signal ended the epoch early."""
+        run, config, position = self.run, self.config, self.position
         epoch_done = position.batch == run.steps_per_epoch
-        loss_watch.update(step, step_metrics["loss"])
-        if step % config.log_every == 0 or step == run.total_steps or epoch_done:
-            loss_watch.check(step, position.epoch)
-        if watch.requested(step) and step < run.total_steps:
-            return state, step, epoch_done, True
-        if step == run.total_steps or epoch_done:
-            break
-        if config.checkpoint_every and step % config.checkpoint_every == 0:
-            loss_watch.check(step, position.epoch, before="checkpointing")
-            save(step, state)
-    return state, step, epoch_done, False
+        batches = feeds.update_batches(
+            run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
+        )
+        for batch in batches:
+            batch = distributed.global_batch(batch, run.mesh, stacked=config.grad_accum_steps > 1)
+            state, step_metrics = self.train_fn(state, batch)(state, batch)
+            step, position.batch = step + 1, position.batch + 1
+            self.after_step(step, state)
+            position.add(step_metrics if self.meter is None else step_metrics | self.meter.counts())
+            self.log.train(step, position.epoch, position.pop_means)
+            epoch_done = position.batch == run.steps_per_epoch
+            self.loss_watch.update(step, step_metrics["loss"])
+            if step % config.log_every == 0 or step == run.total_steps or epoch_done:
+                self.loss_watch.check(step, position.epoch)
+            if self.watch.requested(step) and step < run.total_steps:
+                return state, step, epoch_done, True
+            if step == run.total_steps or epoch_done:
+                break
+            if config.checkpoint_every and step % config.checkpoint_every == 0:
+                self.loss_watch.check(step, position.epoch, before="checkpointing")
+                self.save(step, state)
+        return state, step, epoch_done, False
+
+    def c0_pass(self, state, epoch: int):
+        """`state` with C0 rebuilt by the explicit pass (`c0_pass`), its time not the steps'."""
+        state = c0_pass(self.run, state, self.config, epoch)
+        if self.meter is not None:
+            jax.block_until_ready(state)
+            self.meter.mark()
+        return state
+
+    def save_and_exit(self, step: int, state) -> None:
+        """Preemption: the checkpoint of `step` (a second signal is ignored meanwhile), the
+        writers closed, one line naming it, then `preemption.Preempted` (exit status 75)."""
+        self.watch.saving = True
+        self.save(step, state)
+        self.close()
+        where = str(self.ckpt.directory / str(step))
+        stopped = preemption.Preempted(step, where, self.watch.signal_name)
+        if self.lead:
+            logger.warning(stopped.line())
+        raise stopped
+
+    def close(self) -> None:
+        """Closes the profiler window, the log and the checkpointers."""
+        if self.profile is not None:
+            self.profile.close()
+        self.log.close()
+        self.ckpt.close()
+        self.best_ckpt.close()
+
+
+def _open_loop(run: Run, config, workdir: pathlib.Path, lead: bool, watch) -> tuple[Loop, Any]:
+    """The run's `Loop` and the state it starts from (the newest usable checkpoint's, or
+    step 0's): checkpointers, restore, log, throughput meter, non-finite watch, profiler."""
+    ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
+    state, position = resume.restore(ckpt, run.state, workdir, lead, config)
+    profile = None
+    if config.profile_steps is not None:
+        profile = profiling.Window(workdir, *config.profile_steps, enabled=lead)
+    loop = Loop(
+        run=run,
+        config=config,
+        workdir=workdir,
+        lead=lead,
+        log=_run_log(run, config, workdir, lead),
+        ckpt=ckpt,
+        best_ckpt=best_ckpt,
+        position=position,
+        loss_watch=nonfinite.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead),
+        watch=watch,
+        profile=profile,
+        stamp=resume.config_stamp(config),
+    )
+    return loop, state
 
 
 def _meter(run: Run, config: ml_collections.ConfigDict, lead: bool):
@@ -219,27 +305,12 @@ def _meter(run: Run, config: ml_collections.ConfigDict, lead: bool):
     if not config.throughput:
         return None
     return throughput.Meter(
-        run.train_fn,
         run.mesh,
         precision.get_policy(config.policy).compute_dtype,
         peak_override=config.peak_flops,
         loop_trips=config.grad_accum_steps,
         verbose=lead and config.progress,  # its lines join the progress display's
     )
-
-
-def _save_and_exit(watch, save, step, state, closers, lead: bool):
-    """Preemption: the checkpoint of `step` (a second signal is ignored meanwhile), the
-    writers closed, one line naming it, then `preemption.Preempted` (exit status 75)."""
-    watch.saving = True
-    save(step, state)
-    for closer in closers:
-        closer.close()
-    ckpt = closers[1]
-    stopped = preemption.Preempted(step, str(ckpt.directory / str(step)), watch.signal_name)
-    if lead:
-        print(stopped.line(), file=sys.stderr, flush=True)
-    raise stopped
 
 
 def data_source(config: ml_collections.ConfigDict) -> str:
@@ -273,20 +344,6 @@ def _run_log(run: Run, config: ml_collections.ConfigDict, workdir: pathlib.Path,
         ),
         throughput=_meter(run, config, lead),
     )
-
-
-def _step_hooks(log, config: ml_collections.ConfigDict, workdir: pathlib.Path, lead: bool):
-    """`(hooks, profile)`: what runs after each training step, `hook(step, state, batch)` (the
-    throughput meter's timing; the `profiling.Window` of `config.profile_steps`), and that
-    window (None without one; the loop closes it)."""
-    hooks = []
-    if log.throughput is not None:
-        hooks.append(lambda step, state, batch: log.throughput.step(state))
-    profile = None
-    if config.profile_steps is not None:
-        profile = profiling.Window(workdir, *config.profile_steps, enabled=lead)
-        hooks.append(lambda step, state, batch: profile.step(step, state))
-    return hooks, profile
 
 
 def train_and_evaluate(
@@ -326,53 +383,33 @@ def train_and_evaluate(
     run = setup(config, mesh=mesh)
     if lead and config.progress:  # the progress display's first line, once the data have
         # loaded (a refusal stays the one line on stderr; progress off: errors only)
-        print(f"isojax: {workdir}: {data_source(config)}", file=sys.stderr)
-    ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
+        logger.info("isojax: %s: %s", workdir, data_source(config))
     main_split = glue.get_task(config.task).dev_splits[0]  # MNLI: matched
-    state, position = resume.restore(ckpt, run.state, workdir, lead, config)
-    step = int(state.step)
-    log = _run_log(run, config, workdir, lead)
-    hooks, profile = _step_hooks(log, config, workdir, lead)
-
-    stamp = resume.config_stamp(config)  # saved with each checkpoint, checked on restore
-
-    def save(step, state):
-        ckpt.save(step, state, position.to_json() | stamp)
-        if log.throughput is not None:  # the save's time is not the steps'
-            log.throughput.mark()
-
-    loss_watch = nonfinite.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead)
     c0_pass_each_epoch = config.penalty == "istar" and config.istar.stabilizer.kind == "pass"
     num_epochs = -(-run.total_steps // run.steps_per_epoch)
-    closers = (log, ckpt, best_ckpt)
     with preemption.Watch() as watch:
+        loop, state = _open_loop(run, config, workdir, lead, watch)
+        position, step = loop.position, int(state.step)
         while step < run.total_steps and position.epoch < num_epochs:
             if c0_pass_each_epoch and position.batch == 0:
-                state = c0_pass(run, state, config, position.epoch)
-                if log.throughput is not None:  # the pass's time is not the steps'
-                    jax.block_until_ready(state)
-                    log.throughput.mark()
-            state, step, epoch_done, stop = _train_epoch(
-                run, state, config, position, step, log, save, loss_watch, watch, hooks
-            )
+                state = loop.c0_pass(state, position.epoch)
+            state, step, epoch_done, stop = loop.train_epoch(state, step)
             if stop:
-                loss_watch.check(step, position.epoch, before="checkpointing")
-                _save_and_exit(watch, save, step, state, closers, lead)
-            loss_watch.check(step, position.epoch, before="evaluating")
-            results = evaluation.evaluate_all(run, state, config, step, position.epoch + 1, log)
+                loop.loss_watch.check(step, position.epoch, before="checkpointing")
+                loop.save_and_exit(step, state)
+            loop.loss_watch.check(step, position.epoch, before="evaluating")
+            results = evaluation.evaluate_all(
+                run, state, config, step, position.epoch + 1, loop.log
+            )
             is_best = position.note_eval(results, main_split)
             if epoch_done:
                 position.epoch, position.batch = position.epoch + 1, 0
             if is_best:  # before the latest, so a resumed run never claims a best it lacks
-                best_ckpt.save(step, state, position.to_json() | stamp)
-            save(step, state)
+                loop.best_ckpt.save(step, state, position.to_json() | loop.stamp)
+            loop.save(step, state)
             if watch.signal_name is not None and step < run.total_steps:  # during eval/save
-                _save_and_exit(watch, save, step, state, closers, lead)
-    if profile is not None:
-        profile.close()
-    log.close()
-    ckpt.close()
-    best_ckpt.close()
+                loop.save_and_exit(step, state)
+    loop.close()
     if position.last_eval is None:  # nothing to train (resumed a finished run without results)
         position.last_eval = evaluation.evaluate_all(run, state, config, step, position.epoch, None)
     results = position.last_eval | {"best": position.best}

@@ -35,9 +35,11 @@ cell) does not take it for a failure.
 
 from __future__ import annotations
 
+import logging
 import signal
-import sys
 import threading
+
+logger = logging.getLogger(__name__)
 
 EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, rerun to resume
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -102,14 +104,10 @@ class Watch:
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.saving or self.signal_name is not None:
-            print(f"isojax: {name} again: still saving, ignored", file=sys.stderr, flush=True)
+            logger.warning("isojax: %s again: still saving, ignored", name)
             return
         self.signal_name = name
-        print(
-            f"isojax: {name}: finishing this step, then saving a checkpoint",
-            file=sys.stderr,
-            flush=True,
-        )
+        logger.warning("isojax: %s: finishing this step, then saving a checkpoint", name)
         if self._multi:  # the runtime's notifier spreads it to every process
             signal.raise_signal(signal.SIGTERM)
 

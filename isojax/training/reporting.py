@@ -9,6 +9,7 @@ throughput figures, `isojax.training.throughput`), one line per dev split after 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import pathlib
 import sys
@@ -45,11 +46,19 @@ class MetricWriter:
             self._tb.close()
 
 
-class Progress:
-    """A one-line progress display on stderr: step, epoch, loss, steps/s, time left.
+# The progress line's records (logger "isojax.progress") carry `INPLACE`: True when stderr is a
+# terminal, where the `isojax` command's handler rewrites the line in place; `INPLACE_END` ends
+# that line.
+INPLACE, INPLACE_END = "isojax_inplace", "isojax_inplace_end"
+progress_log = logging.getLogger("isojax.progress")
 
-    On a terminal the line is rewritten in place (at most 10 times a second); otherwise a
-    line is printed every `every` steps.
+
+class Progress:
+    """A one-line progress display, logged to "isojax.progress": step, epoch, loss, steps/s,
+    time left.
+
+    On a terminal the line is rewritten in place (at most 10 times a second; `INPLACE`);
+    otherwise a line is logged every `every` steps.
     """
 
     def __init__(self, total: int, *, every: int, enabled: bool = True):
@@ -77,12 +86,11 @@ class Progress:
         if loss is not None:
             text += f" loss {loss:.4f}"
         text += f" {rate:.2f} steps/s eta {eta}" + _rates_text(rates or {})
-        sys.stderr.write(f"\r{text}\033[K" if self.tty else text + "\n")
-        sys.stderr.flush()
+        progress_log.info(text, extra={INPLACE: self.tty})
 
     def close(self) -> None:
-        if self.tty:
-            sys.stderr.write("\n")
+        if self.tty and self._start_step is not None:
+            progress_log.info("", extra={INPLACE_END: True})
 
 
 def _rates_text(rates: dict) -> str:

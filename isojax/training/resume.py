@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import pathlib
-import sys
 import warnings
 
 import jax.numpy as jnp
@@ -31,6 +31,8 @@ import numpy as np
 
 from isojax.training import checkpointing, steps
 from isojax.training import config as config_lib
+
+logger = logging.getLogger(__name__)
 
 LATEST_DIR = "checkpoints"  # the newest `keep_checkpoints` checkpoints of a run folder
 BEST_DIR = "best_checkpoint"  # the checkpoint with the best dev score
@@ -220,9 +222,8 @@ def restore(
     path = workdir / "metrics.jsonl"
     if restored is None:
         if lead and path.exists() and path.stat().st_size:
-            print(
-                f"isojax: {workdir} has no checkpoint: starting afresh, with a new {path.name}",
-                file=sys.stderr,
+            logger.warning(
+                "isojax: %s has no checkpoint: starting afresh, with a new %s", workdir, path.name
             )
             _rewrite_log(path, [])
         return state, Position()
@@ -239,9 +240,11 @@ def restore(
         if kept != lines:
             _rewrite_log(path, kept)
     if lead:
-        print(
-            f"isojax: resumed {workdir} at step {step} (epoch {position.epoch}, "
-            f"batch {position.batch})",
-            file=sys.stderr,
+        logger.info(
+            "isojax: resumed %s at step %d (epoch %d, batch %d)",
+            workdir,
+            step,
+            position.epoch,
+            position.batch,
         )
     return state, position

@@ -33,14 +33,15 @@ or `mark` after an evaluation or a save, which synchronise too):
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
-from collections.abc import Callable
 
 import jax
 import numpy as np
 
 from isojax.training import hardware
+
+logger = logging.getLogger(__name__)
 
 COUNT_KEYS = ("examples", "real_tokens", "padded_tokens")  # per-step counts -> rates
 # The figures that depend on the wall clock (a resumed run's differ; flops_per_step does not).
@@ -48,20 +49,20 @@ TIMED_KEYS = ("step_time_s", "examples_per_s", "real_tokens_per_s", "padded_toke
 
 
 class Meter:
-    """Per-window throughput of a jitted train step (see the module doc).
+    """Per-window throughput of the train step the loop runs (see the module doc). The loop
+    compiles the step; the meter reads the compiled step's cost (`read`) and times the steps.
 
     Args:
-      train_fn: the jitted step (`steps.jit_steps`).
-      mesh: its devices (FLOPs are per device; the step's over the mesh is that x mesh.size).
+      mesh: the step's devices (FLOPs are per device; the step's over the mesh is that x
+        mesh.size).
       compute_dtype: the step's compute dtype (picks the peak).
       peak_override: `config.peak_flops`, FLOP/s of one device; None: `hardware.PEAK_FLOPS`.
       loop_trips: micro-batches per step (`config.grad_accum_steps`; see `hardware`).
-      verbose: print the memory and peak lines (process 0).
+      verbose: log the memory and peak lines (process 0).
     """
 
     def __init__(
         self,
-        train_fn: Callable,
         mesh: jax.sharding.Mesh,
         compute_dtype,
         *,
@@ -69,46 +70,43 @@ class Meter:
         loop_trips: int = 1,
         verbose: bool = True,
     ):
-        self.train_fn, self.mesh, self.loop_trips = train_fn, mesh, loop_trips
-        self.verbose = verbose
+        self.mesh, self.loop_trips, self.verbose = mesh, loop_trips, verbose
         self.device = mesh.devices.flat[0]
         self.peak, why = hardware.peak_flops(self.device.device_kind, compute_dtype, peak_override)
-        self._compiled: dict[tuple, tuple] = {}  # shapes -> (step, FLOPs/device, slots)
+        self._costs: dict[tuple, tuple] = {}  # batch shapes -> (FLOPs/device, token slots)
         self._new, self._key = False, None
         self._steps = 0
         self._start = time.perf_counter()
         if verbose:
             line = f"peak {self.peak:.4g} FLOP/s per device ({why})" if self.peak else why
-            print(f"isojax: MFU: {line}", file=sys.stderr, flush=True)
+            logger.info("isojax: MFU: %s", line)
 
-    def executable(self, state, batch: dict):
-        """The compiled step for `batch`'s shapes (global arrays), compiled ahead of the call
-        the first time a shape comes (with the memory line and check for the first one)."""
-        key = tuple((k, v.shape) for k, v in batch.items())
-        if key not in self._compiled:
-            compiled = self.train_fn.lower(state, batch).compile()
-            line = hardware.memory_line(compiled, self.device)  # raises if it cannot fit
-            if not self._compiled and self.verbose:
-                print(f"isojax: {line}", file=sys.stderr, flush=True)
-            flops = hardware.step_flops(compiled, self.loop_trips)
-            self._compiled[key] = (compiled, flops, batch["input_ids"].size)
+    def read(self, key: tuple, compiled, slots: int) -> None:
+        """Reads the cost of `compiled`, the step the loop runs next, for batch shapes `key`
+        with `slots` token slots: its FLOPs; for the first shape the memory line and check
+        (`hardware.memory_line` raises if it cannot fit). A shape's first run is left out of
+        the rates."""
+        if key not in self._costs:
+            line = hardware.memory_line(compiled, self.device)
+            if not self._costs and self.verbose:
+                logger.info("isojax: %s", line)
+            self._costs[key] = (hardware.step_flops(compiled, self.loop_trips), slots)
             self._new = True
         self._key = key
-        return self._compiled[key][0]
 
     def counts(self) -> dict[str, np.float32]:
-        """The counts of the step `executable` last gave, for the step metrics' sums
+        """The counts of the step last `read`, for the step metrics' sums
         (`resume.Position.add`, checkpointed with them, so a resumed window's means are the
         uninterrupted one's): `flops_per_step` (all devices; absent when XLA gives none) and
         `padded_tokens` (the batch's token slots), float32 as the device metrics."""
-        _, flops, padded = self._compiled[self._key]
+        flops, padded = self._costs[self._key]
         out = {"padded_tokens": np.float32(padded)}
         if flops is not None:
             out["flops_per_step"] = np.float32(flops * self.mesh.size)
         return out
 
     def step(self, state) -> None:
-        """Times the step that `executable` gave and that returned `state`."""
+        """Times the step last `read`, which returned `state`."""
         if self._new:  # a shape's first run: left out of the rates
             self._new = False
             jax.block_until_ready(state)
