@@ -12,7 +12,7 @@ from flax import nnx
 from nnx_parity import VARIANTS, Twins, failures, linen_run
 
 from isojax import nnx as inx
-from isojax.core import normalizers
+from isojax.core import normalizers, whitening
 from isojax.linen import norms
 
 D, B = 5, 8
@@ -87,6 +87,7 @@ BROKEN = {
     "recenter": {"momentum": 0.9},
     "layernorm": {"epsilon": 1e-2},
     "none": {"dtype": jnp.bfloat16},
+    "whiten": {"momentum": 0.9},
 }
 
 
@@ -121,8 +122,8 @@ def test_one_hyper_parameter_table_for_both_front_ends():
     ]:
         with pytest.raises(ValueError, match=match):
             inx.make_normalizer("isobn", D, **bad)
-    with pytest.raises(ValueError, match="unknown normalizer 'whiten'"):
-        inx.make_normalizer("whiten", D)
+    with pytest.raises(ValueError, match="unknown normalizer 'zca'"):
+        inx.make_normalizer("zca", D)
 
 
 def test_mode_comes_from_the_call_the_attribute_or_a_view():
@@ -164,7 +165,7 @@ def test_half_precision_keeps_float32_statistics():
     assert model.mean.get_value().dtype == model.var.get_value().dtype == jnp.float32
 
 
-@pytest.mark.parametrize("name", ["isobn", "recenter", "batchnorm"])
+@pytest.mark.parametrize("name", ["isobn", "recenter", "batchnorm", "whiten"])
 def test_linen_module_is_exactly_its_pure_step(name):
     """The linen module computes nothing but the pure step that the NNX module runs."""
     x, mask = batches()[0]
@@ -176,6 +177,7 @@ def test_linen_module_is_exactly_its_pure_step(name):
         "isobn": normalizers.isobn,
         "recenter": normalizers.recenter,
         "batchnorm": normalizers.batch_norm,
+        "whiten": whitening.whiten,
     }
     hparams = {k: getattr(model, k) for k in normalizers.HPARAMS[name] if not k.endswith("_init")}
     for k in ("use_bias", "use_scale"):

@@ -156,7 +156,7 @@ def test_half_precision_gives_float32_stats_and_finite_outputs(name, dtype):
         np.testing.assert_allclose(updates["batch_stats"]["cov"], 0.05 * batch_cov, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["isobn", "batchnorm", "recenter"])
+@pytest.mark.parametrize("name", ["isobn", "batchnorm", "recenter", "whiten"])
 def test_bad_batch_leaves_running_stats_and_is_reported(name):
     x = jnp.asarray(correlated_batches(2, 8)[0], jnp.float32)
     model = norms.make_normalizer(name)
@@ -225,8 +225,8 @@ def test_feature_size_mismatch_is_a_trace_time_error():
 
 
 def test_make_normalizer_rejects_unknown_names_and_hparams():
-    with pytest.raises(ValueError, match="unknown normalizer 'whiten'.*isobn"):
-        norms.make_normalizer("whiten")
+    with pytest.raises(ValueError, match="unknown normalizer 'zca'.*isobn, whiten"):
+        norms.make_normalizer("zca")
     with pytest.raises(ValueError, match=r"'layernorm' has no hyper-parameter\(s\) \['momentum'\]"):
         norms.make_normalizer("layernorm", momentum=0.9)
     model = norms.make_normalizer("isobn", axis_name="data", momentum=0.9, beta=0.7)

@@ -124,6 +124,14 @@ HPARAMS: dict[str, dict[str, Any]] = {
     },
     "layernorm": {"epsilon": 1e-6, "use_bias": True, "use_scale": True},
     "isobn": {"momentum": 0.95, "beta": 0.5, "epsilon": 1e-3, "debias": False},
+    # SPEC.md §10.1; the step is `isojax.core.whitening.whiten`.
+    "whiten": {
+        "momentum": 0.99,
+        "alpha": 0.1,
+        "epsilon": 1e-5,
+        "keep_scale": True,
+        "group_size": None,
+    },
 }
 # The arguments each normaliser takes besides its maths, in either front end; linen adds the
 # module's `name`.
@@ -133,6 +141,7 @@ STRUCTURAL: dict[str, tuple[str, ...]] = {
     "batchnorm": ("use_running_average", "axis_name", "dtype", "param_dtype"),
     "layernorm": ("dtype", "param_dtype"),
     "isobn": ("use_running_average", "axis_name", "dtype"),
+    "whiten": ("use_running_average", "axis_name", "dtype"),
 }
 NORMALIZERS = tuple(HPARAMS)
 _FRONT_END_ONLY = {"linen": ("name",), "nnx": ()}
@@ -140,7 +149,8 @@ _FRONT_END_ONLY = {"linen": ("name",), "nnx": ()}
 
 def check_hparams(name: str, /, *, front: str = "linen", **hparams) -> None:
     """Raises ValueError (one line) for an unknown normaliser, an unknown hyper-parameter of it,
-    or a value out of range: momentum in (0, 1), beta >= 0, epsilon > 0.
+    or a value out of range: momentum in (0, 1), beta >= 0, epsilon > 0, alpha in [0, 1],
+    group_size a positive integer or None (that it divides `d` is checked at trace time).
 
     The names a normaliser takes are its `HPARAMS` and `STRUCTURAL` entries (plus linen's
     module `name` for `front="linen"`), the same for the linen and the NNX classes.
@@ -160,6 +170,11 @@ def check_hparams(name: str, /, *, front: str = "linen", **hparams) -> None:
         raise ValueError(f"beta must be >= 0, got {beta}")
     if hparams.get("epsilon", 1.0) <= 0.0:
         raise ValueError(f"epsilon must be > 0, got {hparams['epsilon']}")
+    if not 0.0 <= hparams.get("alpha", 0.0) <= 1.0:
+        raise ValueError(f"alpha {hparams['alpha']} not in [0, 1]")
+    group_size = hparams.get("group_size")
+    if group_size is not None and (int(group_size) != group_size or group_size < 1):
+        raise ValueError(f"group_size must be a positive integer or None, got {group_size!r}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from isojax.linen.norms import (
     IsoBN,
     LayerNorm,
     Recenter,
+    Whiten,
     make_normalizer,
 )
 from isojax.models.encoder import Encoder
@@ -62,6 +63,7 @@ __all__ = [
     "LayerNorm",
     "Recenter",
     "SequenceClassifier",
+    "Whiten",
     "init_batch_stats",
     "make_isoscore_star",
     "make_normalizer",

@@ -1,4 +1,4 @@
-"""Sentence-embedding transforms: IsoBN, re-centring, batch and layer normalisation.
+"""Sentence-embedding transforms: IsoBN, ZCA whitening, re-centring, batch and layer norm.
 
 Every transform here is a thin linen module over the pure functions of `isojax.core.normalizers`
 (which `isojax.nnx.norms` runs too), and every module has the same call signature,
@@ -6,14 +6,14 @@ Every transform here is a thin linen module over the pure functions of `isojax.c
     module(x [batch, d], use_running_average: bool, *, mask=None) -> [batch, d], x.dtype
 
 so a model picks one by name with :func:`make_normalizer` (`none`, `recenter`, `batchnorm`,
-`layernorm`, `isobn`). Running statistics live in the ``'batch_stats'`` collection, always in
-float32, so `mutable=['batch_stats']`, train states and checkpoints treat them as Flax treats
-`nn.BatchNorm`.
+`layernorm`, `isobn`, `whiten`). Running statistics live in the ``'batch_stats'`` collection,
+always in float32, so `mutable=['batch_stats']`, train states and checkpoints treat them as
+Flax treats `nn.BatchNorm`.
 
 Bad batches. A training batch whose statistics are not finite (NaN or Inf in the input, or a
-float16 overflow upstream) or that holds too few points (fewer than 2 for IsoBN and batch norm,
-fewer than 1 for re-centring, counting only unmasked rows) leaves the running statistics exactly
-as they were. The module then adds 1 to ``batch_stats['skipped']`` and sows
+float16 overflow upstream) or that holds too few points (fewer than 2 for IsoBN, whitening and
+batch norm, fewer than 1 for re-centring, counting only unmasked rows) leaves the running
+statistics exactly as they were. The module then adds 1 to ``batch_stats['skipped']`` and sows
 ``intermediates['skipped_batch'] = True`` (a bool scalar; read it with
 ``mutable=['batch_stats', 'intermediates']``). It never raises inside `jit`; the output of such a
 batch is still computed (from the running state for IsoBN), so NaN input gives NaN output.
@@ -31,7 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from isojax.core import normalizers
+from isojax.core import normalizers, whitening
 from isojax.core.normalizers import NORMALIZERS
 from isojax.linen import running as linen_running
 
@@ -54,10 +54,11 @@ def _linen_params(module: nn.Module, d: int, use_scale: bool, use_bias: bool) ->
     }
 
 
-_ISOBN, _BN, _LN = (
+_ISOBN, _BN, _LN, _WHITEN = (
     normalizers.HPARAMS["isobn"],
     normalizers.HPARAMS["batchnorm"],
     normalizers.HPARAMS["layernorm"],
+    normalizers.HPARAMS["whiten"],
 )
 
 
@@ -128,6 +129,73 @@ class IsoBN(nn.Module):
             self,
             normalizers.isobn_init,
             normalizers.isobn,
+            x,
+            mask,
+            use_running_average,
+            dtype=self.dtype,
+            **hparams,
+        )
+
+
+class Whiten(nn.Module):
+    r"""Running ZCA whitening, `(x − μ̂) W sqrt(τ)` with `W = Σ^(−1/2)` (SPEC.md §10.1).
+
+    .. math::
+        \Sigma = (1-\alpha)\hat S + (\alpha\tau + \epsilon) I,\qquad
+        \tau = \operatorname{tr}\hat S / d,\qquad
+        \hat\mu, \hat S = \frac{\mu,\ S}{1 - m^t}
+
+    Running statistics in ``'batch_stats'`` (float32 whatever the input dtype): ``mean`` `[d]`,
+    ``cov`` `[d, d]` (the full covariance whatever ``group_size``), ``count`` (`t`) and
+    ``skipped``, all zero at start. Training (`use_running_average=False`) moves them towards
+    the batch's biased moments (stop-gradient copy, masked rows left out) *before* the
+    transform, as IsoBN; the transform always comes from the debiased running state, in
+    training and evaluation alike, and is the identity before the first update. `μ̂`, `W` and
+    `τ` are stop-gradient: `∂y/∂x = W sqrt(τ)`. A bad batch (non-finite, fewer than 2 unmasked
+    rows) is skipped and counted (see the module docstring). The maths is the pure step
+    `isojax.core.whitening.whiten`, which `isojax.nnx.Whiten` runs too.
+
+    Attributes:
+        use_running_average: default for the call argument of the same name.
+        momentum: decay `m` of the moving averages (0.99).
+        alpha: shrinkage `α` towards `τ I` (0.1); keeps the condition number below ~`d / α`.
+        epsilon: `ε` added to the diagonal (1e-5).
+        keep_scale: multiply by `sqrt(τ)`, so the total variance stays the input's.
+        group_size: None whitens all `d` features together; `g` (dividing `d`) whitens
+            consecutive groups of `g` features (block-diagonal `W`, [DBN]'s groups).
+        axis_name: mapped axis to reduce the batch statistics over (shard_map/pmap only).
+        dtype: output dtype; None keeps the input's.
+
+    References:
+        Huang et al., `Decorrelated Batch Normalization <https://arxiv.org/abs/1804.08450>`_,
+        CVPR 2018; Huang et al., `Iterative Normalization <https://arxiv.org/abs/1904.03441>`_,
+        CVPR 2019.
+    """
+
+    use_running_average: bool | None = None
+    momentum: float = _WHITEN["momentum"]
+    alpha: float = _WHITEN["alpha"]
+    epsilon: float = _WHITEN["epsilon"]
+    keep_scale: bool = _WHITEN["keep_scale"]
+    group_size: int | None = _WHITEN["group_size"]
+    axis_name: str | None = None
+    dtype: jax.typing.DTypeLike | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        use_running_average: bool | None = None,
+        *,
+        mask: jax.Array | None = None,
+    ) -> jax.Array:
+        """`[batch, d]` (or `[..., d]`) -> whitened, shape of `x`, dtype `self.dtype` or
+        `x.dtype`; mask `[batch]` leaves padding rows out of the statistics."""
+        hparams = {k: getattr(self, k) for k in _WHITEN}
+        return linen_running.linen_step(
+            self,
+            whitening.whiten_init,
+            whitening.whiten,
             x,
             mask,
             use_running_average,
@@ -289,6 +357,7 @@ CLASSES = {
     "batchnorm": BatchNorm,
     "layernorm": LayerNorm,
     "isobn": IsoBN,
+    "whiten": Whiten,
 }
 assert tuple(CLASSES) == NORMALIZERS  # one registry: the names of `isojax.core.normalizers`
 
@@ -315,7 +384,8 @@ def make_normalizer(
     statistics). `isojax.nnx.make_normalizer` is its NNX twin over the same names and table.
 
     Args:
-        name: one of `NORMALIZERS`: `none`, `recenter`, `batchnorm`, `layernorm`, `isobn`.
+        name: one of `NORMALIZERS`: `none`, `recenter`, `batchnorm`, `layernorm`, `isobn`,
+            `whiten`.
         dtype: output dtype, None to keep the input's.
         param_dtype: dtype of learned parameters (batchnorm, layernorm).
         axis_name: mapped axis for batch statistics under shard_map/pmap.

@@ -29,6 +29,7 @@ from isojax.nnx.norms import (
     LayerNorm,
     Recenter,
     RunningModule,
+    Whiten,
     make_normalizer,
 )
 from isojax.nnx.pretrained import (
@@ -55,6 +56,7 @@ __all__ = [
     "Pretrained",
     "RunningModule",
     "SequenceClassifier",
+    "Whiten",
     "export_pretrained",
     "from_linen",
     "from_pretrained",

@@ -1,8 +1,8 @@
 """The sentence-embedding transforms as native Flax NNX modules, over the maths of
 `isojax.linen.norms`.
 
-IsoBN, batch norm, layer norm, re-centring and `none` with the call signature of their linen
-twins in :mod:`isojax.linen.norms`,
+IsoBN, ZCA whitening, batch norm, layer norm, re-centring and `none` with the call signature of
+their linen twins in :mod:`isojax.linen.norms`,
 
     module(x [batch, d], use_running_average: bool | None = None, *, mask=None) -> [batch, d]
 
@@ -28,12 +28,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from isojax.core import normalizers, running
+from isojax.core import normalizers, running, whitening
 
-_ISOBN, _BN, _LN = (
+_ISOBN, _BN, _LN, _WHITEN = (
     normalizers.HPARAMS["isobn"],
     normalizers.HPARAMS["batchnorm"],
     normalizers.HPARAMS["layernorm"],
+    normalizers.HPARAMS["whiten"],
 )
 
 
@@ -167,6 +168,66 @@ class IsoBN(RunningModule):
         return self.run(
             normalizers.isobn_init,
             normalizers.isobn,
+            x,
+            mask,
+            use_running_average,
+            dtype=self.dtype,
+            **hparams,
+        )
+
+
+class Whiten(RunningModule):
+    r"""Running ZCA whitening, `(x − μ̂) W sqrt(τ)` with `W = Σ^(−1/2)` (SPEC.md §10.1), in NNX.
+
+    The maths and defaults of `isojax.linen.norms.Whiten` (the pure step
+    `isojax.core.whitening.whiten`): float32 `BatchStat`s ``mean`` `[d]`, ``cov`` `[d, d]`,
+    ``count``, ``skipped``, moved by the batch before the transform in training; the transform
+    from the debiased running state in training and evaluation alike, the identity before the
+    first update; `∂y/∂x = W sqrt(τ)`.
+
+    Args:
+        num_features: `d`.
+        use_running_average: default mode (None: set by `.train()`/`.eval()`/`nnx.view`).
+        momentum, alpha, epsilon, keep_scale, group_size: as in `isojax.linen.norms.Whiten`.
+        axis_name: mapped axis of the batch statistics (shard_map/pmap only).
+        dtype: output dtype; None keeps the input's.
+        rngs: accepted for a uniform signature; unused (no parameters).
+
+    Example:
+        >>> norm = Whiten(8)
+        >>> y = norm(jnp.arange(32.0).reshape(4, 8) % 5, use_running_average=False)
+        >>> int(norm.count[...]), norm.cov[...].dtype
+        (1, dtype('float32'))
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        use_running_average: bool | None = None,
+        momentum: float = _WHITEN["momentum"],
+        alpha: float = _WHITEN["alpha"],
+        epsilon: float = _WHITEN["epsilon"],
+        keep_scale: bool = _WHITEN["keep_scale"],
+        group_size: int | None = _WHITEN["group_size"],
+        axis_name: str | None = None,
+        dtype: jax.typing.DTypeLike | None = None,
+        rngs: nnx.Rngs | None = None,
+    ):
+        del rngs
+        self.num_features, self.use_running_average = num_features, use_running_average
+        self.momentum, self.alpha, self.epsilon = momentum, alpha, epsilon
+        self.keep_scale, self.group_size = keep_scale, group_size
+        self.axis_name, self.dtype = axis_name, dtype
+        self.init_state(whitening.whiten_init(num_features))
+
+    def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
+        """`[batch, d]` -> whitened `[batch, d]`, dtype `self.dtype` or `x.dtype`; mask
+        `[batch]`."""
+        hparams = {name: getattr(self, name) for name in _WHITEN}
+        return self.run(
+            whitening.whiten_init,
+            whitening.whiten,
             x,
             mask,
             use_running_average,
@@ -317,6 +378,7 @@ CLASSES = {
     "batchnorm": BatchNorm,
     "layernorm": LayerNorm,
     "isobn": IsoBN,
+    "whiten": Whiten,
 }
 
 
@@ -336,7 +398,7 @@ def make_normalizer(
     (`normalizers.HPARAMS`, `normalizers.check_hparams`).
 
     Args:
-        name: `none`, `recenter`, `batchnorm`, `layernorm` or `isobn`.
+        name: `none`, `recenter`, `batchnorm`, `layernorm`, `isobn` or `whiten`.
         num_features: `d`.
         rngs: keys the parameter initialisers (batchnorm, layernorm); may be None.
         dtype, param_dtype, axis_name: as in linen; ignored where they do not apply.
