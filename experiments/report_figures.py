@@ -23,6 +23,16 @@ from report_records import CHANCE, METRIC_NAMES, PRETRAINED, arm_label, dev_rows
 from report_tables import fp
 
 
+def figure_names(data: dict) -> list[str]:
+    """The figures `write_figures` draws for `data` (`<stem>_<name>.png`), in order."""
+    if not data["tasks"]:
+        return []
+    names = ["scores", "curves"] + ["paired"] * bool(data["baseline"]) + ["isotropy"]
+    names += ["sweep"] * bool(data["sweep"])
+    arms = data.get("pooled", {}).get("arms", {})
+    return names + ["profile"] * any(c["normalised"] for c in arms.values())
+
+
 def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str) -> dict:
     """PNG figures beside the report; returns {name: file name}."""
     import matplotlib
@@ -30,17 +40,12 @@ def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if not data["tasks"]:
-        return {}
     runs = [r for r in records if r["kind"] == "run" and r["status"] == "ok"]
-    figures = [("scores", _scores), ("curves", _curves)]
-    figures += [("paired", _paired)] * bool(data["baseline"])
-    figures += [("isotropy", _isotropy)]
-    figures += [("sweep", _sweep)] * bool(data["sweep"])
-    arms = data.get("pooled", {}).get("arms", {})
-    figures += [("profile", _profile)] * any(c["normalised"] for c in arms.values())
+    draws = {"scores": _scores, "curves": _curves, "paired": _paired, "isotropy": _isotropy}
+    draws |= {"sweep": _sweep, "profile": _profile}
     files = {}
-    for name, draw in figures:
+    for name in figure_names(data):
+        draw = draws[name]
         fig = draw(plt, runs, data)
         fig.tight_layout()
         fig.savefig(out / f"{stem}_{name}.png", dpi=110)

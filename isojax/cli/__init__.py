@@ -45,12 +45,14 @@ import pathlib
 import subprocess
 import sys
 from collections.abc import Sequence
-
-import ml_collections
+from typing import TYPE_CHECKING
 
 from isojax.cli import analyze, common
 from isojax.core.normalizers import NORMALIZERS
 from isojax.core.penalties import PENALTIES
+
+if TYPE_CHECKING:
+    import ml_collections
 
 PROG = "isojax"
 BENCH_DIR = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "bench"
@@ -105,6 +107,8 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     """`NAME[:ARG]` -> `get_config(ARG)` of the preset `isojax.training.configs.NAME`, or of the
     Python
     file NAME (ARG None when absent)."""
+    import ml_collections
+
     from isojax.training import configs
 
     path, _, arg = spec.partition(":")
@@ -130,6 +134,8 @@ def set_value(config: ml_collections.ConfigDict, key: str, value, source: str) -
     """`config[key.path] = value`, type-checked by ConfigDict; errors name the key (and the
     new spelling of a renamed one). A key under an open field (`config.OPEN_FIELDS`:
     `normalizer_kwargs.epsilon`) may be new: `validate_config` checks it with its owner."""
+    import ml_collections
+
     from isojax.training.config import OPEN_FIELDS, RENAMED
 
     if key in RENAMED:
@@ -412,6 +418,15 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     be.set_defaults(run=cmd_bench)
 
 
+# The optional modules (`isojax.errors.EXTRAS`) each sub-command needs, checked before it runs.
+NEEDS = {
+    "finetune": ("ml_collections", "orbax.checkpoint", "tensorboardX", "tokenizers"),
+    "analyze": ("ml_collections", "tokenizers", "transformers", "matplotlib"),
+    "export": ("ml_collections", "orbax.checkpoint", "transformers", "safetensors"),
+    "predict": ("ml_collections", "orbax.checkpoint", "tokenizers", "transformers"),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `isojax` console script; returns the exit status."""
     from isojax import errors
@@ -422,7 +437,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = None
     try:
         args = parser.parse_args(argv)
+        errors.require(*NEEDS.get(args.command, ()))  # a missing extra: one line, status 2
         return args.run(args)
+    except ImportError as err:  # an optional module imported deeper down: the same line
+        if (missing := errors.extra_missing(err)) is None:
+            raise
+        print(f"{PROG} {args.command}: error: {missing}", file=sys.stderr)
+        return 2
     except common.UsageError as err:
         command = getattr(args, "command", None)
         print(f"{PROG}{' ' + command if command else ''}: error: {err}", file=sys.stderr)

@@ -14,7 +14,21 @@ pure functions (one copy of the maths; `isojax.linen.norms`, `isojax.core.runnin
   `load_linen_variables`, the twin in either direction (`isojax.nnx.pretrained`).
 
 Running statistics are float32 `nnx.BatchStat`s; the mode is the call argument or the
-`use_running_average` attribute that `.train()`, `.eval()` and `nnx.view` set.
+`use_running_average` attribute that `.train()`, `.eval()` and `nnx.view` set:
+
+>>> import jax
+>>> from flax import nnx
+>>> import isojax.nnx as ijx
+>>> norm = ijx.IsoBN(8, momentum=0.95, rngs=nnx.Rngs(0))
+>>> x = jax.random.normal(jax.random.key(0), (16, 8))
+>>> norm.train()
+>>> y = norm(x)                      # the batch's statistics; the running ones move
+>>> int(norm.count[...])
+1
+>>> norm.eval()
+>>> y = norm(x)                      # the running statistics, frozen
+>>> int(norm.count[...])
+1
 """
 
 from isojax.core.normalizers import NORMALIZERS
