@@ -89,6 +89,10 @@ def paired(arm: dict[int, float], base: dict[int, float]) -> dict:
     }
 
 
+# Pairs of arms compared directly, per task (`<metric>_<a>_vs_<b>`: a − b, paired by seed).
+CONTRASTS = (("isobn", "batchnorm"), ("whiten", "isobn"))
+
+
 def build(records: list[dict]) -> dict:
     """Every number of the report, as nested dicts (also what the tests check)."""
     runs = [r for r in records if r["kind"] == "run" and r["status"] == "ok"]
@@ -139,13 +143,15 @@ def build(records: list[dict]) -> dict:
             for key in PAIRED_KEYS:
                 fn = _metric(key)
                 t["paired"][label][key] = paired(_by_seed(rows, fn), _by_seed(base_rows, fn))
-        # [IsoBN]'s contrast: IsoBN lowers EV3 of the classifier input more than batchnorm does.
-        isobn, batchnorm = arm_of(labels, "isobn"), arm_of(labels, "batchnorm")
-        if isobn and batchnorm:
-            fn = _metric("pre_logits_ev3")
-            t["ev3_isobn_vs_batchnorm"] = paired(
-                _by_seed(arms[task][isobn], fn), _by_seed(arms[task][batchnorm], fn)
-            )
+        # Contrasts between two arms: [IsoBN]'s (IsoBN lowers EV3 of the classifier input more
+        # than batchnorm does) and the whitening study's (whiten against IsoBN: EV3 and score).
+        for a, b in CONTRASTS:
+            la, lb = arm_of(labels, a), arm_of(labels, b)
+            if la and lb:
+                for key, fn in (("ev3", _metric("pre_logits_ev3")), ("score", best_score)):
+                    t[f"{key}_{a}_vs_{b}"] = paired(
+                        _by_seed(arms[task][la], fn), _by_seed(arms[task][lb], fn)
+                    )
         if sweep:
             base_median = t["arms"][baseline_label]["last"]["median"] if base_rows else math.nan
             t["sweep"] = _sweep(
