@@ -233,6 +233,33 @@ def _head(restored: runs.Restored, architecture: str, encoder_only: str | None) 
     return f"{head}; exported as `{architecture}`{folded}"
 
 
+def _split_section(task, split: str, evaluation: dict) -> list[str]:
+    """The model card's section of one dev split: its metrics and the isotropy tables."""
+    values, names = evaluation[split], [*task.metrics, "score"]
+    return [
+        f"## {task.folder} {split} (step {evaluation['step']})",
+        "",
+        "| " + " | ".join(names) + " |",
+        "|" + "---:|" * len(names),
+        "| " + " | ".join(f"{values[name]:.4f}" for name in names) + " |",
+        "",
+        "Isotropy of the dev sentence vectors (EV_k: variance share of the top k principal "
+        "axes; IsoScore 1 is isotropic):",
+        "",
+        "| vectors | EV_1 | EV_3 | IsoScore |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {label} | {values[f'{key}_ev1']:.4f} | {values[f'{key}_ev3']:.4f} | "
+            f"{values[f'{key}_isoscore']:.4f} |"
+            for key, label in ISOTROPY_ROWS
+        ),
+        "",
+        f"Mean cosine of the sentence vectors {values['sentence_mean_cosine']:.4f}; "
+        f"IsoScore of every layer's tokens {values['tokens_isoscore']:.4f}.",
+        "",
+    ]
+
+
 def model_card(
     restored: runs.Restored, evaluation: dict, architecture: str, encoder_only: str | None
 ) -> str:
@@ -274,30 +301,7 @@ def model_card(
         "",
     ]
     for split in task.dev_splits:
-        values = evaluation[split]
-        names = [*task.metrics, "score"]
-        lines += [
-            f"## {task.folder} {split} (step {evaluation['step']})",
-            "",
-            "| " + " | ".join(names) + " |",
-            "|" + "---:|" * len(names),
-            "| " + " | ".join(f"{values[name]:.4f}" for name in names) + " |",
-            "",
-            "Isotropy of the dev sentence vectors (EV_k: variance share of the top k principal "
-            "axes; IsoScore 1 is isotropic):",
-            "",
-            "| vectors | EV_1 | EV_3 | IsoScore |",
-            "|---|---:|---:|---:|",
-            *(
-                f"| {label} | {values[f'{key}_ev1']:.4f} | {values[f'{key}_ev3']:.4f} | "
-                f"{values[f'{key}_isoscore']:.4f} |"
-                for key, label in ISOTROPY_ROWS
-            ),
-            "",
-            f"Mean cosine of the sentence vectors {values['sentence_mean_cosine']:.4f}; "
-            f"IsoScore of every layer's tokens {values['tokens_isoscore']:.4f}.",
-            "",
-        ]
+        lines += _split_section(task, split, evaluation)
     auto = "AutoModel" if encoder_only is not None else "AutoModelForSequenceClassification"
     lines += [
         "## Use",
