@@ -33,8 +33,8 @@ import jax
 
 import isojax
 from isojax import models, runs
+from isojax.models import hf_export, hf_import
 from isojax.runs import predict
-from isojax.models import hf_import, hf_export
 
 ISOTROPY_ROWS = (
     ("sentence", "sentence vector (the head's input)"),

@@ -36,10 +36,9 @@ import re
 
 import numpy as np
 
-from isojax.training import evaluation
-from isojax.data import metrics
 from isojax import runs
-from isojax.data import batching, glue
+from isojax.data import batching, glue, metrics
+from isojax.training import evaluation
 
 # (task, test split) -> the benchmark's file name.
 SUBMISSION_FILES = {
