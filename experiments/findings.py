@@ -30,7 +30,7 @@ import report_verdicts as verdicts  # noqa: E402
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 PAGE = ROOT / "docs" / "study" / "findings.md"
-STUDIES = ("normalizers", "istar_lambda", "istar_zeta", "cosreg")
+STUDIES = ("normalizers", "istar_lambda", "istar_zeta", "cosreg", "whitening")
 
 # Why some of what SPEC.md §9 claims cannot be measured here.
 ONLY_MINILM = (
@@ -132,6 +132,31 @@ CLAIMS = (
         ("[CosReg] λ = +1 lowers the last-layer", "[CosReg] λ = -1 raises the last-layer"),
         f"on ALBERT and QNLI: {ONLY_MINILM}; {ONLY_FOUR_TASKS}",
         "cosreg",
+    ),
+    # Beyond the papers (SPEC.md §10, issue 38): the study's own hypotheses about whitening.
+    Claim(
+        "[Whitening] running ZCA whitening lowers the head input's EV3 more than IsoBN",
+        ("[Whitening] whiten lowers EV3 of the classifier input more",),
+        f"on other encoders: {ONLY_MINILM}",
+        "whitening",
+    ),
+    Claim(
+        "[Whitening] whitening lowers the head input's EV3 below none's",
+        ("[Whitening] whiten lowers EV3 of the classifier input below",),
+        f"on other encoders: {ONLY_MINILM}",
+        "whitening",
+    ),
+    Claim(
+        "[Whitening] whitening improves fine-tuning over none",
+        ("[Whitening] whiten improves fine-tuning",),
+        f"on other encoders: {ONLY_MINILM}; {ONLY_FOUR_TASKS}",
+        "whitening",
+    ),
+    Claim(
+        "[Whitening] whitening vs IsoBN (fine-tuning score)",
+        ("[Whitening] whiten vs IsoBN",),
+        f"on other encoders: {ONLY_MINILM}",
+        "whitening",
     ),
 )
 
