@@ -34,10 +34,10 @@ from typing import Any
 import jax
 import ml_collections
 
-from isojax.training import build, checkpointing, distributed, precision, resume, steps
 from isojax import models
-from isojax.training import config as config_lib
 from isojax.data import glue
+from isojax.training import build, checkpointing, distributed, precision, resume, steps
+from isojax.training import config as config_lib
 
 
 class RunNotRestorable(ValueError):
@@ -107,7 +107,26 @@ def is_run_folder(path: str | pathlib.Path) -> bool:
         saved = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(saved, dict) and "task" in saved and bool({"normalizer", "method"} & saved.keys())
+    return (
+        isinstance(saved, dict)
+        and "task" in saved
+        and bool({"normalizer", "method"} & saved.keys())
+    )
+
+
+# What a run folder holds of its own: `predict` and `export` never write there.
+RUN_FILES = ("config.json", "metrics.jsonl", "results.json", resume.LATEST_DIR, resume.BEST_DIR)
+
+
+def run_owning(path: str | pathlib.Path) -> pathlib.Path | None:
+    """The run folder (`is_run_folder`) of which `path` is one of its own files (`RUN_FILES`)
+    or lies under its checkpoint folders; None when `path` is no run's file (a predictions
+    file beside a run's own files is not one)."""
+    path = pathlib.Path(path).resolve()
+    for folder in path.parents:
+        if path.relative_to(folder).parts[0] in RUN_FILES and is_run_folder(folder):
+            return folder
+    return None
 
 
 def _unknown_fields(saved: dict) -> list[str]:
@@ -198,8 +217,15 @@ def restore(
     mesh = distributed.make_mesh() if mesh is None else mesh
     # The schedule's length and a running stabiliser's window hold no array: one step.
     abstract = build.train_state(
-        config, task, module, None, hidden_size, mesh,
-        steps_per_epoch=1, total_steps=1, abstract=True,
+        config,
+        task,
+        module,
+        None,
+        hidden_size,
+        mesh,
+        steps_per_epoch=1,
+        total_steps=1,
+        abstract=True,
     )
     with checkpointing.Checkpointer(folder, read_only=True) as ckpt:
         try:
