@@ -76,3 +76,81 @@ def test_dry_run_over_a_torn_cell_prints_its_estimate(tmp_path, glue_dir, minilm
                    dry_run=True, log=lines.append)  # fmt: skip
     assert "estimate" in lines[0] and "rte-none-s1: time unknown" in lines[1]
     assert "rte-none-s1: no estimate" in caplog.text and "not a metrics record" in caplog.text
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding 9: the NNX loop (experiments/nnx_finetune.py).
+# ----------------------------------------------------------------------------------------------
+
+
+def _nnx_config(glue_dir, minilm_dir, **over):
+    from isojax.training import config as config_lib
+
+    config = config_lib.default_config()
+    config.task, config.normalizer, config.model = "rte", "isobn", config_lib.TINY_MODEL
+    config.tokenizer, config.data_dir = str(minilm_dir), str(glue_dir)
+    config.max_train_examples, config.max_eval_examples = 40, 16
+    config.batch_size, config.eval_batch_size, config.max_length = 8, 16, 32
+    config.num_epochs, config.packing = 1, True
+    config.update_from_flattened_dict(over)
+    return config
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"grad_accum_steps": 2},
+        {"checkpoint_every": 3},
+        {"policy": "p=f32,c=f16,o=f32"},
+        {"penalty": "istar", "istar.stabilizer.kind": "ema"},
+        {"penalty": "cosreg"},
+    ],
+)
+def test_nnx_loop_refuses_what_it_does_not_implement(glue_dir, minilm_dir, over):
+    nnx_finetune = _load("nnx_finetune")
+    with pytest.raises(nnx_finetune.Unsupported, match=list(over)[-1]):
+        nnx_finetune.check_supported(_nnx_config(glue_dir, minilm_dir, **over))
+
+
+def test_nnx_loop_max_steps_rerun_and_changed_config(tmp_path, glue_dir, minilm_dir):
+    """`max_steps` is honoured (checkpoint of step 3, evaluated); rerunning the finished run
+    returns its saved results; a resume with another seed or normaliser is refused in one
+    line before any state is read."""
+    import orbax.checkpoint as ocp
+
+    from isojax.training import resume
+
+    nnx_finetune = _load("nnx_finetune")
+    config = _nnx_config(glue_dir, minilm_dir, max_steps=3)
+    _, results = nnx_finetune.finetune(config, tmp_path / "a")
+    assert len(results) == 1 and "accuracy" in results[0]
+    assert ocp.CheckpointManager(tmp_path / "a" / "checkpoints").latest_step() == 3
+    _, again = nnx_finetune.finetune(config, tmp_path / "a")
+    assert again == results
+    for over in ({"seed": 2}, {"normalizer": "none"}):
+        changed = _nnx_config(glue_dir, minilm_dir, max_steps=3, **over)
+        with pytest.raises(resume.ConfigChanged, match=next(iter(over))) as info:
+            nnx_finetune.finetune(changed, tmp_path / "a")
+        assert "\n" not in str(info.value)
+
+
+def test_nnx_loop_evaluates_before_it_saves(tmp_path, glue_dir, minilm_dir, monkeypatch):
+    """The epoch's checkpoint is written after its evaluation (a kill during the evaluation
+    leaves no checkpoint claiming the epoch done, and the checkpoint holds its result)."""
+    import orbax.checkpoint as ocp
+
+    nnx_finetune = _load("nnx_finetune")
+    events, evaluate, save = [], nnx_finetune.evaluate, ocp.CheckpointManager.save
+
+    def evaluated(*args, **kwargs):
+        events.append("evaluate")
+        return evaluate(*args, **kwargs)
+
+    def saved(self, step, *args, **kwargs):
+        events.append(f"save {step}")
+        return save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(nnx_finetune, "evaluate", evaluated)
+    monkeypatch.setattr(ocp.CheckpointManager, "save", saved)
+    nnx_finetune.finetune(_nnx_config(glue_dir, minilm_dir, max_steps=2), tmp_path / "b")
+    assert events == ["evaluate", "save 2"]
