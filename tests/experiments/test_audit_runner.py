@@ -78,6 +78,26 @@ def test_dry_run_over_a_torn_cell_prints_its_estimate(tmp_path, glue_dir, minilm
     assert "rte-none-s1: no estimate" in caplog.text and "not a metrics record" in caplog.text
 
 
+@pytest.mark.parametrize("damage", ["score", "task", "eval"])
+def test_report_refuses_a_record_missing_nested_keys(tmp_path, damage, capsys):
+    """Finding 17: a record whose eval row lacks `score`, whose fields lack `task`, or whose
+    eval is not a list: one line naming the file and line, exit status 2."""
+    report = _load("report")
+    lines = (REPO / "experiments/results/cosreg.jsonl").read_text().splitlines()[:2]
+    record = json.loads(lines[1])
+    if damage == "score":
+        del record["eval"][0]["score"]
+    elif damage == "task":
+        del record["fields"]["task"]
+    else:
+        record["eval"] = {"oops": 1}
+    path = tmp_path / "damaged.jsonl"
+    path.write_text(lines[0] + "\n" + json.dumps(record) + "\n")
+    assert report.main([str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{path}:2: not a study record" in err, err
+
+
 # ----------------------------------------------------------------------------------------------
 # Finding 9: the NNX loop (experiments/nnx_finetune.py).
 # ----------------------------------------------------------------------------------------------
