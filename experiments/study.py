@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import math
 import os
 import pathlib
@@ -98,6 +99,7 @@ from study_records import (  # noqa: E402, F401  (re-exported)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "experiments" / "results"
+logger = logging.getLogger("study")
 
 
 class RecordedElsewhere(StudyError):
@@ -167,7 +169,14 @@ class _Plan:
         return old is None or (self.retry_failed and old["status"] == "failed")
 
     def estimate(self, cell: Cell) -> float | None:
-        done = max([row["epoch"] for row in read_run(self.study_dir / cell.name)["eval"]] + [0])
+        """Minutes left for `cell`; None (unknown) also where its folder cannot be read: an
+        estimate never stops the runner (the cell's own run repairs or refuses its folder)."""
+        try:
+            evals = read_run(self.study_dir / cell.name)["eval"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            logger.warning("%s: no estimate (%s)", cell.name, err)
+            return None
+        done = max([row["epoch"] for row in evals] + [0])
         return study_eta.estimate_minutes(
             cell.values, self.configs[cell.name], self.records, self.recipe, done, self.device
         )

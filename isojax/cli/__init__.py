@@ -225,7 +225,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_json(indent=2))
         return 0
-    from isojax.training import build, hardware, loop, nonfinite, resume
+    from isojax.training import build, checkpointing, hardware, loop, nonfinite, resume
 
     try:
         results = loop.train_and_evaluate(config, args.workdir)
@@ -233,7 +233,12 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         print(f"{PROG} finetune: stopped: {stop}", file=sys.stderr)
         return nonfinite.EXIT_STATUS
     # The compiled step's memory (DoesNotFit) too: one line, status 2.
-    except (build.VocabularyMismatch, resume.ConfigChanged, hardware.DoesNotFit) as err:
+    except (
+        build.VocabularyMismatch,
+        resume.ConfigChanged,
+        hardware.DoesNotFit,
+        checkpointing.CheckpointMismatch,  # a checkpoint of other arrays, or an edited position
+    ) as err:
         raise common.UsageError(str(err)) from None
     print(format_results(results))
     print(f"results: {pathlib.Path(args.workdir) / 'results.json'}")

@@ -11,7 +11,8 @@ learned weights as `nnx.Param`, running statistics as float32 `nnx.BatchStat` at
 the linen names (``cov``, ``std``, ``mean``, ``var``, and the ``count``/``skipped`` counters of
 :mod:`isojax.core.running`). The mode is the call argument, else the attribute (None by default, as
 `nnx.BatchNorm`'s), which `.train()`, `.eval()` and `nnx.view(model, use_running_average=...)`
-set (the `set_view` hook); with neither, the call raises and names the three ways.
+set (the `set_view` hook; a view that gives only `deterministic` sets it to that, as the head's
+call does); with neither, the call raises and names the three ways.
 
 Each call runs the same pure step of :mod:`isojax.core.normalizers` as the linen module (`isobn`,
 `recenter`, `batch_norm`, `layer_norm`, `identity`) on the values of its Variables and
@@ -95,8 +96,14 @@ class RunningModule(nnx.Module):
         self.write_state(new)
         return y
 
-    def set_view(self, use_running_average: bool | None = None) -> None:
-        """The hook of `nnx.view`: sets the default mode when one is given."""
+    def set_view(
+        self, use_running_average: bool | None = None, deterministic: bool | None = None
+    ) -> None:
+        """The hook of `nnx.view`: sets the default mode when one is given, else follows
+        `deterministic` as the head's call and linen's `apply(deterministic=...)` do, so that
+        `nnx.view(model, deterministic=True)` also freezes the running statistics."""
+        if use_running_average is None:
+            use_running_average = deterministic
         if use_running_average is not None:
             self.use_running_average = use_running_average
 
@@ -314,9 +321,11 @@ class Stateless(nnx.Module):
     """A transform without running state: its `set_view` accepts the mode and ignores it, so
     `nnx.view(model, use_running_average=...)` reaches a model holding only these."""
 
-    def set_view(self, use_running_average: bool | None = None) -> None:
+    def set_view(
+        self, use_running_average: bool | None = None, deterministic: bool | None = None
+    ) -> None:
         """The hook of `nnx.view`; nothing to set."""
-        del use_running_average
+        del use_running_average, deterministic
 
 
 class LayerNorm(Stateless):

@@ -6,6 +6,22 @@ Hugging Face folder (:mod:`~isojax.runs.export`).
     logits, _ = restored.module.apply(restored.variables, ids, mask, types)
 """
 
-from isojax.runs.folder import Restored, RunNotRestorable, is_run_folder, load_config, restore
+from isojax.runs.folder import (
+    RUN_FILES,
+    Restored,
+    RunNotRestorable,
+    is_run_folder,
+    load_config,
+    restore,
+    run_owning,
+)
 
-__all__ = ["Restored", "RunNotRestorable", "is_run_folder", "load_config", "restore"]
+__all__ = [
+    "RUN_FILES",
+    "Restored",
+    "RunNotRestorable",
+    "is_run_folder",
+    "load_config",
+    "restore",
+    "run_owning",
+]

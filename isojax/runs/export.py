@@ -50,8 +50,17 @@ def check_destination(folder: str | pathlib.Path, *, overwrite: bool = False) ->
     """Raises `DestinationRefused` unless `folder` is absent, an empty folder, or (with
     `overwrite`) an earlier export: only plain files, one of them a Hugging Face
     `config.json` (with "architectures"). A run folder (`runs.is_run_folder`) is never
-    taken."""
+    taken, nor a folder among a run's own files (`runs.run_owning`: under its checkpoints) or
+    under a file."""
     folder = pathlib.Path(folder)
+    parent = next(p for p in folder.absolute().parents if p.exists())
+    if not (folder.exists() or parent.is_dir()):
+        raise DestinationRefused(f"{folder}: {parent} is a file, not a folder")
+    run = runs.run_owning(folder)
+    if run is not None:
+        raise DestinationRefused(
+            f"{folder} is among the run folder {run}'s own files: choose a folder outside them"
+        )
     if not folder.exists():
         return
     if not folder.is_dir():

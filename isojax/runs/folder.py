@@ -114,6 +114,21 @@ def is_run_folder(path: str | pathlib.Path) -> bool:
     )
 
 
+# What a run folder holds of its own: `predict` and `export` never write there.
+RUN_FILES = ("config.json", "metrics.jsonl", "results.json", resume.LATEST_DIR, resume.BEST_DIR)
+
+
+def run_owning(path: str | pathlib.Path) -> pathlib.Path | None:
+    """The run folder (`is_run_folder`) of which `path` is one of its own files (`RUN_FILES`)
+    or lies under its checkpoint folders; None when `path` is no run's file (a predictions
+    file beside a run's own files is not one)."""
+    path = pathlib.Path(path).resolve()
+    for folder in path.parents:
+        if path.relative_to(folder).parts[0] in RUN_FILES and is_run_folder(folder):
+            return folder
+    return None
+
+
 def _unknown_fields(saved: dict) -> list[str]:
     """Flat keys of `saved` that `config.default_config()` has not (a free-form sub-config,
     `normalizer_kwargs`, takes any key)."""

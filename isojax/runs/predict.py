@@ -21,7 +21,8 @@ QNLI, MNLI's three strings, 0/1 for CoLA, SST-2, MRPC and QQP), STS-B's score cl
 
 Outputs are written atomically (a temporary file renamed into place, removed if the write
 fails); `check_file` and `check_folder` refuse a destination of the wrong kind (a predictions
-file that is a folder, a submission folder that is a file) before anything is computed.
+file that is a folder, a submission folder that is a file) or one of a run folder's own files
+(its `config.json`, `metrics.jsonl`, `results.json`, checkpoints) before anything is computed.
 
 References:
   Wang et al., `GLUE <https://arxiv.org/abs/1804.07461>`_, ICLR 2019; the submission format of
@@ -61,10 +62,17 @@ class OutputRefused(ValueError):
 
 
 def check_file(path: str | pathlib.Path) -> None:
-    """Refuses (`OutputRefused`) a file destination that is a folder or lies under a file."""
+    """Refuses (`OutputRefused`) a file destination that is a folder, lies under a file, or is
+    one of a run folder's own files (`runs.run_owning`: its config, log, results, checkpoints).
+    """
     path = pathlib.Path(path)
     if path.is_dir():
         raise OutputRefused(f"{path} is a folder: name the file to write")
+    run = runs.run_owning(path)
+    if run is not None:
+        raise OutputRefused(
+            f"{path} is one of the run folder {run}'s own files: write the predictions elsewhere"
+        )
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():

@@ -197,7 +197,7 @@ def create_train_state(
             stabilizer=steps.init_stabilizer(objective, hidden_size),
             loss_scale=loss_scale,
             rng=run_rng,
-            apply_fn=model.apply,
+            apply_fn=precision.OutputCast(model.apply, policy),
             tx=tx,
             objective=objective,
             rng_impl=config.rng_impl,

@@ -4,8 +4,11 @@ A `Policy` names three dtypes, as in DeepMind's jmp: the parameters' storage dty
 the dtype the model computes in (`compute`) and the dtype of the model's outputs (`output`).
 It is parsed from strings such as ``"p=f32,c=bf16,o=f32"`` (or the long form
 ``"params=float32,compute=bfloat16,output=float32"``, or one dtype for all three:
-``"bf16"``). Statistics, logits and losses stay float32 whatever the policy (STYLE.md §11-12);
-the policy only sets the modules' ``dtype``/``param_dtype``.
+``"bf16"``). Statistics and losses stay float32 whatever the policy (STYLE.md §11-12); the
+policy sets the modules' ``dtype``/``param_dtype``, and the train state's `apply_fn` casts the
+logits and sentence vectors the classifier returns to the output dtype (`OutputCast`, jmp's
+``cast_to_output``), which the loss and the statistics then read in float32. float64 needs
+JAX's x64 mode (``JAX_ENABLE_X64=1``); without it the policy is refused.
 
 float16 has a 5-bit exponent: gradients of a float16 forward pass underflow unless the loss is
 multiplied by a large scale before differentiation and the gradients divided by it after.
@@ -21,6 +24,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -68,7 +72,8 @@ class Policy:
     Attributes:
       param_dtype: storage dtype of the parameters and of the optimizer's moments.
       compute_dtype: dtype of activations and matmuls (the modules' ``dtype``).
-      output_dtype: dtype the model's outputs are cast to (logits are float32 regardless).
+      output_dtype: dtype of the logits and sentence vectors the classifier returns
+        (`OutputCast`); the loss and statistics read them in float32.
     """
 
     param_dtype: jnp.dtype
@@ -112,13 +117,14 @@ def get_policy(spec: str) -> Policy:
       'p=f16,c=f16,o=f16'
 
     Raises:
-      ValueError: an unknown key or dtype, or a key given twice.
+      ValueError: an unknown key or dtype, a key given twice, or float64 without JAX's
+        x64 mode.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"precision policy must be a non-empty string, got {spec!r}")
     if "=" not in spec:
         dtype = parse_dtype(spec)
-        return Policy(dtype, dtype, dtype)
+        return _checked(spec, Policy(dtype, dtype, dtype))
     fields: dict[str, jnp.dtype] = {}
     for part in spec.split(","):
         key, sep, value = part.partition("=")
@@ -131,11 +137,56 @@ def get_policy(spec: str) -> Policy:
             raise ValueError(f"precision policy {spec!r} sets {_KEYS[key]} twice")
         fields[_KEYS[key]] = parse_dtype(value)
     f32 = jnp.dtype(jnp.float32)
-    return Policy(
+    policy = Policy(
         param_dtype=fields.get("param", f32),
         compute_dtype=fields.get("compute", f32),
         output_dtype=fields.get("output", f32),
     )
+    return _checked(spec, policy)
+
+
+def _checked(spec: str, policy: Policy) -> Policy:
+    """`policy`, or ValueError for float64 while JAX's x64 mode is off (it would run in
+    float32, with only JAX's per-op warnings to say so)."""
+    f64 = jnp.dtype(np.float64)
+    wants = (policy.param_dtype, policy.compute_dtype, policy.output_dtype)
+    if f64 in wants and not jax.config.jax_enable_x64:
+        raise ValueError(
+            f"precision policy {spec!r} asks for float64, but JAX's x64 mode is off: set "
+            "JAX_ENABLE_X64=1 before starting, or use f32"
+        )
+    return policy
+
+
+# What a classifier returns beside its logits that the policy's output dtype applies to: the
+# sentence vectors (`isojax.models.heads.classify`'s extras).
+OUTPUT_VECTORS = ("sentence", "pre_logits")
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputCast:
+    """`fn` (a classifier's `apply`) with `policy.cast_to_output` applied to what it returns,
+    as jmp's policy is applied: the logits and the sentence vectors (`OUTPUT_VECTORS`) of its
+    `(logits, extras)`, also under `mutable=` (`((logits, extras), updates)`). The hidden
+    states stay in the compute dtype. Compares by value, so a jitted step keyed on a state
+    holding it compiles once."""
+
+    fn: Callable
+    policy: Policy
+
+    def __call__(self, *args, **kwargs):
+        out = self.fn(*args, **kwargs)
+        if kwargs.get("mutable"):
+            return self._cast(out[0]), out[1]
+        return self._cast(out)
+
+    def _cast(self, out: tuple) -> tuple:
+        logits, extras = out
+        vectors = {k: v for k, v in extras.items() if k in OUTPUT_VECTORS}
+        return self.policy.cast_to_output(logits), {
+            **extras,
+            **self.policy.cast_to_output(vectors),
+        }
 
 
 def _cast_floating(tree: Any, dtype: jnp.dtype) -> Any:

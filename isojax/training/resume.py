@@ -77,6 +77,21 @@ class Position:
         self.train_sums, self.train_count = {}, 0
         return means
 
+    @classmethod
+    def from_json(cls, saved: dict, where: str) -> Position:
+        """The position `to_json` saved (`where`: the checkpoint, for the message), its step
+        sums on device; `checkpointing.CheckpointMismatch` (one line) for a key it has not."""
+        unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise checkpointing.CheckpointMismatch(
+                f"{where}: its position holds unknown keys {unknown} (another isojax's or an "
+                "edited checkpoint): resume from another checkpoint, or use a new workdir"
+            )
+        position = cls(**saved)
+        sums = saved.get("train_sums") or {}
+        position.train_sums = {k: jnp.asarray(v, jnp.float32) for k, v in sums.items()}
+        return position
+
     def to_json(self) -> dict:
         return {
             "epoch": self.epoch,
@@ -232,8 +247,7 @@ def restore(
     step = int(state.step)
     if config is not None:
         check_stamp(stamp, config, f"checkpoint step {step} in {ckpt.directory}")
-    position = Position(**saved)
-    position.train_sums = {k: jnp.asarray(v, jnp.float32) for k, v in saved["train_sums"].items()}
+    position = Position.from_json(saved, f"checkpoint step {step} in {ckpt.directory}")
     if lead and path.exists():
         lines = path.read_text().splitlines(keepends=True)
         kept = [line for line, record in metrics_lines(path) if record["step"] <= step]
