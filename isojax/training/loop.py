@@ -449,8 +449,8 @@ def train_and_evaluate(
     workdir.mkdir(parents=True, exist_ok=True)
     lead = jax.process_index() == 0
     # The folder held and the signals watched before anything is built (`preemption`).
+    resume.check_same_run(config, workdir)  # a refusal leaves the folder as it was
     with resume.hold_run_folder(workdir, lead), preemption.Watch() as watch:
-        resume.check_same_run(config, workdir)
         run = setup(config, mesh=mesh)
         if lead and config.progress:  # the progress display's first line, once the data have
             # loaded (a refusal stays the one line on stderr; progress off: errors only)

@@ -169,16 +169,12 @@ def check_stamp(stamp: dict | None, config: ml_collections.ConfigDict, where: st
 
 
 def run_artefacts(workdir: pathlib.Path) -> list[str]:
-    """What of a run `workdir` holds: a non-empty `checkpoints/` or `best_checkpoint/`, a
-    non-empty `metrics.jsonl`, a `results.json` (empty folders are what a start leaves)."""
-    found = [f"{name}/" for name in (LATEST_DIR, BEST_DIR) if any_entry(workdir / name)]
+    """What of a run `workdir` holds: `checkpoints/`, `best_checkpoint/`, a non-empty
+    `metrics.jsonl`, `results.json`."""
+    found = [f"{name}/" for name in (LATEST_DIR, BEST_DIR) if (workdir / name).is_dir()]
     metrics = workdir / "metrics.jsonl"
     found += ["metrics.jsonl"] if metrics.is_file() and metrics.stat().st_size else []
     return found + (["results.json"] if (workdir / "results.json").exists() else [])
-
-
-def any_entry(folder: pathlib.Path) -> bool:
-    return folder.is_dir() and any(folder.iterdir())
 
 
 def check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
