@@ -149,7 +149,7 @@ def _differences(saved: dict, wanted: dict) -> list[str]:
     return sorted(lines)
 
 
-REPLACED = ".replaced"  # a checkpoint being replaced (`Checkpointer.save(replace=True)`)
+REPLACED = ".replaced"  # a checkpoint being replaced by `Checkpointer.save`
 
 
 def _put_back_replaced(directory: pathlib.Path) -> None:
@@ -199,15 +199,14 @@ class Checkpointer:
         """Steps with a committed checkpoint, ascending."""
         return sorted(self._manager.all_steps())
 
-    def save(self, step: int, state: Any, position: dict, *, replace: bool = False) -> None:
+    def save(self, step: int, state: Any, position: dict) -> None:
         """Writes `state` (any pytree of arrays) and the JSON-able `position` as `step`.
 
-        Blocks until the checkpoint is committed. Without `replace`, a step at or below the
-        newest saved one is not written (a step saved already is left as it is). With
-        `replace`, the saved steps at or after `step` are replaced by this one, unless `step`
-        is saved already with this very position: each is first renamed `<step>.replaced`,
-        then removed once `step` is committed (a kill in between: the next `Checkpointer` of
-        the folder puts it back), so the save is never a silent no-op.
+        Blocks until the checkpoint is committed. Never a silent no-op: saved steps at or after
+        `step` (which orbax would keep, skipping this one) are replaced by it, unless `step` is
+        saved already with this very position (then nothing is written). Each is first renamed
+        `<step>.replaced`, then removed once `step` is committed; after a kill in between, the
+        next `Checkpointer` of the folder puts it back.
 
         Raises:
           CheckpointWriteError: the disk (or quota) is full; the unfinished folder of `step`
@@ -216,10 +215,8 @@ class Checkpointer:
         if self.read_only:
             raise ValueError(f"{self.directory}: opened read-only, cannot save step {step}")
         later = [s for s in self._manager.all_steps() if s >= step]
-        if later == [step] and (not replace or self._same_position(step, position)):
+        if later == [step] and self._same_position(step, position):
             return
-        if later and not replace:
-            return  # orbax writes no step below its newest one
         aside = [self._move_aside(s) for s in later]
         try:
             self._write(step, state, position)

@@ -197,7 +197,7 @@ class Loop:
         A checkpoint of `step` saved with another position (a preemption at an epoch's last
         step, before its evaluation) is replaced, so the newest one never says "not
         evaluated" of an epoch that was."""
-        self.ckpt.save(step, state, self.position.to_json() | self.stamp, replace=True)
+        self.ckpt.save(step, state, self.position.to_json() | self.stamp)
         if self.meter is not None:
             self.meter.mark()
 
@@ -307,7 +307,7 @@ class Loop:
         if epoch_done:
             position.epoch, position.batch = position.epoch + 1, 0
         if is_best:  # before the latest, so a resumed run never claims a best it lacks
-            self.best_ckpt.save(step, state, position.to_json() | self.stamp, replace=True)
+            self.best_ckpt.save(step, state, position.to_json() | self.stamp)
         self.save(step, state)
 
     def results(self, state, step: int) -> dict:
