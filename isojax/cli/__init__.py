@@ -229,7 +229,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
     try:
         results = loop.train_and_evaluate(config, args.workdir)
-    except nonfinite.NonFiniteLoss as stop:  # no score: one line, status 3
+    except (nonfinite.NonFiniteLoss, nonfinite.NormalizerStalled) as stop:  # no score: status 3
         print(f"{PROG} finetune: stopped: {stop}", file=sys.stderr)
         return nonfinite.EXIT_STATUS
     # The compiled step's memory (DoesNotFit) too: one line, status 2.

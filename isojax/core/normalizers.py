@@ -7,7 +7,8 @@ None)`: `train` picks batch or running statistics, `update` whether the running 
 (linen's `init` computes a training output but leaves the state as it is). Running state is
 float32 (`running.STATS_DTYPE`) with the `count`/`skipped` counters and the bad-batch guard of
 :mod:`isojax.core.running`. `HPARAMS` and `STRUCTURAL` are the one table of every normaliser's
-hyper-parameters and defaults, read by both front ends' classes and by `check_hparams`.
+hyper-parameters and defaults, read by both front ends' classes and by `check_hparams`;
+`MIN_ROWS` its fewest training rows.
 """
 
 from typing import Any
@@ -143,6 +144,12 @@ STRUCTURAL: dict[str, tuple[str, ...]] = {
     "isobn": ("use_running_average", "axis_name", "dtype"),
     "whiten": ("use_running_average", "axis_name", "dtype"),
 }
+# The fewest rows of a training batch (a micro-batch under accumulation) whose statistics a
+# normaliser can use: batch norm's and IsoBN's variance and re-centring's mean of one row make the
+# output a constant (`x - x`) and leave the running statistics still. The config refuses a
+# micro-batch below it (`training.config.validate_config`); the bad-batch guards of `isobn_update`
+# and `batch_norm` read it.
+MIN_ROWS: dict[str, int] = {"none": 1, "recenter": 2, "batchnorm": 2, "layernorm": 1, "isobn": 2}
 NORMALIZERS = tuple(HPARAMS)
 _FRONT_END_ONLY = {"linen": ("name",), "nnx": ()}
 
@@ -205,7 +212,7 @@ def isobn_update(
         `(new state, ok)`.
     """
     batch = stats.batch_moments(lax.stop_gradient(x), mask, axis_name=axis_name)
-    ok = running.batch_ok(batch.count, batch.cov, batch.std, min_count=2)
+    ok = running.batch_ok(batch.count, batch.cov, batch.std, min_count=MIN_ROWS["isobn"])
     new = {
         "cov": running.ema(momentum, state["cov"], batch.cov),
         "std": running.ema(momentum, state["std"], batch.std),
@@ -288,7 +295,8 @@ def running_mean_var(
 
 
 def recenter(state: dict, x, mask, *, momentum: float, dtype=None, **step) -> tuple:
-    """Re-centring's step (`norms.Recenter`): `x − mean`, the batch mean in training."""
+    """Re-centring's step (`norms.Recenter`): `x − mean`, the batch mean in training. Its running
+    mean takes a single row (guard 1), whose output is 0 (hence `MIN_ROWS` 2)."""
     x32, mean, _, new, ok = running_mean_var(state, x, mask, momentum=momentum, min_count=1, **step)
     return (x32 - mean).astype(dtype or x.dtype), new, ok
 
@@ -299,7 +307,7 @@ def batch_norm(
     """Batch norm's step (`norms.BatchNorm`): `(x − mean) / sqrt(var + ε) · scale + bias`,
     `params` holding ``scale`` and ``bias`` where they are used."""
     x32, mean, var, new, ok = running_mean_var(
-        state, x, mask, momentum=momentum, min_count=2, **step
+        state, x, mask, momentum=momentum, min_count=MIN_ROWS["batchnorm"], **step
     )
     y = (x32 - mean) * lax.rsqrt(var + epsilon)
     return _scale_bias(y, params).astype(dtype or x.dtype), new, ok

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import json
 import logging
 import os
 import pathlib
@@ -148,6 +149,22 @@ def _differences(saved: dict, wanted: dict) -> list[str]:
     return sorted(lines)
 
 
+REPLACED = ".replaced"  # a checkpoint being replaced by `Checkpointer.save`
+
+
+def _put_back_replaced(directory: pathlib.Path) -> None:
+    """After a kill during a replacing save: a `<step>.replaced` folder whose step was written
+    again is removed, one whose step is missing is renamed back (process 0)."""
+    if jax.process_index() != 0 or not directory.is_dir():
+        return
+    for path in directory.glob(f"*{REPLACED}"):
+        step = directory / path.name.removesuffix(REPLACED)
+        if step.exists():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.rename(step)
+
+
 class Checkpointer:
     """Saves and restores `(train state, position dict)` pairs under one folder, by step.
 
@@ -174,6 +191,8 @@ class Checkpointer:
                 create=not read_only,
                 read_only=read_only,
             )
+            if not read_only:
+                _put_back_replaced(self.directory)
             self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def all_steps(self) -> list[int]:
@@ -183,7 +202,11 @@ class Checkpointer:
     def save(self, step: int, state: Any, position: dict) -> None:
         """Writes `state` (any pytree of arrays) and the JSON-able `position` as `step`.
 
-        Blocks until the checkpoint is committed. A step saved already is left as it is.
+        Blocks until the checkpoint is committed. Never a silent no-op: saved steps at or after
+        `step` (which orbax would keep, skipping this one) are replaced by it, unless `step` is
+        saved already with this very position (then nothing is written). Each is first renamed
+        `<step>.replaced`, then removed once `step` is committed; after a kill in between, the
+        next `Checkpointer` of the folder puts it back.
 
         Raises:
           CheckpointWriteError: the disk (or quota) is full; the unfinished folder of `step`
@@ -191,8 +214,38 @@ class Checkpointer:
         """
         if self.read_only:
             raise ValueError(f"{self.directory}: opened read-only, cannot save step {step}")
-        if step in self._manager.all_steps():
+        later = [s for s in self._manager.all_steps() if s >= step]
+        if later == [step] and self._same_position(step, position):
             return
+        aside = [self._move_aside(s) for s in later]
+        try:
+            self._write(step, state, position)
+        except BaseException:
+            _put_back_replaced(self.directory)  # the replaced steps are kept
+            self._manager.reload()
+            raise
+        if jax.process_index() == 0:
+            for path in aside:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _same_position(self, step: int, position: dict) -> bool:
+        """Whether checkpoint `step` holds `position` (compared as JSON)."""
+        saved = self._manager.restore(
+            step, args=ocp.args.Composite(position=ocp.args.JsonRestore())
+        ).position
+        return json.loads(json.dumps(position)) == saved
+
+    def _move_aside(self, step: int) -> pathlib.Path:
+        """Renames checkpoint `step` to `<step>.replaced` (orbax ignores it) for `save`."""
+        target = self.directory / f"{step}{REPLACED}"
+        if jax.process_index() == 0:
+            shutil.rmtree(target, ignore_errors=True)
+            (self.directory / str(step)).rename(target)
+        self._manager.reload()
+        return target
+
+    def _write(self, step: int, state: Any, position: dict) -> None:
+        """Orbax's save of `step`, a full disk raised as `CheckpointWriteError`."""
         # orbax's writer threads log each failure with its traceback (absl ERROR) before the
         # save raises it, and die with the tracebacks of the writes it cut short (module
         # docstring): the one line below says it instead.

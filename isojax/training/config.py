@@ -303,6 +303,7 @@ def _check_loop(config: ml_collections.ConfigDict) -> None:
         int(k) >= 1 and config.batch_size % k == 0,
         f"grad_accum_steps {k} must be >= 1 and divide batch_size {config.batch_size}",
     )
+    _check_micro_batch(config)
     for name in (
         "max_steps",
         "checkpoint_every",
@@ -317,6 +318,19 @@ def _check_loop(config: ml_collections.ConfigDict) -> None:
     _check(
         not (config.packing and config.row_buckets) or all(int(r) >= 1 for r in config.row_buckets),
         f"row_buckets must be positive row counts: {config.row_buckets}",
+    )
+
+
+def _check_micro_batch(config: ml_collections.ConfigDict) -> None:
+    """A micro-batch of at least the normaliser's `normalizers.MIN_ROWS` rows: fewer, and every
+    batch is skipped (its statistics unusable: a constant output, no running update)."""
+    micro, least = config.batch_size // config.grad_accum_steps, normalizers.MIN_ROWS
+    need = least[config.normalizer]
+    _check(
+        micro >= need,
+        f"batch_size / grad_accum_steps = {config.batch_size} / {config.grad_accum_steps} = "
+        f"{micro} row(s) per micro-batch, fewer than the {need} that normalizer "
+        f"{config.normalizer!r} needs: raise batch_size or lower grad_accum_steps",
     )
 
 

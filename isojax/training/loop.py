@@ -193,7 +193,10 @@ class Loop:
         return self.log.throughput
 
     def save(self, step: int, state) -> None:
-        """The checkpoint of `step` with the position (the save's time is not the steps')."""
+        """The checkpoint of `step` with the position (the save's time is not the steps').
+        A checkpoint of `step` saved with another position (a preemption at an epoch's last
+        step, before its evaluation) is replaced, so the newest one never says "not
+        evaluated" of an epoch that was."""
         self.ckpt.save(step, state, self.position.to_json() | self.stamp)
         if self.meter is not None:
             self.meter.mark()
@@ -255,16 +258,76 @@ class Loop:
         return state
 
     def save_and_exit(self, step: int, state) -> None:
-        """Preemption: the checkpoint of `step` (a second signal is ignored meanwhile), the
-        writers closed, one line naming it, then `preemption.Preempted` (exit status 75)."""
+        """Preemption: the checkpoint of `step` (a second signal is ignored meanwhile), one
+        line naming it, then `preemption.Preempted` (exit status 75; the caller's `finally`
+        closes the writers and the profiler window)."""
         self.watch.saving = True
         self.save(step, state)
-        self.close()
         where = str(self.ckpt.directory / str(step))
         stopped = preemption.Preempted(step, where, self.watch.signal_name)
         if self.lead:
             logger.warning(stopped.line())
         raise stopped
+
+    def epochs(self, state) -> tuple[Any, int]:
+        """The epoch loop, from the position to the run's end: per epoch the C0 pass, the
+        training steps, the dev evaluation and the checkpoints; every stop through the watch
+        (`preemption.Watch.requested`). Returns the last state and step."""
+        run, config, position = self.run, self.config, self.position
+        c0_each_epoch = config.penalty == "istar" and config.istar.stabilizer.kind == "pass"
+        num_epochs = -(-run.total_steps // run.steps_per_epoch)
+        step = int(state.step)
+        while step < run.total_steps and position.epoch < num_epochs:
+            if c0_each_epoch and position.batch == 0:
+                state = self.c0_pass(state, position.epoch)
+            counters = (
+                nonfinite.running_counters(state.batch_stats) if position.batch == 0 else None
+            )
+            state, step, epoch_done, stop = self.train_epoch(state, step)
+            if stop:
+                self.loss_watch.check(step, position.epoch, before="checkpointing")
+                self.save_and_exit(step, state)
+            if epoch_done and counters is not None:
+                nonfinite.check_running(counters, state.batch_stats, position.epoch, step)
+            self.evaluate_and_save(state, step, epoch_done)
+            # Noticed during the evaluation or the save: the same answer on every process.
+            if self.watch.requested(step) and step < run.total_steps:
+                self.save_and_exit(step, state)
+        return state, step
+
+    def evaluate_and_save(self, state, step: int, epoch_done: bool) -> None:
+        """The dev evaluation of `step`, the best checkpoint (replaced: never a silent no-op)
+        when it is the best so far, then the latest one."""
+        position = self.position
+        self.loss_watch.check(step, position.epoch, before="evaluating")
+        results = evaluation.evaluate_all(
+            self.run, state, self.config, step, position.epoch + 1, self.log
+        )
+        is_best = position.note_eval(results, glue.get_task(self.config.task).dev_splits[0])
+        if epoch_done:
+            position.epoch, position.batch = position.epoch + 1, 0
+        if is_best:  # before the latest, so a resumed run never claims a best it lacks
+            self.best_ckpt.save(step, state, position.to_json() | self.stamp)
+        self.save(step, state)
+
+    def results(self, state, step: int) -> dict:
+        """The run's results: the last dev evaluation's, and the best one's (None, with a
+        warning, when `best_checkpoint/` lacks its step: it was deleted)."""
+        position = self.position
+        if position.last_eval is None:  # nothing to train (a finished run without results)
+            position.last_eval = evaluation.evaluate_all(
+                self.run, state, self.config, step, position.epoch, None
+            )
+        best = position.best
+        if best is not None and best["step"] not in self.best_ckpt.all_steps():
+            logger.warning(
+                "isojax: %s lacks the best dev epoch's step %d (deleted?): results.json names "
+                "no best",
+                self.best_ckpt.directory,
+                best["step"],
+            )
+            best = None
+        return position.last_eval | {"best": best}
 
     def close(self) -> None:
         """Closes the profiler window, the log and the checkpointers."""
@@ -371,48 +434,42 @@ def train_and_evaluate(
 
     SIGTERM or SIGINT (`preemption`): the running step finishes, its checkpoint is written at
     that position, and `preemption.Preempted` (SystemExit, status 75) is raised; rerun to resume.
+    A signal before the first step raises it at once (nothing to save); a failure once a stop
+    was requested raises `preemption.StopFailed` (status 1). A normaliser that skipped every
+    batch of an epoch stops the run with `nonfinite.NormalizerStalled`.
+
+    The run folder is held (`resume.hold_run_folder`: a second process is refused with
+    `resume.RunFolderBusy`) and must hold nothing of a run with another config
+    (`resume.check_same_run`); `config.json` is written once the restore has accepted the
+    config. The profiler window and the writers are closed on every way out.
     """
     config_lib.validate_config(config)
     distributed.initialize_distributed()
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     lead = jax.process_index() == 0
-    resume.check_same_run(config, workdir)
-    if lead:
-        (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
-    run = setup(config, mesh=mesh)
-    if lead and config.progress:  # the progress display's first line, once the data have
-        # loaded (a refusal stays the one line on stderr; progress off: errors only)
-        logger.info("isojax: %s: %s", workdir, data_source(config))
-    main_split = glue.get_task(config.task).dev_splits[0]  # MNLI: matched
-    c0_pass_each_epoch = config.penalty == "istar" and config.istar.stabilizer.kind == "pass"
-    num_epochs = -(-run.total_steps // run.steps_per_epoch)
-    with preemption.Watch() as watch:
+    # The folder held and the signals watched before anything is built (`preemption`).
+    resume.check_same_run(config, workdir)  # a refusal leaves the folder as it was
+    with resume.hold_run_folder(workdir, lead), preemption.Watch() as watch:
+        run = setup(config, mesh=mesh)
+        if lead and config.progress:  # the progress display's first line, once the data have
+            # loaded (a refusal stays the one line on stderr; progress off: errors only)
+            logger.info("isojax: %s: %s", workdir, data_source(config))
         loop, state = _open_loop(run, config, workdir, lead, watch)
-        position, step = loop.position, int(state.step)
-        while step < run.total_steps and position.epoch < num_epochs:
-            if c0_pass_each_epoch and position.batch == 0:
-                state = loop.c0_pass(state, position.epoch)
-            state, step, epoch_done, stop = loop.train_epoch(state, step)
-            if stop:
-                loop.loss_watch.check(step, position.epoch, before="checkpointing")
-                loop.save_and_exit(step, state)
-            loop.loss_watch.check(step, position.epoch, before="evaluating")
-            results = evaluation.evaluate_all(
-                run, state, config, step, position.epoch + 1, loop.log
-            )
-            is_best = position.note_eval(results, main_split)
-            if epoch_done:
-                position.epoch, position.batch = position.epoch + 1, 0
-            if is_best:  # before the latest, so a resumed run never claims a best it lacks
-                loop.best_ckpt.save(step, state, position.to_json() | loop.stamp)
-            loop.save(step, state)
-            if watch.signal_name is not None and step < run.total_steps:  # during eval/save
-                loop.save_and_exit(step, state)
-    loop.close()
-    if position.last_eval is None:  # nothing to train (resumed a finished run without results)
-        position.last_eval = evaluation.evaluate_all(run, state, config, step, position.epoch, None)
-    results = position.last_eval | {"best": position.best}
+        try:
+            if lead:  # once the restore has accepted the config
+                (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
+            watch.start()
+            state, step = loop.epochs(state)
+            results = loop.results(state, step)
+        except Exception as err:
+            if watch.signal_name is None:
+                raise
+            stop = preemption.StopFailed(watch.signal_name, err)
+            logger.error(stop.line())
+            raise stop from err
+        finally:
+            loop.close()
     if lead:
         (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results

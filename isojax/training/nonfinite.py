@@ -17,12 +17,18 @@ The stop writes `results.json` as `{"stopped": "non-finite loss", "error", "step
 `isojax finetune` prints its one line and exits with `EXIT_STATUS` (3). Under float16's dynamic
 loss scale a skipped step is the scale working (`precision.DynamicLossScale`), and the watch is
 off; `max_nonfinite_steps = None` turns it off everywhere.
+
+A run whose normaliser refused every training batch of an epoch (its bad-batch guard: too few
+rows, or non-finite statistics; the `count`/`skipped` counters of its `batch_stats`) is
+stopped too, at that epoch's end, with `NormalizerStalled` (same exit status, no score): its
+running statistics never moved, and its output was a constant.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -107,3 +113,37 @@ def stopped(workdir: str | pathlib.Path) -> dict | None:
         return None
     results = json.loads(path.read_text())
     return results if results.get("stopped") == STOPPED else None
+
+
+class NormalizerStalled(RuntimeError):
+    """The normaliser skipped every training batch of an epoch (one-line message)."""
+
+
+def running_counters(batch_stats) -> dict[str, tuple[int, int]]:
+    """`{module path: (count, skipped)}` of each running-statistics module in `batch_stats`
+    (one host sync of those scalars alone)."""
+    found = {}
+
+    def walk(tree, path: str) -> None:
+        if "count" in tree and "skipped" in tree:
+            found[path or "."] = (tree["count"], tree["skipped"])
+        for name, child in tree.items():
+            if isinstance(child, Mapping):
+                walk(child, f"{path}/{name}" if path else name)
+
+    if isinstance(batch_stats, Mapping):
+        walk(batch_stats, "")
+    return {path: (int(c), int(s)) for path, (c, s) in jax.device_get(found).items()}
+
+
+def check_running(before: dict, batch_stats, epoch: int, step: int) -> None:
+    """Raises `NormalizerStalled` when a module of `batch_stats` applied no update since
+    `before` (`running_counters` at the epoch's start) and skipped batches."""
+    for path, (count, skipped) in running_counters(batch_stats).items():
+        count0, skipped0 = before.get(path, (0, 0))
+        if count == count0 and skipped > skipped0:
+            raise NormalizerStalled(
+                f"the normaliser's running statistics ({path}) skipped all "
+                f"{skipped - skipped0} training batches of epoch {epoch + 1} (step {step}): "
+                "too few rows per micro-batch, or non-finite statistics; no score reported"
+            )

@@ -52,15 +52,38 @@ class Preempted(SystemExit):
     (and `isojax finetune` returns it).
     """
 
-    def __init__(self, step: int, path: str, signal_name: str):
+    def __init__(self, step: int | None, path: str | None, signal_name: str):
         super().__init__(EXIT_PREEMPTED)
         self.step, self.path, self.signal_name = step, path, signal_name
 
     def line(self) -> str:
-        """The one line naming the checkpoint."""
+        """The one line naming the checkpoint (or saying that none was needed: a stop before
+        the first training step, `step` None)."""
+        if self.step is None:
+            return (
+                f"isojax: {self.signal_name} before the first training step: nothing to save; "
+                f"exiting with status {EXIT_PREEMPTED} (rerun the same command to resume)"
+            )
         return (
             f"isojax: {self.signal_name}: saved the checkpoint of step {self.step} at "
             f"{self.path}; exiting with status {EXIT_PREEMPTED} (rerun the same command to resume)"
+        )
+
+
+class StopFailed(SystemExit):
+    """A requested stop whose checkpoint (or anything after the signal) failed: `error`. A
+    `SystemExit` with status 1, not an `Exception`, so that a caller recording failures (the
+    study runner) ends too instead of going on with the signal consumed."""
+
+    def __init__(self, signal_name: str, error: BaseException):
+        super().__init__(1)
+        self.signal_name, self.error = signal_name, error
+
+    def line(self) -> str:
+        first = str(self.error).splitlines()[0] if str(self.error) else ""
+        return (
+            f"isojax: {self.signal_name}: the run could not stop cleanly "
+            f"({type(self.error).__name__}: {first}); exiting with status 1"
         )
 
 
@@ -75,6 +98,10 @@ def _sync_manager_running() -> bool:
 class Watch:
     """Context manager: notes SIGTERM / SIGINT and answers, per step, whether to stop there.
 
+    Entered before the run is built: until `start()` (the first training step is next), one
+    process ends at the signal itself with `Preempted` (nothing to save); several processes
+    leave it to the sync point, which stops them all after the first step.
+
     Args:
       enabled: False: installs nothing and `requested` is always False.
     """
@@ -83,6 +110,7 @@ class Watch:
         self.enabled = enabled
         self.signal_name: str | None = None
         self.saving = False
+        self.started = False
         self._previous: dict = {}
         self._multi = False
 
@@ -107,9 +135,24 @@ class Watch:
             logger.warning("isojax: %s again: still saving, ignored", name)
             return
         self.signal_name = name
+        if not self.started and not self._multi:
+            self._stop_now()
         logger.warning("isojax: %s: finishing this step, then saving a checkpoint", name)
         if self._multi:  # the runtime's notifier spreads it to every process
             signal.raise_signal(signal.SIGTERM)
+
+    def start(self) -> None:
+        """The loop's first step is next: from now on a signal is noted, and the run stops
+        at a step boundary (before: `Preempted` at once). A signal noted already stops it now."""
+        self.started = True
+        if self.signal_name is not None and not self._multi:
+            self._stop_now()
+
+    def _stop_now(self) -> None:
+        """`Preempted` before the first step, its line logged: nothing to save."""
+        stopped = Preempted(None, None, self.signal_name)
+        logger.warning(stopped.line())
+        raise stopped
 
     def requested(self, step: int) -> bool:
         """Whether to stop after `step` (call it after every step, on every process, with the

@@ -14,21 +14,31 @@ was trained with (`check_stamp`), not with an editable `config.json`.
 `metrics.jsonl` follows the checkpoint: a resumed run drops the lines written after it, a fresh
 start (no checkpoint) begins an empty log, and a torn last line (a kill mid-write) is dropped
 with a warning.
+
+A run folder is one run's: `check_same_run` refuses a config other than the one of what the
+folder holds (checkpoints, the best one, `metrics.jsonl`, `results.json`), and
+`hold_run_folder` a second process training in it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
+import os
 import pathlib
+import socket
 import warnings
+from collections.abc import Iterator
 
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from isojax import errors
 from isojax.training import checkpointing, steps
 from isojax.training import config as config_lib
 
@@ -173,19 +183,69 @@ def check_stamp(stamp: dict | None, config: ml_collections.ConfigDict, where: st
     return True
 
 
+def run_artefacts(workdir: pathlib.Path) -> list[str]:
+    """What of a run `workdir` holds: `checkpoints/`, `best_checkpoint/`, a non-empty
+    `metrics.jsonl`, `results.json`."""
+    found = [f"{name}/" for name in (LATEST_DIR, BEST_DIR) if (workdir / name).is_dir()]
+    metrics = workdir / "metrics.jsonl"
+    found += ["metrics.jsonl"] if metrics.is_file() and metrics.stat().st_size else []
+    return found + (["results.json"] if (workdir / "results.json").exists() else [])
+
+
 def check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
-    """Refuses to resume checkpoints in `workdir` with a config that changes the run."""
-    saved = workdir / "config.json"
-    if not (saved.exists() and (workdir / LATEST_DIR).exists()):
+    """Refuses (`ConfigChanged`) a `workdir` holding any run artefact (`run_artefacts`) of a
+    run with another config (its `config.json`), or holding some without a `config.json`
+    (unless checkpoints, whose stamps `restore` compares)."""
+    found, saved = run_artefacts(workdir), workdir / "config.json"
+    if not found:
         return
+    if not saved.exists():
+        if f"{LATEST_DIR}/" in found:
+            return  # the checkpoints' own config stamps are compared on restore
+        raise ConfigChanged(
+            f"{workdir} holds a run ({', '.join(found)}) but no config.json to compare this "
+            "config with: use a new workdir, or put the run's config.json back"
+        )
     before = config_lib.flatten(json.loads(saved.read_text()))
     now = config_lib.flatten(json.loads(config.to_json()))
     changed = _changed_fields(before, now)
     if changed:
         raise ConfigChanged(
-            f"{workdir} holds checkpoints of a run with another config ({', '.join(changed)} "
-            "differ): resume with its config.json, or use a new workdir"
+            f"{workdir} holds a run ({', '.join(found)}) with another config "
+            f"({', '.join(changed)} differ): resume with its config.json, or use a new workdir"
         )
+
+
+class RunFolderBusy(errors.InputError):
+    """Another process trains in the run folder (one line naming it)."""
+
+
+LOCK_FILE = ".isojax_lock"  # `hold_run_folder`'s lock, naming its holder
+
+
+@contextlib.contextmanager
+def hold_run_folder(workdir: pathlib.Path, lead: bool = True) -> Iterator[None]:
+    """Holds an exclusive `fcntl.flock` on `workdir/LOCK_FILE` for the block (process 0 of a
+    run; the kernel drops it when the holder exits or dies, so it is never stale), or raises
+    `RunFolderBusy` naming the process that holds it."""
+    if not lead:
+        yield
+        return
+    path = workdir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: it names the holder
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise RunFolderBusy(
+                f"{workdir} is in use by {holder}: wait for that run to end, or use another workdir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"isojax pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock
 
 
 def metrics_lines(path: pathlib.Path) -> list[tuple[str, dict]]:
