@@ -149,7 +149,9 @@ STRUCTURAL: dict[str, tuple[str, ...]] = {
 # output a constant (`x - x`) and leave the running statistics still. The config refuses a
 # micro-batch below it (`training.config.validate_config`); the bad-batch guards of `isobn_update`
 # and `batch_norm` read it.
-MIN_ROWS: dict[str, int] = {"none": 1, "recenter": 2, "batchnorm": 2, "layernorm": 1, "isobn": 2}
+MIN_ROWS: dict[str, int] = {
+    "none": 1, "recenter": 2, "batchnorm": 2, "layernorm": 1, "isobn": 2, "whiten": 2,
+}  # fmt: skip
 NORMALIZERS = tuple(HPARAMS)
 _FRONT_END_ONLY = {"linen": ("name",), "nnx": ()}
 
