@@ -87,8 +87,11 @@ def test_no_checkpoint_restores_none_and_unreadable_only_raises(tmp_path):
 _CHILD = textwrap.dedent(
     """
     import os, signal, sys
+    from isojax.cli.common import install_log_handler
     from isojax.training import checkpointing, loop
     from isojax.training import config as config_lib
+
+    install_log_handler()  # the "resumed" line, as the isojax command shows it
 
     mode, workdir, glue_dir, tokenizer = sys.argv[1:]
     config = config_lib.default_config()

@@ -90,7 +90,7 @@ def test_grid_files_load_count_and_validate():
     from isojax.training import config as config_lib
 
     counts = {}
-    for name in ("normalizers", "istar_lambda", "cosreg", "istar_zeta", "pilot"):
+    for name in ("normalizers", "istar_lambda", "cosreg", "istar_zeta", "pilot", "whitening"):
         grid, recipe = study.load_grid(str(REPO / "experiments/configs" / f"study_{name}.py"))
         counts[name] = (len(study.grid_cells(grid, 1)), len(study.grid_cells(grid, 2)))
         config = study.cell_config(grid, recipe, study.grid_cells(grid, 2)[0].values)
@@ -103,12 +103,13 @@ def test_grid_files_load_count_and_validate():
         "cosreg": (0, 9),
         "istar_zeta": (0, 15),
         "pilot": (8, 8),
+        "whitening": (40, 64),  # with one pre-trained row per task
     }
     grid, recipe = study.load_grid(str(REPO / "experiments/configs/study_istar_zeta.py"))
     zetas = [c.values["istar.zeta"] for c in study.grid_cells(grid, 2)]
     assert zetas == [0.0, 0.2, 0.5, 0.8, 1.0] * 3
     config = study.cell_config(grid, recipe, study.grid_cells(grid, 2)[0].values)
-    assert (config.method, config.task, config.istar.weight) == ("istar", "stsb", -1.0)
+    assert (config.penalty, config.task, config.istar.weight) == ("istar", "stsb", -1.0)
 
 
 def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
