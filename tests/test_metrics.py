@@ -72,7 +72,7 @@ def test_correlations_match_scipy(seed, ties):
 
 def test_average_ranks_match_scipy():
     values = np.array([3.0, 1.0, 3.0, 2.0, 3.0, 1.0, 0.5])
-    np.testing.assert_array_equal(metrics._average_ranks(values), scipy.stats.rankdata(values))
+    np.testing.assert_array_equal(metrics.average_ranks(values), scipy.stats.rankdata(values))
 
 
 @pytest.mark.parametrize(

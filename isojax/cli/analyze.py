@@ -2,12 +2,16 @@
 
     isojax analyze --task rte --data-dir glue_data --out runs/analysis
     isojax analyze --run runs/rte-isobn --best --out runs/rte-isobn/analysis   # + head input
+    isojax analyze --task stsb --data-dir glue_data --posthoc whiten,abtt --out runs/posthoc
 
 Without `--run` the encoder is `--model` (default MiniLM-L6) on `--task`'s rows
 (`analysis.analyze_encoder`); with it, the run's classifier at the chosen checkpoint, in its
 dev evaluation's mode (`analysis.analyze_run`), and the flags that describe an encoder
 (`ENCODER_FLAGS`) are refused: the run's config gives them. Both print the tables of
-`analysis.format_table`; `--out` writes `summary.json` and the PNG figures.
+`analysis.format_table`; `--out` writes `summary.json` and the PNG figures. With `--posthoc`
+(an encoder only) the report is instead that of the post-hoc transforms fitted on the task's
+train sentences (`analysis.posthoc.analyze_posthoc`): its Markdown table, and with `--out`
+`posthoc.md` and `posthoc.json`.
 """
 
 from __future__ import annotations
@@ -73,6 +77,18 @@ def _add_report_flags(an: argparse.ArgumentParser) -> None:
         help="first N rows (0: all; --run: the dev rows the run evaluated)",
     )
     an.add_argument("--zeta", type=float, default=0.75, help="IsoScore* shrinkage per layer")
+    an.add_argument(
+        "--posthoc",
+        metavar="NAMES",
+        help="comma list of post-hoc transforms (whiten, abtt, bert-whitening) fitted on the "
+        "train sentences and applied to --split's: their report instead of the isotropy one",
+    )
+    an.add_argument(
+        "--max-train-examples",
+        type=int,
+        default=0,
+        help="--posthoc: fit on the first N train rows (0: all)",
+    )
     an.add_argument("--seed", type=int, help=f"tiny-bert initialisation [{ENCODER_FLAGS['seed']}]")
 
 
@@ -80,6 +96,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from isojax import analysis
 
     _check_args(args)
+    if args.posthoc:
+        return _posthoc(args)
     if args.run_dir is not None:
         rep, title = _analyze_run(args)
     else:
@@ -115,8 +133,32 @@ def _check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise common.UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if args.max_examples < 0:
-        raise common.UsageError(f"--max-examples must be >= 0, got {args.max_examples}")
+    for name in ("max_examples", "max_train_examples"):
+        if getattr(args, name) < 0:
+            flag = "--" + name.replace("_", "-")
+            raise common.UsageError(f"{flag} must be >= 0, got {getattr(args, name)}")
+    _check_posthoc(args)
+
+
+def _check_posthoc(args: argparse.Namespace) -> None:
+    """Parses `--posthoc` into a tuple of names (None without it); refuses an unknown name and
+    `--posthoc` with `--run` or `--split train`."""
+    from isojax.analysis import posthoc
+
+    if args.posthoc is None:
+        if args.max_train_examples:
+            raise common.UsageError("--max-train-examples limits the --posthoc fit: give --posthoc")
+        return
+    names = tuple(dict.fromkeys(name.strip() for name in args.posthoc.split(",")))
+    choices = ", ".join(posthoc.TRANSFORMS)
+    for name in names:
+        if name not in posthoc.TRANSFORMS:
+            raise common.UsageError(f"--posthoc {name!r}: unknown transform; choose from {choices}")
+    if args.run_dir is not None:
+        raise common.UsageError("--posthoc analyses a pre-trained encoder (--model), not --run")
+    if args.split == "train":
+        raise common.UsageError("--posthoc fits on the train split: --split must be a dev split")
+    args.posthoc = names
 
 
 def _split(args: argparse.Namespace, task) -> str:
@@ -127,16 +169,18 @@ def _split(args: argparse.Namespace, task) -> str:
     return split
 
 
-def _analyze_encoder(args: argparse.Namespace):
-    """`(Report, title)` of the pre-trained encoder `--model` on `--task`."""
-    from isojax import analysis
+def _task(args: argparse.Namespace):
+    """`--task`'s `GlueTask`."""
     from isojax.data import glue
 
     try:
-        task = glue.get_task(args.task)
+        return glue.get_task(args.task)
     except ValueError as err:
         raise common.UsageError(str(err)) from None
-    split = _split(args, task)
+
+
+def _encoder(args: argparse.Namespace):
+    """`(module, params, tokenizer)` of `--model` (tiny-bert initialised from `--seed`)."""
     import jax
 
     from isojax import models
@@ -150,12 +194,28 @@ def _analyze_encoder(args: argparse.Namespace):
         raise common.UsageError(str(err)) from None
     if params is None:  # tiny-bert: random weights
         params = models.init_params(module, jax.random.key(args.seed))
+    return module, params, tokenizer
+
+
+def _rows(args: argparse.Namespace, task, split: str, limit: int) -> list:
+    """The first `limit` rows (0: all) of `split`, from `--data-dir` or tensorflow-datasets."""
+    from isojax.data import glue
+
     if args.data_dir:
         examples = glue.load_tsv(args.data_dir, task, split)
     else:
         examples = glue.load_tfds(task, split, args.tfds_data_dir, download=False)
-    if args.max_examples:
-        examples = examples[: args.max_examples]
+    return examples[:limit] if limit else examples
+
+
+def _analyze_encoder(args: argparse.Namespace):
+    """`(Report, title)` of the pre-trained encoder `--model` on `--task`."""
+    from isojax import analysis
+
+    task = _task(args)
+    split = _split(args, task)
+    module, params, tokenizer = _encoder(args)
+    examples = _rows(args, task, split, args.max_examples)
     rep = analysis.analyze_encoder(
         module,
         params,
@@ -166,6 +226,34 @@ def _analyze_encoder(args: argparse.Namespace):
         zeta=args.zeta,
     )
     return rep, f"{args.model} on {task.name} {split} ({len(examples)} rows)"
+
+
+def _posthoc(args: argparse.Namespace) -> int:
+    """`--posthoc`: print the post-hoc transforms' table; `--out`: write it and its JSON."""
+    from isojax.analysis import posthoc
+
+    task = _task(args)
+    split = _split(args, task)
+    module, params, tokenizer = _encoder(args)
+    train = _rows(args, task, "train", args.max_train_examples)
+    examples = _rows(args, task, split, args.max_examples)
+    rep = posthoc.analyze_posthoc(  # posthoc.TooFewSentences: one line, exit status 2
+        module,
+        params,
+        tokenizer,
+        task,
+        train,
+        examples,
+        transforms=args.posthoc,
+        max_length=args.max_length,
+        batch_size=args.batch_size or 32,
+    )
+    title = f"{args.model} on {task.name}: post-hoc transforms fitted on train, applied to {split}"
+    print(posthoc.format_markdown(rep, title), end="")
+    if args.out:
+        paths = posthoc.write_report(rep, args.out, title)
+        print("wrote " + " ".join(str(p) for p in paths))
+    return 0
 
 
 def _analyze_run(args: argparse.Namespace):

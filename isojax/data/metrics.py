@@ -103,7 +103,7 @@ def pearson(predictions, labels) -> float:
     return float(np.clip(r, -1.0, 1.0))
 
 
-def _average_ranks(values: np.ndarray) -> np.ndarray:
+def average_ranks(values: np.ndarray) -> np.ndarray:
     """`[n]` float64 ranks 1..n, ties given their mean rank (`scipy.stats.rankdata`)."""
     order = np.argsort(values, kind="stable")
     sorted_values = values[order]
@@ -118,7 +118,7 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
 def spearman(predictions, labels) -> float:
     """Spearman rank correlation: Pearson of the average ranks; 0.0 if either is constant."""
     x, y = _pair(predictions, labels)
-    return pearson(_average_ranks(x), _average_ranks(y))
+    return pearson(average_ranks(x), average_ranks(y))
 
 
 METRICS = {
