@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from test_train import tiny_config
+from helpers import tiny_config
 
 from isojax import analysis, cli, runs
 from isojax.runs import predict

@@ -10,6 +10,7 @@ import shutil
 
 import jax
 import pytest
+from helpers import finetune_args, one_line
 
 from isojax import cli
 from isojax.linen import norms
@@ -157,3 +158,37 @@ def test_documented_normalizer_kwargs_reach_the_head(minilm_dir):
     model, _, _, _ = build.build_model(config, precision.get_policy("f32"), num_labels=2)
     assert dict(model.normalizer_kwargs) == {"epsilon": 1e-5}
     assert norms.make_normalizer(model.normalizer, **model.normalizer_kwargs).epsilon == 1e-5
+
+
+def test_cli_refuses_infinite_weight_decay_and_a_tokenizer_larger_than_the_vocabulary(
+    capsys, tmp_path, glue_dir, minilm_dir
+):
+    from isojax import models
+    from isojax.models import config as model_config
+
+    code = cli.main(
+        finetune_args(glue_dir, minilm_dir, tmp_path / "a", "optimizer.weight_decay=1e999")
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and one_line(err) and "weight_decay must be a finite number" in err, err
+
+    cfg = model_config.EncoderConfig.from_hf(
+        dict(
+            model_type="bert",
+            vocab_size=1000,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=40,
+        )
+    )
+    small = models.export_pretrained(
+        tmp_path / "small", cfg, models.init_params(models.Encoder(cfg), jax.random.key(0))
+    )
+    argv = finetune_args(glue_dir, minilm_dir, tmp_path / "b")
+    argv[argv.index("tiny-bert")] = str(small)
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and one_line(err), err
+    assert "30522 token ids, more than model" in err and "vocab_size 1000" in err

@@ -4,15 +4,13 @@ progress line counts epochs as the summary does, `isojax bench` lists whole sent
 
 import ast
 import json
-import pathlib
 
 import pytest
+from helpers import REPO
 
 from isojax import cli
 from isojax.training import config as config_lib
 from isojax.training import loop, reporting
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_finetune_into_a_run_of_another_config_is_one_line_with_status_2(capsys, tmp_path):

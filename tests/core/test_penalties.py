@@ -248,7 +248,7 @@ def test_stabilizer_state_is_a_checkpointable_pytree_and_empty_gives_identity():
 
 def test_estimate_stabilizer_stops_after_num_points():
     """The C0 pass counts every layer's unmasked tokens and stops after the batch that reaches
-    `num_points` (the training loop's use of it: test_train.py)."""
+    `num_points` (the training loop's use of it: training/test_loop.py)."""
     batches = [hidden_and_mask(seed=s) for s in range(5)]
     tokens_per_batch = [int(m.sum()) * L for _, m in batches]
     calls = []

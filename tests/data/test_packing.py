@@ -3,7 +3,7 @@
 The model checks compare a packed batch with the unpacked batch of the same examples
 (`batching.batches`): per-example logits, the loss (mean over real examples), every gradient,
 the normaliser's `batch_stats` update, the token statistics (I-STAR, CosReg) and 5 AdamW steps,
-for tiny random BERT, RoBERTa, DistilBERT and ALBERT configs (test_models.TINY_HF).
+for tiny random BERT, RoBERTa, DistilBERT and ALBERT configs (helpers.TINY_HF).
 """
 
 import functools
@@ -14,43 +14,13 @@ import numpy as np
 import optax
 import pytest
 import tokenizers
-from test_models import TINY_HF  # tests/ is on sys.path under pytest (no __init__.py)
+from helpers import LENGTHS, MAX_LENGTH, NUM_LABELS, TINY_HF, both_layouts, make_head, synthetic
 
 from isojax import models
 from isojax.core import penalties
 from isojax.data import batching, glue, packing
 from isojax.models import config as config_lib
-from isojax.models import heads, transformer
-
-MAX_LENGTH = 16
-NUM_LABELS = 3
-
-
-def synthetic(cfg, lengths, *, pairs=True, seed=0) -> batching.Encoded:
-    """`Encoded` rows of the given lengths: [CLS] a [SEP] (b [SEP]) with random word ids, segment
-    ids 0/1 for pairs, random labels (as `batching.encode` lays them out)."""
-    rng = np.random.default_rng(seed)
-    lengths = np.asarray(lengths, np.int64)
-    token_ids, type_ids = [], []
-    for n in lengths:
-        ids = rng.integers(3, cfg.vocab_size, n)
-        ids[0] = 2  # a [CLS]-like first token
-        types = np.zeros(n, np.int64)
-        if pairs and n >= 4:
-            types[n // 2 :] = 1
-        token_ids.append(ids)
-        type_ids.append(types)
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return batching.Encoded(
-        token_ids=np.concatenate(token_ids).astype(np.int32),
-        type_ids=np.concatenate(type_ids).astype(np.int8),
-        offsets=offsets,
-        labels=rng.integers(0, NUM_LABELS, len(lengths)).astype(np.int32),
-        idx=np.arange(100, 100 + len(lengths), dtype=np.int64),
-        max_length=MAX_LENGTH,
-        pad_id=cfg.pad_token_id,
-    )
+from isojax.models import transformer
 
 
 def example_tokens(batch, j):
@@ -183,28 +153,7 @@ def test_row_bucket_of_a_batch_needing_every_row():
 # Models: the same logits, loss, gradients and statistics.
 # ------------------------------------------------------------------------------------------
 
-# Pairs, two examples of exactly MAX_LENGTH, one filler slot (7 examples in a batch of 8).
-LENGTHS = [16, 5, 9, 3, 16, 7, 2]
 ALL_ROWS = [9, 16, 12, 10, 16, 9, 11, 14]  # every example needs its own row
-
-
-def make_head(family, normalizer):
-    cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
-    sentence = "pooled" if cfg.has_pooler else "cls"
-    head = models.SequenceClassifier(
-        models.Encoder(cfg),
-        num_labels=NUM_LABELS,
-        sentence=sentence,
-        normalizer=normalizer,
-        dropout_rate=0.0,
-    )
-    variables = heads.init_variables(head, jax.random.key(0))
-    # Random (not unit) LayerNorm scales and biases, so every parameter matters.
-    leaves, tree = jax.tree.flatten(variables["params"])
-    keys = jax.random.split(jax.random.key(1), len(leaves))
-    leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
-    variables["params"] = jax.tree.unflatten(tree, leaves)
-    return cfg, head, variables
 
 
 def loss_and_stats(head, params, batch_stats, batch):
@@ -230,15 +179,6 @@ def grad_step(head, params, batch_stats, batch):
     return jax.value_and_grad(functools.partial(loss_and_stats, head), has_aux=True)(
         params, batch_stats, batch
     )
-
-
-def both_layouts(cfg, lengths, batch_size=8, seed=0):
-    encoded = synthetic(cfg, lengths, pairs=True, seed=seed)
-    (plain,) = batching.batches(encoded, batch_size=batch_size, buckets=None)
-    (packed,) = packing.packed_batches(encoded, batch_size=batch_size)
-    plain = {k: v for k, v in plain.items() if k != "idx"}
-    packed = {k: v for k, v in packed.items() if k != "idx"}
-    return plain, packed
 
 
 def assert_trees_close(a, b, tol=1e-5):

@@ -11,8 +11,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+from helpers import REPO
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+
 TASKS = ("CoLA", "MRPC", "RTE", "STS-B")
 
 

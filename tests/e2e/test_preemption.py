@@ -4,7 +4,6 @@ processes, the one signalled and the other save the same step."""
 
 import json
 import pathlib
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,9 +12,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from children import child_env, finish
+from children import child_env, finish, free_port
 
 from isojax.training import preemption, throughput
+
+pytestmark = pytest.mark.e2e
 
 # `isojax finetune` in a child; with STOP_AT, the child signals itself right after that step
 # (from the log hook, as a scheduler's SIGTERM would arrive mid-epoch) and once more while the
@@ -60,7 +61,7 @@ def _start(tmp_path, workdir, glue_dir, minilm_dir, stop_at=0, *, devices=4, ran
     args = [str(workdir), str(glue_dir), str(minilm_dir), str(stop_at), str(rank)]
     return subprocess.Popen(
         [sys.executable, str(script), *args],
-        env=child_env(devices=devices, cache=tmp_path / f"jax-cache-{devices}", **env),
+        env=child_env(devices=devices, **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -121,18 +122,11 @@ def test_sigterm_saves_that_step_and_the_restart_ends_identical(tmp_path, glue_d
     assert _untimed(full / "metrics.jsonl") == _untimed(cut / "metrics.jsonl")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.slow
 def test_two_processes_save_the_same_step(tmp_path, glue_dir, minilm_dir):
     """Two processes of 2 CPU devices; process 1 alone is sent SIGTERM after step 2 (and
     SIGINT while saving). JAX's preemption sync point stops both at the same step: one
     checkpoint, mid-epoch, and both exit 75 naming it."""
-    port = _free_port()
+    port = free_port()
     children = [
         _start(
             tmp_path,

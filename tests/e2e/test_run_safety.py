@@ -1,14 +1,13 @@
 """What isojax refuses and what it keeps (issue 25): a run folder survives `export`, a killed
 run's log is not duplicated, a NaN run reports no score, an edited config.json is refused,
-read-only commands touch nothing, a full disk is one line, a submission keeps the test file's
-own index.
+read-only commands touch nothing, a real full disk is one line, a submission keeps the test
+file's own index (the in-process cases: tests/training/test_nonfinite.py,
+tests/training/test_checkpointing.py, tests/cli/test_bad_input.py, tests/experiments/).
 
 The end-to-end cases run `isojax` in subprocesses on a random tiny BERT over the MiniLM
-vocabulary (16 RTE rows, 2 epochs of 2 steps); they share one JAX compilation cache.
+vocabulary (16 RTE rows, 2 epochs of 2 steps); they share the session's JAX compilation cache.
 """
 
-import errno
-import importlib.util
 import json
 import os
 import pathlib
@@ -18,14 +17,13 @@ import subprocess
 import sys
 import textwrap
 
-import jax
-import jax.numpy as jnp
 import pytest
+from helpers import REPO, finetune_args, one_line
 
 from isojax import cli, runs
-from isojax.training import checkpointing, loop, nonfinite, optim, resume
+from isojax.training import checkpointing, nonfinite, resume
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
 
 # The child: `isojax` itself, after an optional patch that kills it at a chosen point.
 _CHILD = textwrap.dedent(
@@ -53,11 +51,11 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _env(cache: pathlib.Path) -> dict:
+def _env() -> dict:
+    """This checkout first on PYTHONPATH, one CPU device, the session's compilation cache
+    (inherited from tests/conftest.py)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env["JAX_COMPILATION_CACHE_DIR"] = str(cache)
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
     env["JAX_PLATFORMS"] = "cpu"
     return env
@@ -72,41 +70,15 @@ def isojax(root: pathlib.Path, *argv, mode: str | None = None) -> subprocess.Com
         command = [sys.executable, str(root / "child.py"), mode]
     return subprocess.run(
         [*command, *map(str, argv)],
-        env=_env(root / "jax-cache"),
+        env=_env(),
         capture_output=True,
         text=True,
         timeout=600,
     )
 
 
-def finetune_args(glue_dir, minilm_dir, workdir, *sets) -> list[str]:
-    pairs = [
-        f"tokenizer={minilm_dir}",
-        "max_train_examples=16",
-        "max_eval_examples=16",
-        "batch_size=8",
-        "eval_batch_size=8",
-        "max_length=32",
-        "buckets=()",
-        "log_every=1",
-        "progress=False",
-        "tensorboard=False",
-        "num_epochs=2",
-        *sets,
-    ]
-    argv = ["finetune", "--task", "rte", "--model", "tiny-bert", "--data-dir", str(glue_dir)]
-    argv += ["--workdir", str(workdir)]
-    for pair in pairs:
-        argv += ["--set", pair]
-    return argv
-
-
 def tree(root: pathlib.Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-
-
-def one_line(err: str) -> bool:
-    return len(err.strip().splitlines()) == 1
 
 
 @pytest.fixture(scope="module")
@@ -231,114 +203,6 @@ def test_a_run_whose_loss_stays_nan_stops_with_status_3_and_no_score(
     assert not (workdir / "checkpoints").exists() or not any((workdir / "checkpoints").iterdir())
 
 
-@pytest.mark.parametrize(
-    "key, value",
-    [
-        ("weight_decay", float("inf")),
-        ("weight_decay", float("nan")),
-        ("learning_rate", float("inf")),
-        ("adam_eps", float("inf")),
-        ("clip_norm", float("inf")),
-    ],
-)
-def test_non_finite_hyperparameters_are_refused(key, value):
-    with pytest.raises(ValueError, match=f"{key} must be a finite number"):
-        optim.check_hparams(**({"learning_rate": 1e-4} | {key: value}))
-
-
-def test_cli_refuses_infinite_weight_decay_and_a_tokenizer_larger_than_the_vocabulary(
-    capsys, tmp_path, glue_dir, minilm_dir
-):
-    from isojax import models
-    from isojax.models import config as model_config
-
-    code = cli.main(
-        finetune_args(glue_dir, minilm_dir, tmp_path / "a", "optimizer.weight_decay=1e999")
-    )
-    err = capsys.readouterr().err
-    assert code == 2 and one_line(err) and "weight_decay must be a finite number" in err, err
-
-    cfg = model_config.EncoderConfig.from_hf(
-        dict(
-            model_type="bert",
-            vocab_size=1000,
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-            max_position_embeddings=40,
-        )
-    )
-    small = models.export_pretrained(
-        tmp_path / "small", cfg, models.init_params(models.Encoder(cfg), jax.random.key(0))
-    )
-    argv = finetune_args(glue_dir, minilm_dir, tmp_path / "b")
-    argv[argv.index("tiny-bert")] = str(small)
-    code = cli.main(argv)
-    err = capsys.readouterr().err
-    assert code == 2 and one_line(err), err
-    assert "30522 token ids, more than model" in err and "vocab_size 1000" in err
-
-
-def test_max_nonfinite_steps_is_validated_and_may_change_on_resume(tmp_path):
-    from isojax.training import config as config_lib
-
-    config = config_lib.default_config()
-    assert config.max_nonfinite_steps == 10
-    config.max_nonfinite_steps = 0
-    with pytest.raises(ValueError, match="max_nonfinite_steps must be None or >= 1, got 0"):
-        config_lib.validate_config(config)
-    config.max_nonfinite_steps = None
-    config_lib.validate_config(config)
-    (tmp_path / "checkpoints").mkdir()
-    saved = json.loads(config_lib.default_config().to_json())
-    del saved["max_nonfinite_steps"]  # a run folder of an isojax before the field
-    (tmp_path / "config.json").write_text(json.dumps(saved))
-    resume.check_same_run(config_lib.default_config(), tmp_path)  # the default: same run
-    resume.check_same_run(config, tmp_path)  # changed: it touches no state
-
-
-def test_the_watch_counts_consecutive_losses_and_is_off_under_a_dynamic_loss_scale(tmp_path):
-    from isojax.training import precision
-
-    nan = float("nan")
-    watch = nonfinite.LossWatch(3, precision.NoOpLossScale(), tmp_path, lead=True)
-    for step, loss in enumerate([1.0, nan, nan, 2.0, nan, nan], 1):
-        watch.update(step, jnp.float32(loss))
-        watch.check(step, 0)  # never 3 in a row
-    with pytest.raises(nonfinite.NonFiniteLoss, match="not checkpointing a NaN model"):
-        watch.check(6, 0, before="checkpointing")
-    watch.update(7, jnp.float32(nan))
-    with pytest.raises(nonfinite.NonFiniteLoss, match="3 consecutive step.s. from step 5"):
-        watch.check(7, 0)
-    bf16 = precision.make_loss_scale(precision.get_policy("p=f32,c=bf16,o=f32"))
-    f16 = precision.make_loss_scale(precision.get_policy("p=f32,c=f16,o=f32"))
-    assert nonfinite.LossWatch(3, bf16, tmp_path, True).limit == 3
-    off = nonfinite.LossWatch(3, f16, tmp_path, True)
-    for step in range(1, 5):
-        off.update(step, jnp.float32(nan))
-    off.check(4, 0, before="evaluating")  # the loss scale skips these steps: no stop
-
-
-def test_the_study_reruns_a_stopped_cell_and_records_its_failure(monkeypatch, tmp_path):
-    spec = importlib.util.spec_from_file_location("study", REPO / "experiments" / "study.py")
-    study = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(REPO / "experiments" / "configs"))
-    spec.loader.exec_module(study)
-
-    (tmp_path / "results.json").write_text(json.dumps({"stopped": nonfinite.STOPPED}))
-    calls = []
-
-    def stopped_again(config, workdir):
-        calls.append(workdir)
-        raise nonfinite.NonFiniteLoss("training loss non-finite")
-
-    monkeypatch.setattr(loop, "train_and_evaluate", stopped_again)
-    with pytest.raises(nonfinite.NonFiniteLoss):  # the grid's loop records it as failed
-        study.run_cell(None, tmp_path, "run")
-    assert calls == [tmp_path]
-
-
 # ---------------------------------------------------------------------------------------------
 # Item 6: an edited config.json is refused, with the field named.
 # ---------------------------------------------------------------------------------------------
@@ -449,37 +313,6 @@ def test_read_only_commands_fall_back_past_a_damaged_checkpoint_without_touching
     assert tree(run_dir) == before  # nothing renamed (no 4.unreadable), written or removed
 
 
-# ---------------------------------------------------------------------------------------------
-# Item 15: a full disk is one line, and keeps the old checkpoint.
-# ---------------------------------------------------------------------------------------------
-
-
-def test_a_full_disk_is_one_line_and_keeps_the_older_checkpoint(monkeypatch, tmp_path):
-    state = {"w": jnp.ones(3)}
-    ckpt = checkpointing.Checkpointer(tmp_path)
-    ckpt.save(1, state, {"epoch": 0})
-    real = ckpt._manager.save
-
-    def full(step, args):  # what tensorstore raises once the disk fills mid-write
-        (tmp_path / f"{step}.orbax-checkpoint-tmp").mkdir()
-        raise ValueError(
-            f'RESOURCE_EXHAUSTED: Error writing "w/0": Failed writing: "{tmp_path}/d/0": '
-            "No space left on device [os_error_code='28']"
-        )
-
-    monkeypatch.setattr(ckpt._manager, "save", full)
-    with pytest.raises(checkpointing.CheckpointWriteError) as info:
-        ckpt.save(2, state, {"epoch": 1})
-    assert info.value.errno == errno.ENOSPC and "\n" not in str(info.value)
-    assert f"step 2 in {tmp_path}: No space left on device" in str(info.value)
-    assert "steps [1] are kept" in str(info.value)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]  # the unfinished folder is gone
-    monkeypatch.setattr(ckpt._manager, "save", real)
-    restored, position = ckpt.restore(state)
-    assert position == {"epoch": 0}
-    ckpt.close()
-
-
 _UNSHARE = shutil.which("unshare")
 _TMPFS = textwrap.dedent(
     """
@@ -512,7 +345,7 @@ def test_on_a_real_full_or_read_only_disk_finetune_says_one_line(
     argv = argv[: argv.index("--workdir")] + argv[argv.index("--workdir") + 2 :]
     done = subprocess.run(
         [_UNSHARE, "-rm", "bash", str(tmp_path / "go.sh"), str(tmp_path), sys.executable, *argv],
-        env=_env(killed_twice[0] / "jax-cache"),
+        env=_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -526,28 +359,3 @@ def test_on_a_real_full_or_read_only_disk_finetune_says_one_line(
     assert len(errors) == 2, done.stderr[-3000:]
     # Nothing but the one line of each: no traceback of orbax's cut-short writes, no asyncio log.
     assert "Traceback" not in done.stderr and "asyncio" not in done.stderr, done.stderr[:3000]
-
-
-# ---------------------------------------------------------------------------------------------
-# Item 17: the main job prints progress and the table, the JSON stays in the run folders.
-# ---------------------------------------------------------------------------------------------
-
-
-def test_compare_prints_progress_and_the_table_not_json(monkeypatch, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("compare", REPO / "experiments" / "compare.py")
-    compare = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare)
-    row = {key: 0.5 for key in compare.ISOTROPY_KEYS}
-    monkeypatch.setattr(compare, "pretrained_row", lambda config: dict(row))
-
-    def train_and_evaluate(config, workdir):  # what the real one leaves: a folder and results
-        workdir.mkdir(parents=True)
-        return {"dev": row | {"score": 0.8}}
-
-    monkeypatch.setattr(compare.loop, "train_and_evaluate", train_and_evaluate)
-    argv = ["--config", str(REPO / "experiments" / "configs" / "main_job.py")]
-    assert compare.main([*argv, "--methods", "none,isobn", "--workdir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "{" not in out, out
-    assert "none: dev score 0.8000 after" in out and "| isobn | 0.8000 |" in out
-    assert json.loads((tmp_path / "pretrained.json").read_text())["sentence_ev1"] == 0.5

@@ -14,8 +14,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
 
 OLD_RUNNER = '''"""An old study.py: it knows "--tier", "--runs-dir", "--results", "--dry-run" and
 "--budget-minutes" only, and writes down its call."""

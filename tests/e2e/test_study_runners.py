@@ -12,10 +12,14 @@ import subprocess
 import sys
 import time
 
+import helpers
 import pytest
-from test_study import GRID, REPO, study
+from helpers import REPO, STUDY_GRID
 
+study = helpers.study()
 study_records = study.study_records
+
+pytestmark = pytest.mark.e2e
 
 WRITER = """
 import importlib.util, pathlib, sys
@@ -90,7 +94,7 @@ def test_a_claim_is_exclusive_names_its_holder_and_dies_with_it(tmp_path):
 
 def _grid_file(tmp_path, glue_dir, minilm_dir, methods=("none", "isobn")) -> str:
     path = tmp_path / "study_tiny.py"
-    text = GRID.format(glue=str(glue_dir), tokenizer=str(minilm_dir))
+    text = STUDY_GRID.format(glue=str(glue_dir), tokenizer=str(minilm_dir))
     path.write_text(text.replace('"method": ["none", "isobn"]', f'"method": {list(methods)}'))
     return str(path)
 

@@ -2,7 +2,7 @@
 
 import importlib.util
 
-from conftest import REPO
+from helpers import REPO
 
 
 def load_bench():

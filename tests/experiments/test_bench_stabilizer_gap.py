@@ -6,7 +6,7 @@ import importlib.util
 
 import jax
 import numpy as np
-from conftest import REPO
+from helpers import REPO
 
 from isojax.training import config as config_lib
 from isojax.training import distributed

@@ -4,16 +4,14 @@ written mid-epoch and restored by a fresh run continues to the same parameters a
 that never stopped."""
 
 import importlib.util
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from helpers import REPO
 
 from isojax.training import config as config_lib
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _loop():

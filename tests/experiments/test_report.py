@@ -10,8 +10,8 @@ import pathlib
 import numpy as np
 import pytest
 import scipy.stats
+from helpers import REPO
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("report", REPO / "experiments" / "report.py")
 report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(report)

@@ -6,16 +6,16 @@ RandomState, whatever `random_state` it is given: the tests seed the global stat
 module's seed before calling it (and restore it after), which gives rliable the draws that
 `report_pooled` takes from its own `RandomState(seed)`."""
 
-import pathlib
 import sys
 
 import numpy as np
 import pytest
 import scipy.stats
+from helpers import REPO
 from rliable import library as rly
 from rliable import metrics
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
+sys.path.insert(0, str(REPO / "experiments"))
 import report_pooled as pool  # noqa: E402
 
 DRAWS = 300  # fewer than the report's 2000: the equality holds draw by draw

@@ -3,14 +3,14 @@ against exhaustive enumerations written here."""
 
 import itertools
 import math
-import pathlib
 import sys
 
 import numpy as np
 import pytest
 import scipy.stats
+from helpers import REPO
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
+sys.path.insert(0, str(REPO / "experiments"))
 import report_stats as stats  # noqa: E402
 
 # The STS-B IsoBN − none differences of the committed normalizers.jsonl (best epoch, seeds 1-3).

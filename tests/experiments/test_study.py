@@ -2,55 +2,19 @@
 of 2 steps) is run, killed mid-cell, resumed, skipped when finished, and recorded once per cell
 with every field of issue 14."""
 
-import importlib.util
 import json
-import pathlib
 import sys
 
+import helpers
 import jax
 import numpy as np
 import pytest
+from helpers import REPO, STUDY_GRID
 
-from isojax.training import checkpointing
+from isojax.training import checkpointing, loop, nonfinite
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments" / "configs"))
-_spec = importlib.util.spec_from_file_location("study", REPO / "experiments" / "study.py")
-study = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(study)
-_spec = importlib.util.spec_from_file_location(
-    "study_analyze", REPO / "experiments" / "study_analyze.py"
-)
-study_analyze = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(study_analyze)
-
-GRID = """
-import ml_collections
-import study_recipe
-
-
-def get_config(arg=None):
-    grid = ml_collections.ConfigDict()
-    grid.name = "tiny"
-    base = study_recipe.base_config()
-    study_recipe.set_fields(base, {{
-        "model": "tiny-bert", "data_dir": {glue!r}, "max_length": 32, "buckets": (),
-        "batch_size": 8, "num_epochs": 2, "log_every": 1,
-    }})
-    base.tokenizer = {tokenizer!r}
-    base.eval_batch_size = 8
-    base.max_train_examples = base.max_eval_examples = 16
-    base.progress = base.tensorboard = False
-    grid.base = base
-    grid.tiers = ml_collections.ConfigDict({{
-        "1": ({{"seed": [1], "task": ["rte"], "method": ["none", "isobn"]}},),
-        "2": ({{"seed": [1], "task": ["rte"], "method": ["none"], "lr": [-1.0]}},),
-    }})
-    grid.pretrained = True
-    grid.baseline = (("method", "none"),)
-    grid.sweep = ""
-    return grid
-"""
+study = helpers.study()  # experiments/configs on sys.path for the grids' recipes
+study_analyze = helpers.load_experiment("study_analyze.py")
 
 RECORD_KEYS = {
     "study", "cell", "tier", "kind", "status", "error", "fields", "seed", "config_hash", "config",
@@ -70,7 +34,7 @@ class SimulatedKill(BaseException):
 
 def _grid_file(tmp_path, glue_dir, minilm_dir) -> str:
     path = tmp_path / "study_tiny.py"
-    path.write_text(GRID.format(glue=str(glue_dir), tokenizer=str(minilm_dir)))
+    path.write_text(STUDY_GRID.format(glue=str(glue_dir), tokenizer=str(minilm_dir)))
     return str(path)
 
 
@@ -303,3 +267,18 @@ def test_study_analyze_without_the_run_folders_says_so_in_one_line(tmp_path, cap
     assert f"{tmp_path / 'runs' / 's' / 'rte-none-s1'}" in err and "not committed" in err
     assert study_analyze.main([str(tmp_path / "none.jsonl")]) == 2
     assert "no such results file" in capsys.readouterr().err
+
+
+def test_the_study_reruns_a_stopped_cell_and_records_its_failure(monkeypatch, tmp_path):
+    """Issue 25: a cell whose run stopped on a non-finite loss is trained again, not skipped."""
+    (tmp_path / "results.json").write_text(json.dumps({"stopped": nonfinite.STOPPED}))
+    calls = []
+
+    def stopped_again(config, workdir):
+        calls.append(workdir)
+        raise nonfinite.NonFiniteLoss("training loss non-finite")
+
+    monkeypatch.setattr(loop, "train_and_evaluate", stopped_again)
+    with pytest.raises(nonfinite.NonFiniteLoss):  # the grid's loop records it as failed
+        study.run_cell(None, tmp_path, "run")
+    assert calls == [tmp_path]

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_packing import LENGTHS, both_layouts, make_head  # tests/ is on sys.path
+from helpers import LENGTHS, both_layouts, make_head
 
 from isojax import models
 from isojax.data import packing

@@ -2,7 +2,7 @@
 
 The tiny models run eagerly: XLA:CPU compiles every fusion of a tiny model with LLVM, which
 costs seconds per config (tens of seconds for a gradient); the jit path is exercised on the
-real MiniLM weights in test_checkpoints.py and in experiments/bench/encoder_speed.py.
+real MiniLM weights in tests/models/test_hf_import.py and in experiments/bench/encoder_speed.py.
 """
 
 import functools
@@ -14,33 +14,11 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from helpers import TINY_HF, batch
 
 from isojax import models
 from isojax.models import config as config_lib
 from isojax.models import heads, hf_import
-
-# Random tiny configs: every family, several activations, ALBERT with 2 groups x 2 inner layers.
-TINY_HF = {
-    "bert": dict(
-        model_type="bert", vocab_size=99, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=37, max_position_embeddings=40,
-        hidden_act="gelu",
-    ),
-    "roberta": dict(
-        model_type="roberta", vocab_size=99, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=37, max_position_embeddings=42,
-        type_vocab_size=2, pad_token_id=1, layer_norm_eps=1e-5, hidden_act="gelu_new",
-    ),
-    "distilbert": dict(
-        model_type="distilbert", vocab_size=99, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
-        max_position_embeddings=40, activation="relu",
-    ),
-    "albert": dict(
-        model_type="albert", vocab_size=99, embedding_size=16, hidden_size=32,
-        num_hidden_layers=4, num_hidden_groups=2, inner_group_num=2, num_attention_heads=4,
-        intermediate_size=37, max_position_embeddings=40,
-    ),
-}  # fmt: skip
 
 
 def torch_model(hf: dict, cls=transformers.AutoModel, seed: int = 0, **overrides):
@@ -57,17 +35,6 @@ def torch_model(hf: dict, cls=transformers.AutoModel, seed: int = 0, **overrides
 
 def torch_state_dict(model) -> dict:
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}
-
-
-def batch(cfg: config_lib.EncoderConfig, seed: int = 0, b: int = 3, t: int = 9):
-    """Token ids with padding (rows 1 and 2 shorter) and sentence-pair segment ids."""
-    rng = np.random.default_rng(seed)
-    lengths = np.array([t, t - 3, 4])[:b]
-    mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int64)
-    ids = rng.integers(cfg.pad_token_id + 1, cfg.vocab_size, (b, t))
-    ids = np.where(mask == 1, ids, cfg.pad_token_id)
-    types = ((np.arange(t)[None, :] >= lengths[:, None] // 2) & (mask == 1)).astype(np.int64)
-    return ids, mask, types
 
 
 def run_both(family, dtype=jnp.float32, seed=0):

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import test_models  # tests/ is on sys.path under pytest (no __init__.py)
 import torch
 import transformers
+from helpers import TINY_HF, batch
 from safetensors import numpy as safetensors_numpy
 
 from isojax import models
@@ -84,7 +84,7 @@ def test_minilm_export_round_trip_is_exact(minilm, minilm_dir, tmp_path):
 
 @pytest.mark.parametrize("family", config_lib.FAMILIES)
 def test_random_encoder_export_loads_in_transformers(family, tmp_path):
-    cfg = config_lib.EncoderConfig.from_hf(test_models.TINY_HF[family])
+    cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
     encoder = models.Encoder(cfg)
     params = models.init_params(encoder, jax.random.key(3))
     params = jax.tree.map(  # move LayerNorms off 1/0 so a scale/bias swap would show
@@ -93,7 +93,7 @@ def test_random_encoder_export_loads_in_transformers(family, tmp_path):
     folder = models.export_pretrained(tmp_path / family, cfg, params)
     reference = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
     assert type(reference).__name__ == hf_import.BASE_CLASS[family]
-    ids, mask, types = test_models.batch(cfg)
+    ids, mask, types = batch(cfg)
     kwargs = {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
     if cfg.type_vocab_size:
         kwargs["token_type_ids"] = torch.tensor(types)
@@ -115,13 +115,13 @@ def test_random_encoder_export_loads_in_transformers(family, tmp_path):
 def test_fine_tuned_classifier_served_by_transformers(family, normalizer, tmp_path):
     """A head whose normaliser is affine at inference exports as <Family>ForSequenceClassification
     (the normaliser folded into the linear layer) with equal logits."""
-    cfg = config_lib.EncoderConfig.from_hf(test_models.TINY_HF[family])
+    cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
     num_labels = 1 if family == "roberta" else 3
     head = models.SequenceClassifier(
         models.Encoder(cfg), num_labels=num_labels, normalizer=normalizer
     )
     variables = heads.init_variables(head, jax.random.key(0))
-    ids, mask, types = test_models.batch(cfg)
+    ids, mask, types = batch(cfg)
     # Two training-mode batches so the running statistics are not at their initial values.
     for step in range(2):
         _, updates = head.apply(
@@ -155,7 +155,7 @@ def test_fine_tuned_classifier_served_by_transformers(family, normalizer, tmp_pa
     [("layernorm", "pooled", r"'layernorm' is not affine"), ("none", "cls", r"sentence='cls'")],
 )
 def test_unservable_heads_export_their_encoder_and_say_so(tmp_path, normalizer, sentence, reason):
-    cfg = config_lib.EncoderConfig.from_hf(test_models.TINY_HF["bert"])
+    cfg = config_lib.EncoderConfig.from_hf(TINY_HF["bert"])
     head = models.SequenceClassifier(
         models.Encoder(cfg), num_labels=2, normalizer=normalizer, sentence=sentence
     )
@@ -166,7 +166,7 @@ def test_unservable_heads_export_their_encoder_and_say_so(tmp_path, normalizer, 
     assert config["architectures"] == ["BertModel"] and "num_labels" not in config
     reference = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
     assert type(reference).__name__ == "BertModel"
-    ids, mask, types = test_models.batch(cfg)
+    ids, mask, types = batch(cfg)
     with torch.no_grad():
         ref = reference(
             input_ids=torch.tensor(ids),
@@ -184,7 +184,7 @@ def test_unservable_heads_export_their_encoder_and_say_so(tmp_path, normalizer, 
 
 
 def _tiny_folder(tmp_path, family="bert"):
-    cfg = config_lib.EncoderConfig.from_hf(test_models.TINY_HF[family])
+    cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
     params = models.init_params(models.Encoder(cfg), jax.random.key(0))
     return models.export_pretrained(tmp_path / family, cfg, params), params
 
@@ -294,7 +294,7 @@ def _config_only_folder(tmp_path, **changes):
     """A model folder holding only the tiny BERT's config.json, with `changes`."""
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({**test_models.TINY_HF["bert"], **changes}))
+    (folder / "config.json").write_text(json.dumps({**TINY_HF["bert"], **changes}))
     return folder
 
 
@@ -338,9 +338,9 @@ def test_size_bounds_name_each_family_key_and_admit_real_models(monkeypatch):
     BERT-family encoders (XLM-R XXL, ALBERT-xxlarge, Longformer's 4098 positions)."""
     _no_tracing(monkeypatch)
     with pytest.raises(ValueError, match=r"x.json: n_layers must be an integer in \[1, 128\]"):
-        hf = {**test_models.TINY_HF["distilbert"], "n_layers": 129}
+        hf = {**TINY_HF["distilbert"], "n_layers": 129}
         config_lib.EncoderConfig.from_hf(hf, source="x.json")
-    albert = {**test_models.TINY_HF["albert"], "num_hidden_layers": 64, "inner_group_num": 3}
+    albert = {**TINY_HF["albert"], "num_hidden_layers": 64, "inner_group_num": 3}
     with pytest.raises(ValueError, match="num_hidden_layers x inner_group_num = 192 layer calls"):
         config_lib.EncoderConfig.from_hf(albert)
     with pytest.raises(ValueError, match=r"num_heads must be an integer in \[1, 512\], got 0"):

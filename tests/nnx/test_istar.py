@@ -62,7 +62,7 @@ TWINS = Twins(linen_result, nnx_model, call, batches)
 
 
 # Every stabiliser under graph-mode nnx.jit, the windowed one in tree mode and under nnx.remat
-# (nnx.view reaches it through `RunningModule.set_view`, tested in test_nnx_norms.py).
+# (nnx.view reaches it through `RunningModule.set_view`, tested in tests/nnx/test_norms.py).
 CASES = [(mode, "jit") for mode in SETTINGS] + [("epoch", "tree"), ("epoch", "remat")]
 
 

@@ -11,11 +11,9 @@ import pathlib
 import jax
 import numpy as np
 import pytest
-import test_models  # tests/ is on sys.path under pytest (no __init__.py)
 import torch
 import transformers
-from helpers import arm
-from test_train import tiny_config
+from helpers import TINY_HF, arm, tiny_config
 
 from isojax import cli, models, runs
 from isojax.data import glue
@@ -42,7 +40,7 @@ def read_tsv(path) -> tuple[list[str], list[list[str]]]:
 def roberta_dir(tmp_path_factory, minilm_dir):
     """A random tiny RoBERTa folder over the MiniLM vocabulary (padding id 0, as that
     tokenizer pads), loaded by `config.model` like any pre-trained folder."""
-    hf = test_models.TINY_HF["roberta"] | dict(
+    hf = TINY_HF["roberta"] | dict(
         vocab_size=30522, pad_token_id=0, max_position_embeddings=40
     )
     cfg = config_lib.EncoderConfig.from_hf(hf)

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from helpers import arm
+from helpers import arm, tiny_config
 
 from isojax.core import isotropy, penalties
 from isojax.core.normalizers import NORMALIZERS
@@ -23,26 +23,6 @@ from isojax.linen import istar as linen_istar
 from isojax.models import transformer
 from isojax.training import config as config_lib
 from isojax.training import configs, distributed, feeds, loop, optim, resume, steps
-
-
-def tiny_config(glue_dir, minilm_dir, **overrides):
-    config = config_lib.default_config()
-    config.data_dir = str(glue_dir)
-    config.model = config_lib.TINY_MODEL
-    config.tokenizer = str(minilm_dir)
-    config.max_train_examples = config.max_eval_examples = 16
-    config.batch_size = config.eval_batch_size = 8
-    config.max_length = 32
-    config.buckets = ()
-    config.num_epochs = 1
-    config.log_every = 1
-    config.progress = False
-    config.tensorboard = False
-    config.istar.stabilizer.tokens = 256
-    for key, value in overrides.items():
-        config.update_from_flattened_dict({key: value})
-    return config
-
 
 # ---------------------------------------------------------------------------------------------
 # Configuration and optimizer.

@@ -2,7 +2,7 @@
 batches, with a bounded number of compiled shapes.
 
 The model-level equality (per-example logits, loss, gradients and `batch_stats` of one packed
-batch, for all four encoder families) is in test_packing.py; here the wiring: `feeds.batches`,
+batch, for all four encoder families) is in data/test_packing.py; here the wiring: `feeds.batches`,
 `distributed.global_batch`, the steps' masks, the C0 pass and the dev evaluation. Dropout masks
 have the shape of the rows, so packed and padded training agree in distribution only; the
 equality tests switch dropout off.
@@ -11,8 +11,7 @@ equality tests switch dropout off.
 import jax
 import numpy as np
 import pytest
-from helpers import arm
-from test_train import tiny_config
+from helpers import arm, tiny_config
 
 from isojax.data import packing
 from isojax.training import config as config_lib
