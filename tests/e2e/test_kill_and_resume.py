@@ -26,9 +26,11 @@ _ORBAX_LATE_CALLBACK = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisab
 _CHILD = textwrap.dedent(
     """
     import os, signal, sys
+    from isojax.cli.common import install_log_handler
     from isojax.training import checkpointing, loop
     from isojax.training import config as config_lib
 
+    install_log_handler()  # the lines `isojax finetune` shows ("resumed ...") on stderr
     mode, workdir, glue_dir, tokenizer = sys.argv[1:]
     config = config_lib.default_config()
     config.update_from_flattened_dict({
