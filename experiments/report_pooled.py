@@ -4,7 +4,8 @@ A claim about fine-tuning in general ("IsoBN improves fine-tuning", "λ < 0 help
 the tasks together, treating them as a sample of the benchmark. Scores come as one 1-D array of
 runs per task (`list[array]`, tasks in the same order for every arm; runs need not be paired,
 nor as many in every task), float64 throughout. After [rliable] (Agarwal et al. 2021,
-`rliable.metrics`, `rliable.library`), against which tests/test_report_pooled.py checks them:
+`rliable.metrics`, `rliable.library`), against which
+tests/experiments/test_report_pooled.py checks them:
 
 - `probability_of_improvement`: per task, the Mann–Whitney U of arm over baseline divided by
   n_arm · n_base (P(X > Y) + P(X = Y) / 2 over every pair of runs), averaged over the tasks;

@@ -169,6 +169,8 @@ def run_blocks(blocks: list[Block]) -> dict:
     return namespace
 
 
+# Each section runs whole (its fine-tuning block trains): the e2e lane.
+@pytest.mark.e2e
 @pytest.mark.parametrize("section", SECTIONS)
 def test_readme_section_runs(section, readme_workdir):
     blocks = [b for b in PYTHON if b.section == section and b.skip is None]
