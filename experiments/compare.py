@@ -3,7 +3,7 @@
     python experiments/compare.py --config experiments/configs/main_job.py \
         --methods none,isobn,istar --workdir runs/main_job
 
-Each method runs `train.train_and_evaluate(get_config(method), WORKDIR/method)`; a finished or
+Each method runs `loop.train_and_evaluate(get_config(method), WORKDIR/method)`; a finished or
 interrupted run is resumed from its checkpoints, so running the script again only redoes what is
 missing. The first row is the pre-trained encoder on the same dev split (the runs' dev
 evaluation at step 0; its dev metric is blank: the classifier head is untrained). "minutes" is
@@ -24,9 +24,10 @@ import pathlib
 import sys
 import time
 
-from isojax import config as config_lib
-from isojax import evaluation, train
+from isojax.cli.common import install_log_handler
 from isojax.data import glue
+from isojax.training import config as config_lib
+from isojax.training import evaluation, loop
 
 
 def load_get_config(path: str):
@@ -43,9 +44,9 @@ def pretrained_row(config) -> dict:
     untrained head's score is left out). The evaluation reads no training rows: setup encodes
     one batch of them (the state it builds needs a schedule length, unused at step 0)."""
     config = config.copy_and_resolve_references()
-    config.method = "none"
+    config.normalizer, config.penalty = "none", "none"
     config.max_train_examples = config.batch_size
-    run = train.setup(config)
+    run = loop.setup(config)
     split = glue.get_task(config.task).dev_splits[0]
     result = evaluation.evaluate(run, run.state, run.dev_encoded[split], config)
     return {key: value for key, value in result.items() if key in ISOTROPY_KEYS}
@@ -77,9 +78,14 @@ def format_table(rows: dict[str, dict]) -> str:
 
 
 def main(argv=None) -> int:
+    install_log_handler()  # the runs' progress and notices, as `isojax finetune` shows them
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="a configs/*.py file: get_config(method)")
-    parser.add_argument("--methods", default="none,isobn", help="comma-separated methods")
+    parser.add_argument(
+        "--methods",
+        default="none,isobn",
+        help="comma-separated arms: a normaliser and/or a penalty (isobn, istar, isobn+istar)",
+    )
     parser.add_argument("--workdir", default="runs/compare", help="one sub-folder per method")
     parser.add_argument("--no-pretrained", action="store_true", help="skip the pre-trained row")
     args = parser.parse_args(argv)
@@ -109,7 +115,7 @@ def main(argv=None) -> int:
         timing = run_dir / "compare_minutes.json"  # training time of the run that finished it
         start = time.perf_counter()
         print(f"== {method}: {run_dir}", flush=True)
-        results = train.train_and_evaluate(config, run_dir)
+        results = loop.train_and_evaluate(config, run_dir)
         if not timing.exists():
             timing.write_text(json.dumps((time.perf_counter() - start) / 60) + "\n")
         rows[method] = dict(results[split]) | {"minutes": json.loads(timing.read_text())}

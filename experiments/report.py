@@ -11,8 +11,12 @@ report of these modules, each one idea:
 - `report_stats.py`: small-n statistics (paired t interval and p, exact sign-flip p, Holm,
   Pearson / Spearman / leave-one-value-out), each tested against SciPy;
 - `report_tables.py`: every number of the report (`build`) and its Markdown tables;
+- `report_pooled.py`: statistics pooled over the tasks (probability of improvement,
+  task-averaged difference, IQM of normalised scores, stratified bootstrap intervals; issue 39),
+  each tested against rliable;
 - `report_verdicts.py`: one verdict line per SPEC.md §9 claim and task, by the rule of
-  issue 22 (Holm-adjusted paired t-test, read against the paper's effect size);
+  issue 22 (Holm-adjusted paired t-test, read against the paper's effect size), and a pooled
+  line per claim about fine-tuning in general;
 - `report_figures.py`: the PNG figures (matplotlib's Agg backend).
 
 The header names the code (commits), devices and JAX versions of the records. A refused JSONL
@@ -28,6 +32,7 @@ import sys
 if str(pathlib.Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+import report_pooled as pool  # noqa: E402
 import report_records as records_io  # noqa: E402
 import report_stats as stats  # noqa: E402
 import report_tables as tables  # noqa: E402
@@ -48,7 +53,11 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
     md += _isotropy(data, files)
     if data["sweep"]:
         md += _sweep(data, files)
+    if data.get("pooled", {}).get("arms"):
+        md += _pooled(data, files)
     md += ["", "## Verdicts (SPEC.md §9)", "", verdicts.RULE]
+    if data.get("pooled", {}).get("arms"):
+        md += ["", verdicts.POOLED_RULE]
     md += verdicts.verdict_lines(data, files) or [
         "",
         "- no claim of SPEC.md §9 is testable from these records",
@@ -185,6 +194,34 @@ def _sweep(data: dict, files: dict) -> list[str]:
         + f" Figure: [sweep]({files.get('sweep', '')})",
         "",
         *tables.sweep_table(data),
+    ]
+
+
+def _pooled(data: dict, files: dict) -> list[str]:
+    pooled = data["pooled"]
+    excluded = ", ".join(
+        f"{t} (median {tables.f(m)}, chance {records_io.CHANCE.get(t, 0.0):.3f}, "
+        f"1/√{records_io.DEV_SIZE.get(t, '?')} = {records_io.chance_margin(t):.3f})"
+        for t, m in pooled["excluded"].items()
+    )
+    figure = f" Figure: [profile]({files['profile']})" if "profile" in files else ""
+    return [
+        "",
+        "## Pooled over tasks",
+        "",
+        f"Each arm against `{data['baseline']}` over the tasks where both have runs, treated as "
+        f"a sample of the benchmark ({pooled['kind']} epoch; `report_pooled.py`, after rliable): "
+        "P(arm > baseline), per task the Mann–Whitney U over n_arm · n_base (ties ½), averaged "
+        "over the tasks; the task-averaged difference of means on the raw score; the IQM (25 % "
+        "trimmed mean over every run of every task) of the normalised score (score − chance) / "
+        f"({data['baseline']} median − chance), chance being a constant prediction's score. "
+        f"Intervals: stratified bootstrap 95 % (percentile), {pool.DRAWS} draws, NumPy "
+        f"`RandomState({pool.SEED})`, each arm's runs resampled within each task. Normalised "
+        f"tasks: {', '.join(pooled['normalised_tasks']) or 'none'}; left out of the IQM and the "
+        f"profile, where the {data['baseline']} median is within 1/√n_dev of chance: "
+        f"{excluded or 'none'}.{figure}",
+        "",
+        *tables.pooled_table(data),
     ]
 
 

@@ -6,7 +6,10 @@
   interval (the one the verdicts print);
 - `<stem>_isotropy.png`: EV3 of the pooled vector and of the head input, before and after;
 - `<stem>_sweep.png` (a sweep): token IsoScore / IsoScore* against the score, collapsed runs
-  circled, Pearson r in the titles.
+  circled, Pearson r in the titles;
+- `<stem>_profile.png` (pooled over tasks): the performance profile of each arm, the fraction
+  of runs of the normalised tasks whose normalised score exceeds τ (1 at the baseline's median,
+  0 at a constant prediction's score).
 """
 
 from __future__ import annotations
@@ -15,8 +18,19 @@ import math
 import pathlib
 
 import numpy as np
+import report_pooled as pool
 from report_records import CHANCE, METRIC_NAMES, PRETRAINED, arm_label, dev_rows, last_value
 from report_tables import fp
+
+
+def figure_names(data: dict) -> list[str]:
+    """The figures `write_figures` draws for `data` (`<stem>_<name>.png`), in order."""
+    if not data["tasks"]:
+        return []
+    names = ["scores", "curves"] + ["paired"] * bool(data["baseline"]) + ["isotropy"]
+    names += ["sweep"] * bool(data["sweep"])
+    arms = data.get("pooled", {}).get("arms", {})
+    return names + ["profile"] * any(c["normalised"] for c in arms.values())
 
 
 def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str) -> dict:
@@ -26,15 +40,12 @@ def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if not data["tasks"]:
-        return {}
     runs = [r for r in records if r["kind"] == "run" and r["status"] == "ok"]
-    figures = [("scores", _scores), ("curves", _curves)]
-    figures += [("paired", _paired)] * bool(data["baseline"])
-    figures += [("isotropy", _isotropy)]
-    figures += [("sweep", _sweep)] * bool(data["sweep"])
+    draws = {"scores": _scores, "curves": _curves, "paired": _paired, "isotropy": _isotropy}
+    draws |= {"sweep": _sweep, "profile": _profile}
     files = {}
-    for name, draw in figures:
+    for name in figure_names(data):
+        draw = draws[name]
         fig = draw(plt, runs, data)
         fig.tight_layout()
         fig.savefig(out / f"{stem}_{name}.png", dpi=110)
@@ -164,6 +175,24 @@ def _sweep(plt, runs: list[dict], data: dict):
             ax.set_xlabel(f"all-layer token {name} (dev, last epoch)", fontsize=8)
             ax.set_ylabel(METRIC_NAMES.get(task, "score"), fontsize=8)
             fig.colorbar(sc, ax=ax, label=data["sweep"])
+    return fig
+
+
+def _profile(plt, runs: list[dict], data: dict):
+    """Performance profiles (`report_pooled.profile`) of the normalised scores, one per arm."""
+    pooled = data["pooled"]
+    arms = {label: c for label, c in pooled["arms"].items() if c["normalised"]}
+    values = np.concatenate([np.concatenate(c["normalised"]) for c in arms.values()])
+    taus = np.linspace(min(values.min(), 0.0), max(values.max(), 1.0) + 0.05, 201)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, c in arms.items():
+        ax.step(taus, pool.profile(c["normalised"], taus), where="post", label=label)
+    ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel(f"normalised score τ ({pooled['kind']} epoch; 0 chance, 1 the baseline median)")
+    ax.set_ylabel("fraction of runs with score > τ")
+    excluded = f"; left out: {', '.join(pooled['excluded'])}" if pooled["excluded"] else ""
+    ax.set_title(f"tasks {', '.join(pooled['normalised_tasks'])}{excluded}", fontsize=8)
+    ax.legend(fontsize=7)
     return fig
 
 

@@ -64,12 +64,40 @@ def constant_scores(task: str) -> tuple[float, ...]:
 CHANCE = {t: max(constant_scores(t), default=0.0) for t in ("cola", "mrpc", "stsb", "rte")}
 
 
-# The keys the report reads from every record (what `experiments/study.py` writes).
+# The keys the report reads from every record (what `experiments/study.py` writes), from its
+# `fields` and from each of its `eval` rows.
 REQUIRED = ("cell", "kind", "status", "fields", "seed", "eval")
+REQUIRED_FIELDS = ("task", "method")
+REQUIRED_EVAL = ("split", "epoch", "score")
 
 
 class RecordsError(ValueError):
     """A results JSONL the report refuses; the message is one line naming the file."""
+
+
+def _missing(row, keys: tuple[str, ...]) -> list[str]:
+    return [k for k in keys if k not in row] if isinstance(row, dict) else list(keys)
+
+
+def _not_a_record(record) -> str | None:
+    """Why `record` is not a study record the report can read (None: it is): not an object,
+    a `REQUIRED` key missing, or one of `fields` (`REQUIRED_FIELDS`) or of an `eval` row
+    (`REQUIRED_EVAL`)."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    missing = _missing(record, REQUIRED)
+    if missing:
+        return f"no {', '.join(map(repr, missing))}"
+    missing = _missing(record["fields"], REQUIRED_FIELDS)
+    if missing:
+        return f"its fields have no {', '.join(map(repr, missing))}"
+    if not isinstance(record["eval"], list):
+        return "its eval is not a list"
+    for index, row in enumerate(record["eval"]):
+        missing = _missing(row, REQUIRED_EVAL)
+        if missing:
+            return f"its eval row {index} has no {', '.join(map(repr, missing))}"
+    return None
 
 
 def read_records(path: pathlib.Path) -> list[dict]:
@@ -83,9 +111,8 @@ def read_records(path: pathlib.Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError as err:
             raise RecordsError(f"{path}:{number}: not JSON ({err})") from None
-        missing = [k for k in REQUIRED if k not in record] if isinstance(record, dict) else []
-        if not isinstance(record, dict) or missing:
-            what = f"no {', '.join(map(repr, missing))}" if missing else "not a JSON object"
+        what = _not_a_record(record)
+        if what:
             raise RecordsError(f"{path}:{number}: not a study record ({what})")
         key = (record.get("study"), record["cell"])
         if key in seen:

@@ -23,6 +23,7 @@ import collections
 import math
 
 import numpy as np
+import report_pooled as pool
 import report_stats as stats
 from report_records import (
     CHANCE,
@@ -88,6 +89,10 @@ def paired(arm: dict[int, float], base: dict[int, float]) -> dict:
     }
 
 
+# Pairs of arms compared directly, per task (`<metric>_<a>_vs_<b>`: a − b, paired by seed).
+CONTRASTS = (("isobn", "batchnorm"), ("whiten", "isobn"))
+
+
 def build(records: list[dict]) -> dict:
     """Every number of the report, as nested dicts (also what the tests check)."""
     runs = [r for r in records if r["kind"] == "run" and r["status"] == "ok"]
@@ -113,6 +118,10 @@ def build(records: list[dict]) -> dict:
                 "last": stats.summary([last_value(r) for r in rows]),
                 "best": stats.summary([best_score(r) for r in rows]),
                 "seeds": sorted(r["seed"] for r in rows),
+                "runs": {
+                    "last": [last_value(r) for r in sorted(rows, key=lambda r: r["seed"])],
+                    "best": [best_score(r) for r in sorted(rows, key=lambda r: r["seed"])],
+                },
             }
             if constant_scores(task):
                 t["arms"][label]["constant"] = _constant_counts(rows)
@@ -134,13 +143,15 @@ def build(records: list[dict]) -> dict:
             for key in PAIRED_KEYS:
                 fn = _metric(key)
                 t["paired"][label][key] = paired(_by_seed(rows, fn), _by_seed(base_rows, fn))
-        # [IsoBN]'s contrast: IsoBN lowers EV3 of the classifier input more than batchnorm does.
-        isobn, batchnorm = arm_of(labels, "isobn"), arm_of(labels, "batchnorm")
-        if isobn and batchnorm:
-            fn = _metric("pre_logits_ev3")
-            t["ev3_isobn_vs_batchnorm"] = paired(
-                _by_seed(arms[task][isobn], fn), _by_seed(arms[task][batchnorm], fn)
-            )
+        # Contrasts between two arms: [IsoBN]'s (IsoBN lowers EV3 of the classifier input more
+        # than batchnorm does) and the whitening study's (whiten against IsoBN: EV3 and score).
+        for a, b in CONTRASTS:
+            la, lb = arm_of(labels, a), arm_of(labels, b)
+            if la and lb:
+                for key, fn in (("ev3", _metric("pre_logits_ev3")), ("score", best_score)):
+                    t[f"{key}_{a}_vs_{b}"] = paired(
+                        _by_seed(arms[task][la], fn), _by_seed(arms[task][lb], fn)
+                    )
         if sweep:
             base_median = t["arms"][baseline_label]["last"]["median"] if base_rows else math.nan
             t["sweep"] = _sweep(
@@ -157,6 +168,51 @@ def build(records: list[dict]) -> dict:
                 arm_avg = _seed_average([_by_seed(arms[t][label], fn) for t in tasks])
                 base_avg = _seed_average([_by_seed(arms[t][baseline_label], fn) for t in tasks])
                 out["task_average"].setdefault(label, {})[kind] = paired(arm_avg, base_avg)
+    if baseline_label and len(tasks) > 1:
+        out["pooled"] = pooled(out, "last" if sweep else "best")
+    return out
+
+
+def pooled(data: dict, kind: str) -> dict:
+    """The pooled statistics (`report_pooled`) of every arm against the baseline over the tasks
+    where both have runs, on the `kind` score ("best": the [IsoBN] protocol; "last": a sweep).
+    The IQM is of the normalised scores (score − chance) / (baseline median − chance), over the
+    tasks whose baseline median beats chance by 1/√n_dev (`beats_chance`); the others are
+    named in "excluded" (task -> baseline median)."""
+    base, per_task = data["baseline"], data["per_task"]
+    out = {"kind": kind, "arms": {}, "excluded": {}, "normalised_tasks": []}
+    reference = {}
+    for task in data["tasks"]:
+        b = per_task[task]["arms"].get(base)
+        if b and beats_chance(task, b[kind]["median"]):
+            reference[task] = b[kind]["median"]
+            out["normalised_tasks"].append(task)
+        else:
+            out["excluded"][task] = b[kind]["median"] if b else math.nan
+
+    def runs(task, label):
+        return per_task[task]["arms"][label]["runs"][kind]
+
+    def normalised(label, tasks):
+        return [
+            pool.normalise(runs(t, label), CHANCE.get(t, 0.0), reference[t])
+            for t in tasks
+            if t in reference
+        ]
+
+    labels = dict.fromkeys(a for t in data["tasks"] for a in per_task[t]["arms"])
+    for label in labels:
+        tasks = [t for t in data["tasks"] if {label, base} <= set(per_task[t]["arms"])]
+        if len(tasks) < 2:
+            continue
+        entry = {"tasks": tasks}
+        if label != base:
+            entry |= pool.compare([runs(t, label) for t in tasks], [runs(t, base) for t in tasks])
+        entry["normalised"] = [x.tolist() for x in normalised(label, tasks)]
+        entry["normalised_tasks"] = [t for t in tasks if t in reference]
+        if entry["normalised"]:
+            entry["iqm"] = pool.iqm_interval(entry["normalised"])
+        out["arms"][label] = entry
     return out
 
 
@@ -320,6 +376,32 @@ def paired_table(data: dict) -> list[str]:
             )
     for label, avg in data["task_average"].items():
         md.append(row(f"average of {len(data['tasks'])} tasks", label, avg))
+    return md
+
+
+def pooled_table(data: dict) -> list[str]:
+    """Per arm: the tasks pooled, runs per task, P(arm > baseline) and the task-averaged
+    difference with their intervals, and the IQM of the normalised score with its interval."""
+    base = data["baseline"]
+    md = [
+        f"| arm | tasks | runs per task | P(arm > {base}) [95 %] | task-averaged difference "
+        "[95 %] | IQM normalised [95 %] (tasks) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, c in data["pooled"]["arms"].items():
+        runs = ", ".join(str(len(data["per_task"][t]["arms"][label]["seeds"])) for t in c["tasks"])
+        if "p" in c:
+            p = f"{f(c['p'])} [{f(c['p_lo'])}, {f(c['p_hi'])}]"
+            d = f"{signed(c['diff'])} [{signed(c['diff_lo'])}, {signed(c['diff_hi'])}]"
+        else:
+            p = d = "(the baseline)"
+        q = c.get("iqm")
+        iqm = (
+            f"{f(q['iqm'])} [{f(q['lo'])}, {f(q['hi'])}] ({', '.join(c['normalised_tasks'])})"
+            if q
+            else "—"
+        )
+        md.append(f"| {label} | {', '.join(c['tasks'])} | {runs} | {p} | {d} | {iqm} |")
     return md
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import report_pooled as pool
 import report_stats as stats
 from report_records import PRETRAINED
 from report_tables import arm_of, f, fp, paired, signed, value
@@ -48,6 +49,17 @@ RULE = (
     "confirms, with the other sign reverses; either holds only where Spearman's ρ has the sign "
     "of Pearson's r and Pearson's r keeps its sign with each swept value left out in turn, "
     "otherwise **fragile**."
+)
+POOLED_RULE = (
+    "Pooled lines (issue 39), beside the per-task lines of a claim about fine-tuning in general: "
+    "pooling treats the tasks named on the line as a sample of the benchmark. P(arm > baseline) "
+    "is, per task, the Mann–Whitney U over n_arm · n_base (ties count ½), averaged over the "
+    "tasks; its stratified bootstrap 95 % interval (tasks are strata; each arm's runs resampled "
+    "with replacement within each task; the draws and seed are on the line) entirely above 0.5 "
+    "**confirmed**, entirely below 0.5 **reversed**; otherwise, if the interval of the "
+    "task-averaged difference of means (raw score) excludes the paper's size (where SPEC.md §9 "
+    "gives one), **smaller than claimed**, else **not detected with these runs**. The runs are "
+    "not paired by seed, and the pooled line is not in its family's Holm adjustment."
 )
 
 
@@ -116,6 +128,7 @@ class Family:
     size_note: str = NO_SIZE
     kind: str = "difference"  # or "no change" (a claim that nothing moves)
     lines: list = dataclasses.field(default_factory=list)
+    pooled: list = dataclasses.field(default_factory=list)  # `pooled_line`s, after the lines
 
     def add(
         self, where: str, t: dict, what: str, extra: str = "", direction: int = 0, claim: str = ""
@@ -170,7 +183,37 @@ class Family:
             if extra:
                 parts.append(extra)
             out.append(f"- {claim}, {where}: **{v['verdict']}** ({'; '.join(parts)})")
-        return out
+        return out + self.pooled
+
+
+def pooled_line(data: dict, label: str | None, claim: str, size: float | None) -> list[str]:
+    """The pooled verdict line of one arm (`report_pooled.pooled_verdict`) over the tasks where
+    it and the baseline have runs, with both intervals, the draws, the seed and the runs per
+    task; nothing where the study pools nothing for it (one task, or no such arm)."""
+    c = data.get("pooled", {}).get("arms", {}).get(label) if label else None
+    if not c or "p" not in c:
+        return []
+    base = data["baseline"]
+    verdict = pool.pooled_verdict(c, size)
+    n_arm, n_base = c["n_arm"], c["n_base"]
+    if len(set(n_arm)) == 1 and len(set(n_base)) == 1:
+        n = f"n = {n_arm[0]} {label} / {n_base[0]} {base} runs on each of {len(c['tasks'])} tasks"
+    else:
+        n = f"n = {label} {n_arm}, {base} {n_base} runs by task"
+    parts = [
+        f"P({label} > {base}) = {f(c['p'])}, stratified bootstrap 95 % "
+        f"[{f(c['p_lo'])}, {f(c['p_hi'])}]",
+        f"task-averaged difference ({data['pooled']['kind']} epoch) {signed(c['diff'])} "
+        f"[{signed(c['diff_lo'])}, {signed(c['diff_hi'])}]",
+    ]
+    if size is not None and math.isfinite(c["diff_hi"]):
+        parts.append(
+            f"the interval {'excludes' if c['diff_hi'] < size else 'does not exclude'} the "
+            f"paper's {size:+.3f}"
+        )
+    parts += [n, f"{c['draws']} draws, RandomState({c['seed']})"]
+    tasks = f"pooled over {len(c['tasks'])} tasks ({', '.join(c['tasks'])})"
+    return [f"- {claim}, {tasks}: **{verdict}** ({'; '.join(parts)})"]
 
 
 def no_change_verdict(t: dict, p_adj: float) -> dict:
@@ -207,6 +250,7 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
             ("batchnorm", "[EmbNorm] normalising the sentence vector (batchnorm) improves it", 0),
             ("recenter", "[EmbNorm] re-centring the sentence vector improves it", 0),
             ("layernorm", "[EmbNorm] layer-normalising the sentence vector improves it", 0),
+            ("whiten", "[Whitening] whiten improves fine-tuning over none (best dev epoch)", 1),
         ):
             if method not in methods:
                 continue
@@ -223,6 +267,8 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
             avg = next((v for k, v in data["task_average"].items() if k.split()[0] == method), None)
             if avg:
                 fam.add("average of the tasks", avg["best"], f"{method} − none")
+            label = arm_of(data.get("pooled", {}).get("arms", {}), method)
+            fam.pooled = pooled_line(data, label, claim, fam.size)
             families.append(fam)
         for method, claim in (
             (
@@ -231,6 +277,7 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
                 "only a little)",
             ),
             ("isobn", "[IsoBN] IsoBN lowers EV3 of the classifier input (the paper: a lot)"),
+            ("whiten", "[Whitening] whiten lowers EV3 of the classifier input below none's"),
         ):
             if method in methods:
                 fam = Family(claim, -1)
@@ -240,19 +287,7 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
                             task, p["pre_logits_ev3"], f"EV3 {method} − none", fig.get("isotropy")
                         )
                 families.append(fam)
-    contrast = Family(
-        "[IsoBN] IsoBN lowers EV3 of the classifier input more than batch normalisation does", -1
-    )
-    for task in tasks:
-        if d := per_task[task].get("ev3_isobn_vs_batchnorm"):
-            iso = per_task[task]["isotropy"]
-            medians = ", ".join(
-                f"{m} {f(iso[label]['pre_logits_ev3'])}"
-                for m in ("none", "batchnorm", "isobn")
-                if (label := arm_of(iso, m))
-            )
-            contrast.add(task, d, "EV3 isobn − batchnorm", f"medians {medians}")
-    families.append(contrast)
+    families += _contrasts(per_task, tasks)
     lines = []
     for fam in families:
         lines += fam.render()
@@ -264,6 +299,33 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
     if data["sweep"] == "cosreg.weight":
         lines += _cosreg_lines(data)
     return lines
+
+
+def _contrasts(per_task: dict, tasks: list) -> list[Family]:
+    """The families that compare two arms directly (`report_tables.CONTRASTS`)."""
+    out = []
+    for key, a, b, claim, sign, size in (
+        ("ev3", "isobn", "batchnorm", "[IsoBN] IsoBN lowers EV3 of the classifier input more "
+         "than batch normalisation does", -1, None),
+        ("ev3", "whiten", "isobn", "[Whitening] whiten lowers EV3 of the classifier input more "
+         "than IsoBN does", -1, None),
+        ("score", "whiten", "isobn", "[Whitening] whiten vs IsoBN: fine-tuning score (best dev "
+         "epoch)", +1, ISOBN_SIZE),
+    ):  # fmt: skip
+        fam = Family(claim, sign)
+        if size is not None:
+            fam.size, fam.size_note = size, "+0.010 on a 0–1 score per task, as for IsoBN"
+        for task in tasks:
+            if d := per_task[task].get(f"{key}_{a}_vs_{b}"):
+                iso = per_task[task]["isotropy"]
+                medians = ", ".join(
+                    f"{m} {f(iso[label]['pre_logits_ev3'])}"
+                    for m in ("none", b, a)
+                    if (label := arm_of(iso, m))
+                )
+                fam.add(task, d, f"{key.upper()} {a} − {b}", f"EV3 medians {medians}")
+        out.append(fam)
+    return out
 
 
 def _anisotropy_line(data: dict, fig: dict) -> list[str]:
@@ -329,6 +391,9 @@ def _istar_lines(data: dict, fig: dict) -> list[str]:
             if (v := _sweep_value(label)) is not None and v < 0:
                 median = per_task[task]["arms"][label]["last"]["median"]
                 helps.add(f"{task}, {label}", p["last"], "vs λ = 0", f"median {f(median)}")
+    for label in data.get("pooled", {}).get("arms", {}):
+        if (v := _sweep_value(label)) is not None and v < 0:
+            helps.pooled += pooled_line(data, label, f"[I-STAR] λ < 0 helps, {label}", None)
     lines += helps.render()
     lines += [
         "",
@@ -345,9 +410,11 @@ ZETA_OPTIMUM = (0.2, 0.8)
 def _zeta_lines(data: dict) -> list[str]:
     """[I-STAR]'s ζ claims over a ζ sweep, on the last-epoch score (as the λ lines). ζ = 0 and
     ζ = 1 are each paired by seed against every swept ζ in [0.2, 0.8]: one family per end (the
-    claimed sign: the end is worse). "The best ζ lies in [0.2, 0.8]" is read from them: confirmed
-    where, against one ζ inside, both ends are confirmed worse; reversed where one end is
-    confirmed better than every ζ inside; the highest mean is printed beside it, not tested."""
+    claimed sign: the end is worse); the line against the best ζ (the highest mean) says so.
+    The best ζ against each other ζ inside is a family of its own (`_best_zeta_family`). "The
+    best ζ lies in [0.2, 0.8]" is read from the ends: confirmed where, against one ζ inside,
+    both ends are confirmed worse; reversed where one end is confirmed better than every ζ
+    inside; the highest mean is printed beside it, not tested."""
     lo, hi = ZETA_OPTIMUM
     ends = {
         0.0: Family("[I-STAR] ζ = 0 (plain IsoScore of the batch as the penalty) hurts", -1),
@@ -357,37 +424,67 @@ def _zeta_lines(data: dict) -> list[str]:
             -1,
         ),
     }
-    scores = {}  # task -> zeta -> seed -> last-epoch score
+    scores, means = {}, {}  # task -> zeta -> seed -> last-epoch score; task -> zeta -> mean
     for task in data["tasks"]:
         by_value = scores[task] = {}
         for point in data["per_task"][task]["sweep"]["points"]:
             by_value.setdefault(point["value"], {})[point["seed"]] = point["score"]
+        means[task] = {z: float(sum(s.values()) / len(s)) for z, s in sorted(by_value.items())}
+        best = max(means[task], key=means[task].get)
         for end, fam in ends.items():
             for z in sorted(v for v in by_value if lo <= v <= hi and end in by_value):
                 where, what = f"{task}, against ζ = {z:g}", f"ζ = {end:g} − ζ = {z:g}"
-                fam.add(where, paired(by_value[end], by_value[z]), what)
+                extra = "against the best ζ (the highest mean)" if z == best else ""
+                fam.add(where, paired(by_value[end], by_value[z]), what, extra)
     lines, said = [], {}  # said: end -> where -> verdict
     for end, fam in ends.items():
         lines += fam.render()
         said[end] = {line[0]: v["verdict"] for line, _, v in fam.judged()}
+    lines += _best_zeta_family(scores, means).render()
     lines.append("")
     for task, by_value in scores.items():
         inside = sorted(v for v in by_value if lo <= v <= hi)
         words = {
             end: [said[end].get(f"{task}, against ζ = {z:g}", "") for z in inside] for end in ends
         }
-        means = {z: float(sum(s.values()) / len(s)) for z, s in sorted(by_value.items())}
-        best = max(means, key=means.get)
+        best = max(means[task], key=means[task].get)
         lines.append(
             f"- [I-STAR] the best ζ lies in [{lo:g}, {hi:g}], {task}: "
             f"**{_best_zeta_verdict(words)}** (confirmed where both ends are "
             "confirmed worse than one ζ inside, above; reversed where one end is confirmed "
             f"better than every ζ inside; the highest mean last-epoch score is at ζ = {best:g}, "
             f"{'inside' if lo <= best <= hi else 'outside'} the range, not a test; means "
-            + ", ".join(f"ζ = {z:g} {f(m)}" for z, m in means.items())
+            + ", ".join(f"ζ = {z:g} {f(m)}" for z, m in means[task].items())
             + ")"
         )
     return lines
+
+
+def _best_zeta_family(scores: dict, means: dict) -> Family:
+    """Per task, the ζ of the highest mean last-epoch score (picked on these runs, which favours
+    it) against each other swept ζ in [0.2, 0.8], paired by seed; no line where the best is an
+    end (its lines against every ζ inside are its end's family, with the other sign)."""
+    lo, hi = ZETA_OPTIMUM
+    fam = Family(
+        "[I-STAR] the best ζ (the highest mean, picked on these runs) beats the other ζ in "
+        f"[{lo:g}, {hi:g}]",
+        +1,
+    )
+    fam.size_note = (
+        "not a claim of the paper but how sharp the optimum is, so no size; ζ = 0 and ζ = 1 "
+        "against the best are the lines marked above"
+    )
+    for task, by_value in scores.items():
+        best = max(means[task], key=means[task].get)
+        if not lo <= best <= hi:
+            continue
+        for z in sorted(v for v in by_value if lo <= v <= hi and v != best):
+            fam.add(
+                f"{task}, ζ = {best:g} against ζ = {z:g}",
+                paired(by_value[best], by_value[z]),
+                f"ζ = {best:g} − ζ = {z:g}",
+            )
+    return fam
 
 
 def _best_zeta_verdict(words: dict[float, list[str]]) -> str:

@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import math
 import os
 import pathlib
@@ -98,6 +99,7 @@ from study_records import (  # noqa: E402, F401  (re-exported)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "experiments" / "results"
+logger = logging.getLogger("study")
 
 
 class RecordedElsewhere(StudyError):
@@ -167,7 +169,14 @@ class _Plan:
         return old is None or (self.retry_failed and old["status"] == "failed")
 
     def estimate(self, cell: Cell) -> float | None:
-        done = max([row["epoch"] for row in read_run(self.study_dir / cell.name)["eval"]] + [0])
+        """Minutes left for `cell`; None (unknown) also where its folder cannot be read: an
+        estimate never stops the runner (the cell's own run repairs or refuses its folder)."""
+        try:
+            evals = read_run(self.study_dir / cell.name)["eval"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            logger.warning("%s: no estimate (%s)", cell.name, err)
+            return None
+        done = max([row["epoch"] for row in evals] + [0])
         return study_eta.estimate_minutes(
             cell.values, self.configs[cell.name], self.records, self.recipe, done, self.device
         )
@@ -357,12 +366,15 @@ def _continue_at_recorded_commit(args, options: list[tuple[str, object]], where:
     worktree = pathlib.Path(where) if where else study_commit.default_worktree(REPO, commit)
     worktree = study_commit.ensure_worktree(REPO, commit, worktree)
     argv = study_commit.old_argv(REPO, worktree, args.grid, options)
-    from isojax import config as config_lib
+    from isojax.training import config as config_lib
 
     study_commit.reexec(argv, worktree, config_lib.default_glue_dir())
 
 
 def main(argv: list[str] | None = None) -> int:
+    from isojax.cli.common import install_log_handler
+
+    install_log_handler()  # the runs' progress and notices, as `isojax finetune` shows them
     parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("grid", help="grid file, e.g. experiments/configs/study_normalizers.py")
     parser.add_argument("--tier", type=int, default=1, help="run tiers 1..TIER (default 1)")
@@ -406,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminate)
         cache = pathlib.Path(args.runs_dir) / ".jax_cache" if args.compile_cache is None else None
         if cache or args.compile_cache:
-            from isojax import distributed
+            from isojax.training import distributed
 
             distributed.enable_compilation_cache(cache or args.compile_cache)
         run_grid(

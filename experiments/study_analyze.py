@@ -6,7 +6,7 @@
 
 For every finished run of the results file with seed `--seed` (one per task x arm), the run's
 last checkpoint (the report's "last epoch") is analysed on the dev rows it evaluated
-(`run_analysis.analyze_run`: encoder, normaliser with its running statistics, and head, in the
+(`analysis.analyze_run`: encoder, normaliser with its running statistics, and head, in the
 dev evaluation's mode); for every task, the pre-trained encoder with the run's tokenizer and
 max length (`analysis.analyze_encoder`). Each goes to `experiments/results/<study>_analysis/
 <cell>/` (`summary.json` and the PNG figures of `isojax analyze`), and
@@ -27,8 +27,10 @@ import sys
 
 import jax
 
-from isojax import analysis, build, models, predict, run_analysis, runs
+from isojax import analysis, models, runs
 from isojax.data import glue
+from isojax.runs import predict
+from isojax.training import build
 
 COLUMNS = (
     ("[CLS] EV_3", "cls", "EV_3"),
@@ -43,7 +45,7 @@ def analyze_cell(run_dir: pathlib.Path, out: pathlib.Path) -> dict:
     """`analyze --run` of `run_dir`'s last checkpoint into `out`; returns the summary."""
     restored = runs.restore(run_dir)
     split = restored.task.dev_splits[0]
-    rep = run_analysis.analyze_run(restored, predict.load_split(restored, split, labelled=True))
+    rep = analysis.analyze_run(restored, predict.load_split(restored, split, labelled=True))
     analysis.write_summary(rep, out)
     analysis.write_figures(rep, out)
     return rep.summary()

@@ -86,13 +86,14 @@ def read_run(workdir: pathlib.Path, chunk: int = LOSS_CHUNK_STEPS) -> dict:
     step: exact when no line spans an epoch end (`log_every` 1, as the study recipe sets).
     `train_loss` merges consecutive lines of one epoch into means over >= `chunk` steps,
     `[last step, epoch (0-based, as metrics.jsonl), mean loss]`, to keep the record small.
+    The lines are the loop's own reading (`resume.metrics_lines`): a torn last line, what a
+    kill mid-write leaves, is dropped with a warning; a bad line before it raises ValueError.
     """
+    from isojax.training import resume  # the loop's own reader
+
     evals, windows = [], []
-    path = workdir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
     previous = 0
-    for line in lines:
-        row = json.loads(line)
+    for _, row in resume.metrics_lines(workdir / "metrics.jsonl"):
         if row["split"] == "train":
             windows.append((row["step"], row["epoch"], row["loss"], row["step"] - previous))
             previous = row["step"]
@@ -115,9 +116,9 @@ def read_run(workdir: pathlib.Path, chunk: int = LOSS_CHUNK_STEPS) -> dict:
 
 def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
     """Dev metrics and isotropy of the step-0 model (pre-trained encoder, fresh head)."""
-    from isojax import evaluation, train
+    from isojax.training import evaluation, loop
 
-    run = train.setup(config)
+    run = loop.setup(config)
     rows = []
     for split, encoded in run.dev_encoded.items():
         result = evaluation.evaluate(run, run.state, encoded, config)
@@ -128,7 +129,7 @@ def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
 def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str) -> dict:
     """Runs (or resumes, or reads back) one cell; returns the run part of its record.
     Exceptions propagate after the attempt's wall time is saved."""
-    from isojax import nonfinite, train
+    from isojax.training import loop, nonfinite
 
     start = time.monotonic()
     try:
@@ -140,7 +141,7 @@ def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str
             # A run stopped on a non-finite loss has a results.json without a score: rerun
             # (it raises again, and the cell is recorded failed).
             if not (workdir / "results.json").exists() or nonfinite.stopped(workdir):
-                train.train_and_evaluate(config, workdir)
+                loop.train_and_evaluate(config, workdir)
             part = read_run(workdir)
     finally:
         seconds = _add_wall(workdir, time.monotonic() - start)

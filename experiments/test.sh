@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # The test command: build or refresh .venv from the project's own files, lint, run the suite.
-#   bash experiments/test.sh [pytest args...]
+#   bash experiments/test.sh [--fast] [pytest args...]
+# --fast leaves out the whole runs in subprocesses (tests/e2e/, marked e2e): -m "not e2e".
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/experiments/env.sh"
 cd "$root"
 ruff check isojax experiments tests
 ruff format --check isojax experiments tests
+args=()
+for arg in "$@"; do
+    if [[ "$arg" == "--fast" ]]; then
+        args+=(-m "not e2e")
+    else
+        args+=("$arg")
+    fi
+done
 # One pytest process per core, at most 4 (ISOJAX_TEST_WORKERS to choose; 0 runs in this process);
 # each test file stays in one process, so a file's module-scoped fixtures are built once.
 workers="${ISOJAX_TEST_WORKERS:-$(python -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')}"
-python -m pytest -n "$workers" --dist loadfile "$@"
+python -m pytest -n "$workers" --dist loadfile ${args[@]+"${args[@]}"}

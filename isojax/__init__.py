@@ -1,23 +1,64 @@
-"""isojax: isotropy-aware fine-tuning of BERT-family encoders in JAX/Flax.
+r"""isojax: isotropy-aware fine-tuning of BERT-family encoders in JAX/Flax.
 
-Modules (import them, not their names: ``from isojax import isotropy``); the map and what each
-owns: ARCHITECTURE.md.
+The front-end-free maths is here, optax-style: pure functions of arrays, jit-able, float32
+statistics whatever the input dtype.
 
-- ``stats``: masked batch moments, streaming moment accumulator.
-- ``isotropy``: IsoScore, IsoScore*, participation ratio, EV_k, mean cosine.
-- ``running``: the guarded update of running statistics that ``norms`` and ``stabilizer`` share.
-- ``norms``: IsoBN, re-centring, batch and layer norm behind ``make_normalizer`` (a registry).
-- ``regularizers``: I-STAR and CosReg penalties, the explicit C0 pass.
-- ``stabilizer``: IsoScore* module with a running C0 in ``batch_stats``.
-- ``models``: BERT, RoBERTa, DistilBERT, ALBERT encoders; load/export; classifier head.
-- ``data``: GLUE tasks, TSV and tensorflow-datasets sources, batching.
-- ``metrics``: GLUE metrics.
-- ``config``, ``configs``: the fine-tuning config and its validation; the papers' recipes.
-- ``precision``, ``optim``, ``build``, ``steps``, ``distributed``, ``resume``, ``reporting``,
-  ``checkpointing``, ``nonfinite``, ``train``: fine-tuning.
-- ``runs``, ``predict``, ``export``: a run folder's model restored, its predictions and GLUE
-  submission files, a Hugging Face folder with a model card.
-- ``analysis``, ``cli``: isotropy reports and the ``isojax`` command.
+>>> import jax, jax.numpy as jnp
+>>> import isojax
+>>> x = jax.random.normal(jax.random.key(0), (256, 8))
+>>> round(float(isojax.isoscore(x)), 2) > 0.9               # nearly isotropic Gaussian points
+True
+>>> c0 = jnp.eye(8)
+>>> float(isojax.istar_penalty(x[None, None], None, c0=c0, zeta=0.2)) < 0.05
+True
+
+The modules live in the two front ends, under the same names (``import isojax.linen as ijl``,
+``import isojax.nnx as ijx``): :class:`~isojax.linen.IsoBN`, ``BatchNorm``, ``LayerNorm``,
+``Recenter``, ``Identity``, ``make_normalizer``, ``NORMALIZERS``, ``IsoScoreStar``, the
+encoders and the classifier. I-STAR as a loss term, with a fixed ``C0``::
+
+    loss = task_loss + lam * isojax.istar_penalty(hidden_states, token_mask, c0=c0, zeta=0.2)
+
+The layers, bottom up: :mod:`isojax.core` (the maths), :mod:`isojax.linen` and
+:mod:`isojax.nnx` (the front ends), :mod:`isojax.models` (encoders, Hugging Face weights in and
+out), :mod:`isojax.data` (GLUE), :mod:`isojax.training` (the fine-tuning loop),
+:mod:`isojax.runs` (restore, predict, export), :mod:`isojax.analysis` (isotropy reports) and
+:mod:`isojax.cli` (the ``isojax`` command). ``import isojax`` imports the first three only.
 """
 
-__version__ = "0.1.0"
+from isojax import linen, nnx
+from isojax.core.isotropy import (
+    explained_variance,
+    isoscore,
+    isoscore_star,
+    mean_cosine_similarity,
+    participation_ratio,
+)
+from isojax.core.normalizers import isobn_gain
+from isojax.core.penalties import (
+    c0_pass_finalize,
+    c0_pass_init,
+    c0_pass_update,
+    cosreg_penalty,
+    estimate_c0,
+    istar_penalty,
+)
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "c0_pass_finalize",
+    "c0_pass_init",
+    "c0_pass_update",
+    "cosreg_penalty",
+    "estimate_c0",
+    "explained_variance",
+    "isobn_gain",
+    "isoscore",
+    "isoscore_star",
+    "istar_penalty",
+    "linen",
+    "mean_cosine_similarity",
+    "nnx",
+    "participation_ratio",
+]

@@ -3,15 +3,63 @@ message is one line naming the file and line, the key or the shape, and `isojax`
 such with exit status 2, never a traceback. Imports nothing, so the command can catch it
 without loading JAX.
 
-    isojax.config.ConfigError               a field out of range; max_length above the model's
+    isojax.training.config.ConfigError               a field out of range; max_length above the
+    model's
                                             positions; a batch larger than the data
     isojax.models.config.ModelNotLoadable   a model folder without config.json or weights, a
                                             size out of bounds, weights that do not fit
     isojax.data.tasks.GlueDataInvalid       a malformed GLUE TSV (file:line)
+    isojax.errors.ExtraMissing              an optional dependency that is not installed
+
+The core install (`pip install isojax`) is jax, flax, optax and numpy: the maths and both
+front ends. The rest comes with the extras (`EXTRAS`); what needs one imports it inside its
+functions, and `require` turns a missing one into one line naming the extra.
 """
 
 from __future__ import annotations
 
+import importlib
+
+# The optional modules isojax imports, by the extra of pyproject.toml that installs them.
+EXTRAS = {
+    "transformers": "hf",
+    "tokenizers": "hf",
+    "safetensors": "hf",
+    "orbax": "train",
+    "ml_collections": "train",
+    "tensorboardX": "train",
+    "matplotlib": "plots",
+    "tensorflow": "tfds",
+    "tensorflow_datasets": "tfds",
+}
+
 
 class InputError(ValueError):
     """Bad input named in one line; `isojax` prints it with exit status 2."""
+
+
+class ExtraMissing(InputError):
+    """An optional dependency is not installed: one line naming the extra that installs it."""
+
+    def __init__(self, module: str, extra: str):
+        self.module, self.extra = module, extra
+        super().__init__(
+            f"{module} is not installed; it comes with the {extra!r} extra: "
+            f"pip install 'isojax[{extra}]'"
+        )
+
+
+def require(*modules: str) -> None:
+    """Imports `modules` (top-level names of `EXTRAS`), raising `ExtraMissing` for the first
+    one that cannot be imported."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise ExtraMissing(module, EXTRAS[module.split(".")[0]]) from None
+
+
+def extra_missing(err: ImportError) -> ExtraMissing | None:
+    """The `ExtraMissing` that an import error of an optional module stands for, else None."""
+    name = (getattr(err, "name", None) or "").split(".")[0]
+    return ExtraMissing(name, EXTRAS[name]) if name in EXTRAS else None

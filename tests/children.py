@@ -3,6 +3,7 @@ bounded wait that never leaves a child behind."""
 
 import os
 import pathlib
+import socket
 import subprocess
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -10,9 +11,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def child_env(*, devices: int = 4, cache: os.PathLike | None = None, **extra: str) -> dict:
     """`os.environ` with this checkout first on PYTHONPATH, `devices` simulated CPU devices and
-    the suite's unoptimised XLA:CPU codegen; with `cache`, a persistent compilation cache there
-    (children given the same folder reuse each other's executables: the same programs give
-    bit-identical results); `extra` on top."""
+    the suite's unoptimised XLA:CPU codegen; the session's persistent compilation cache
+    (tests/conftest.py, inherited: children reuse each other's and the tests' executables, the
+    same programs giving bit-identical results), or with `cache` one there; `extra` on top."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     env["XLA_FLAGS"] = (
@@ -32,3 +33,10 @@ def finish(child: subprocess.Popen, timeout: float = 300) -> subprocess.Complete
         child.kill()
         stdout, stderr = child.communicate()
     return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the coordinator of a two-process run)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

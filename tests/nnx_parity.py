@@ -1,5 +1,5 @@
-"""Parity of an NNX module with its linen twin (issue 23): the harness of test_nnx_norms.py and
-test_nnx_stabilizer.py.
+"""Parity of an NNX module with its linen twin (issue 23): the harness of nnx/test_norms.py and
+nnx/test_istar.py.
 
 Both front ends run 3 jitted training steps on the same batches and weights (the loss
 `sum(sin(3 y))` of the module's output `y`, differentiated with respect to the parameters and

@@ -6,7 +6,8 @@ BERT-base-sized encoder, plain and with IsoBN and I-STAR (as ratios to plain). P
 
 Each setting is one jitted AdamW step built here from the public model APIs
 (`isojax.models.SequenceClassifier` over `isojax.models.Encoder`, random weights, compute
-bfloat16, parameters float32; `isojax.norms` IsoBN on the pooled vector; `isojax.regularizers`
+bfloat16, parameters float32; `isojax.linen.norms` IsoBN on the pooled vector;
+`isojax.core.penalties`
 I-STAR penalty over every layer's tokens with C0 = identity), on one device, with all `len`
 tokens real. Step time: the median over `--rounds` rounds, in rotating order, of the mean of
 `--iters` back-to-back steps (one dispatch queue, one final `block_until_ready`), after a
@@ -18,7 +19,7 @@ FLOPs per step, two counts:
   6N:  6 · N · tokens with N the non-embedding parameters (Kaplan et al. 2020, eq. 2.1),
        attention's t² terms not included.
 MFU = FLOPs / step time / the device's peak dense bf16 FLOP/s, through the functions the
-training run's figures use (`isojax.hardware`: `step_flops`, `peak_flops` over its vendor
+training run's figures use (`isojax.training.hardware`: `step_flops`, `peak_flops` over its vendor
 table `PEAK_FLOPS`, `mfu`), so the run's logged `mfu` and this table's "MFU XLA" are one
 computation; an unknown device prints "peak unknown". Without an accelerator
 (CPU) the tiny configuration runs and the table says "not measured: no accelerator".
@@ -37,8 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from isojax import hardware, models, regularizers
+from isojax import models
+from isojax.core import penalties
 from isojax.models import config as config_lib
+from isojax.training import hardware
 
 VARIANTS = ("plain", "isobn", "istar")
 ISTAR_WEIGHT = -0.1  # the sign does not change the cost
@@ -53,13 +56,15 @@ TINY = config_lib.EncoderConfig(
 
 
 def peak_flops(device_kind: str) -> float | None:
-    """Peak dense bf16 FLOP/s of one device of `device_kind` (`isojax.hardware.PEAK_FLOPS`, the
+    """Peak dense bf16 FLOP/s of one device of `device_kind`
+    (`isojax.training.hardware.PEAK_FLOPS`, the
     table the training run's MFU uses), None when unknown."""
     return hardware.peak_flops(device_kind, jnp.bfloat16)[0]
 
 
 def xla_flops(compiled) -> float | None:
-    """FLOPs of a compiled step on one device (`isojax.hardware.step_flops`, as the run)."""
+    """FLOPs of a compiled step on one device (`isojax.training.hardware.step_flops`, as the
+    run)."""
     return hardware.step_flops(compiled)
 
 
@@ -115,7 +120,7 @@ def build_step(variables: dict, cfg, variant: str, batch: int, length: int, devi
         )
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, inputs["labels"]).mean()
         if variant == "istar":
-            penalty = regularizers.istar_penalty(
+            penalty = penalties.istar_penalty(
                 out["encoder"].hidden_states, inputs["attention_mask"], c0=c0, zeta=0.2
             )
             loss = loss + ISTAR_WEIGHT * penalty

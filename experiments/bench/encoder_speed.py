@@ -26,7 +26,7 @@ import torch
 import transformers
 
 from isojax import models
-from isojax.models import checkpoints, heads
+from isojax.models import heads, hf_import
 
 
 def seconds(step) -> float:
@@ -91,7 +91,7 @@ def main():
         jax.block_until_ready(grad_step(variables["params"], jax.random.key(1, impl=args.prng)))
 
     # transformers PyTorch, same weights (export of the same head)
-    folder = checkpoints.resolve_folder(args.model)
+    folder = hf_import.resolve_folder(args.model)
     model = transformers.BertForSequenceClassification.from_pretrained(folder, num_labels=2)
     model.train(bool(args.dropout))
     t_ids, t_mask, t_types = (torch.tensor(a, dtype=torch.long) for a in (ids, mask, types))

@@ -33,9 +33,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from isojax import build, distributed, feeds, train  # noqa: E402
-from isojax import config as config_lib  # noqa: E402
 from isojax.data import batching  # noqa: E402
+from isojax.training import build, distributed, feeds, loop  # noqa: E402
+from isojax.training import config as config_lib  # noqa: E402
 
 LAYOUTS = {
     "fixed": {"packing": False, "buckets": ()},
@@ -90,7 +90,7 @@ def epoch_shapes(args, tokenizer) -> tuple[dict, dict, dict]:
 def time_shapes(args, samples: dict) -> dict:
     """`{shape: [seconds per round]}`: one train step per shape per round, rotating order."""
     config = base_config(args)
-    run = train.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     state = run.state
     batches = {key: distributed.global_batch(b, run.mesh) for key, b in samples.items()}
     order = sorted(batches)

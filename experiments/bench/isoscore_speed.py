@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from isojax import isotropy
+from isojax.core import isotropy
 
 HIGHEST = jax.lax.Precision.HIGHEST
 

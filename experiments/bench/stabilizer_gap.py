@@ -1,7 +1,7 @@
 """How far I-STAR's running stabilisers (`epoch`, `ema`) are from the reference's C0 pass.
 
 The reference rebuilds C0 before every epoch with an eval-mode pass (dropout off) over the
-current parameters (`train.c0_pass`, `regularizers.estimate_stabilizer`). The running modes
+current parameters (`loop.c0_pass`, `penalties.estimate_c0`). The running modes
 approximate it: their tokens come from the training steps (dropout on), under parameters that
 change during the window, and `epoch`'s C0 takes effect only once its window closes (one window
 late; the identity before the first). This benchmark fine-tunes with I-STAR (`configs.load
@@ -29,8 +29,9 @@ import jax
 import numpy as np
 import optax
 
-from isojax import configs, distributed, feeds, regularizers, steps, train
-from isojax.data import packing
+from isojax.core import penalties
+from isojax.models import transformer
+from isojax.training import configs, distributed, feeds, loop, steps
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MODES = ("epoch", "ema")
@@ -57,13 +58,13 @@ def make_probe(apply_fn, objective: steps.Objective):
     def penalty(params, batch_stats, batch, c0):
         _, out = apply_fn(
             {"params": params, "batch_stats": batch_stats},
-            **packing.model_inputs(batch),  # padded or packed (the istar preset packs)
+            **transformer.model_inputs(batch),  # padded or packed (the istar preset packs)
             deterministic=True,
             use_running_average=True,
             example_mask=batch["example_mask"],
         )
         mask = steps.penalty_mask(batch, objective.include_padding)
-        return regularizers.istar_penalty(
+        return penalties.istar_penalty(
             out["encoder"].hidden_states, mask, c0=c0, zeta=objective.zeta
         )
 
@@ -97,7 +98,7 @@ def measure(config, mode: str, every: int, *, mesh=None) -> list[Row]:
     measuring before step 0, every `every` steps and before the last step."""
     config = config.copy_and_resolve_references()
     config.istar.stabilizer.kind = mode
-    run = train.setup(config, mesh=mesh)
+    run = loop.setup(config, mesh=mesh)
     state = run.state
     probe = make_probe(state.apply_fn, state.objective)
     last = min(run.total_steps, run.steps_per_epoch) - 1
@@ -108,7 +109,7 @@ def measure(config, mode: str, every: int, *, mesh=None) -> list[Row]:
         batch = distributed.global_batch(batch, run.mesh)
         if step % every == 0 or step == last:
             # The pass over the current parameters; its state is only read (nothing donated).
-            c0_pass = train.c0_pass(run, state, config, 0).stabilizer["c0"]
+            c0_pass = loop.c0_pass(run, state, config, 0).stabilizer["c0"]
             c0_mode = state.stabilizer["c0"]
             out = jax.device_get(probe(state.params, state.batch_stats, batch, c0_mode, c0_pass))
             rows.append(

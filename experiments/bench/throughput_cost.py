@@ -3,12 +3,13 @@
     python experiments/bench/throughput_cost.py                     # MiniLM-L6, 32 x 128
     python experiments/bench/throughput_cost.py --model tiny-bert --steps 3 --rounds 2
 
-Two arms on the same jitted MiniLM-L6 train step (`train.setup`, f32, padded to `--length`,
+Two arms on the same jitted MiniLM-L6 train step (`loop.setup`, f32, padded to `--length`,
 real RTE rows), run as the loop runs them, interleaved (ABBA order per pair of rounds), each
 round `--steps` steps then one host sync (the log step's):
   plain: `run.train_fn(state, batch)`, the step metrics summed (`resume.Position.add`);
-  meter: `meter.executable(state, batch)(...)` (the compiled step for the batch's shapes),
-         the metrics plus `meter.counts()` summed, `meter.step(state)` (`isojax.throughput`).
+  meter: the step compiled ahead (as the loop does), `meter.read` of its cost,
+         the metrics plus `meter.counts()` summed, `meter.step(state)`
+         (`isojax.training.throughput`).
 Printed: each arm's median step time over the rounds, the ratio meter / plain, and the noise:
 the spread (min, max) of the per-pair ratios. Beside it, the meter's own host work per step
 timed alone (10,000 calls), as a fraction of the step: a bound the interleaved ratio cannot
@@ -31,8 +32,8 @@ import time
 
 import jax
 
-from isojax import config as config_lib
-from isojax import distributed, feeds, hardware, precision, resume, throughput, train
+from isojax.training import config as config_lib
+from isojax.training import distributed, feeds, hardware, loop, precision, resume, throughput
 
 CPU_PEAK = 2 * 2.6e9 * 32  # see the module doc
 
@@ -74,22 +75,27 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     config = make_config(args.model, args.batch, args.length, args.batch * args.steps)
-    run = train.setup(config)
+    run = loop.setup(config)
     batches = [
         distributed.global_batch(b, run.mesh)
         for b in feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh)
     ]
     compute = precision.get_policy(config.policy).compute_dtype
-    meter = throughput.Meter(run.train_fn, run.mesh, compute, peak_override=args.peak)
+    meter = throughput.Meter(run.mesh, compute, peak_override=args.peak)
     state = run.state
-    state, _ = meter.executable(state, batches[0])(state, batches[0])  # compiles once
+    compiled = run.train_fn.lower(state, batches[0]).compile()  # as the loop: once
+    key = tuple((k, v.shape) for k, v in batches[0].items())
+    meter.read(key, compiled, batches[0]["input_ids"].size)
+    state, _ = compiled(state, batches[0])
     state, _ = run.train_fn(state, batches[0])  # the jit path's own compile
     meter.step(state)  # the shape's first run
     jax.block_until_ready(state)
-    state, times, figures = interleaved_rounds(run, meter, state, batches, args.rounds)
+    state, times, figures = interleaved_rounds(
+        run, meter, compiled, key, state, batches, args.rounds
+    )
     ratios = [m / p for m, p in zip(times["meter"], times["plain"], strict=True)]
     plain_s, meter_s = statistics.median(times["plain"]), statistics.median(times["meter"])
-    host_s = meter_host_seconds(meter, state, batches[-1])
+    host_s = meter_host_seconds(meter, compiled, key, state, batches[-1])
 
     print(f"{args.model} {args.batch}x{args.length}, {len(batches)} steps x {args.rounds} rounds")
     print(f"step plain {plain_s * 1e3:.1f} ms, with the meter {meter_s * 1e3:.1f} ms")
@@ -115,10 +121,11 @@ def main(argv=None) -> dict:
     return result
 
 
-def interleaved_rounds(run, meter, state, batches, rounds: int):
+def interleaved_rounds(run, meter, compiled, key, state, batches, rounds: int):
     """`(state, {"plain": [s], "meter": [s]}, figures)`: per round, the mean step time of the
     plain loop (the train step, the log's means and their host sync) and of the metered loop
-    (`meter.executable`, its counts and timing; `figures`: its last window), in alternating
+    (the compiled step with `meter.read`, its counts and timing; `figures`: its last window),
+    in alternating
     order."""
 
     def plain(state):
@@ -133,7 +140,8 @@ def interleaved_rounds(run, meter, state, batches, rounds: int):
         position = resume.Position()
         meter.mark()
         for batch in batches:
-            state, m = meter.executable(state, batch)(state, batch)
+            meter.read(key, compiled, batch["input_ids"].size)
+            state, m = compiled(state, batch)
             position.add(m | meter.counts())
             meter.step(state)
         return state, meter.window(position.pop_means())
@@ -149,11 +157,11 @@ def interleaved_rounds(run, meter, state, batches, rounds: int):
     return state, times, figures
 
 
-def meter_host_seconds(meter, state, batch, calls: int = 10_000) -> float:
-    """The meter's own host work per step (executable lookup, counts, timing), timed alone."""
+def meter_host_seconds(meter, compiled, key, state, batch, calls: int = 10_000) -> float:
+    """The meter's own host work per step (cost lookup, counts, timing), timed alone."""
     start = time.perf_counter()
     for _ in range(calls):
-        meter.executable(state, batch)
+        meter.read(key, compiled, batch["input_ids"].size)
         meter.counts()
         meter.step(state)
     return (time.perf_counter() - start) / calls
@@ -162,7 +170,7 @@ def meter_host_seconds(meter, state, batch, calls: int = 10_000) -> float:
 def step_memory(model: str, batch: int, length: int) -> dict:
     """`hardware.memory` of the compiled train step at `batch` x `length`."""
     config = make_config(model, batch, length, batch)
-    run = train.setup(config)
+    run = loop.setup(config)
     first = next(iter(feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh)))
     return hardware.memory(
         run.train_fn.lower(run.state, distributed.global_batch(first, run.mesh)).compile()

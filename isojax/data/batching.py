@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import tokenizers
 
 from isojax.data import glue
+
+if TYPE_CHECKING:
+    import tokenizers
 
 DEFAULT_BUCKETS = (32, 64, 96, 128, 192, 256)
 
@@ -54,6 +56,8 @@ class Encoded(NamedTuple):
 
 
 def _backend(tokenizer) -> tokenizers.Tokenizer:
+    import tokenizers  # the 'hf' extra
+
     if isinstance(tokenizer, tokenizers.Tokenizer):
         return tokenizer
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -111,7 +115,7 @@ def encode(
     pad_id = _pad_id(tokenizer, backend) if pad_id is None else pad_id
     if pad_id is None:
         raise ValueError("the tokenizer has no padding token; pass pad_id")
-    own = tokenizers.Tokenizer.from_str(backend.to_str())
+    own = type(backend).from_str(backend.to_str())  # a tokenizers.Tokenizer
     own.no_padding()
     own.enable_truncation(max_length, strategy="longest_first")
 

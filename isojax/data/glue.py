@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 
-def _tsv_rows(path: pathlib.Path) -> Iterator[tuple[int, list[str]]]:
+def tsv_rows(path: pathlib.Path) -> Iterator[tuple[int, list[str]]]:
     """(1-based line number, fields) of each line; tabs only, no quoting.
 
     Lines end at "\\n" only (never at a lone "\\r", which a text-mode reader would split on);
@@ -151,7 +151,7 @@ def load_tsv(
             f"GLUE {task.name} {split} file not found: {path}; " + how_to_supply(task, split, None)
         )
     test = split in task.test_splits
-    rows = _tsv_rows(path)
+    rows = tsv_rows(path)
     if task.fieldnames is None or test:
         _, header = next(rows, (1, [""]))
     else:

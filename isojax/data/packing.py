@@ -3,7 +3,7 @@
     encoded = batching.encode(examples, tokenizer, max_length=128)
     for batch in packing.packed_batches(encoded, batch_size=32, shuffle=True, seed=0, epoch=e):
         logits, out = head.apply(
-            variables, **packing.model_inputs(batch), example_mask=batch["example_mask"]
+            variables, **transformer.model_inputs(batch), example_mask=batch["example_mask"]
         )
 
 Same training, fewer rows. Global batch `k` holds exactly the examples, in exactly the order,
@@ -225,30 +225,6 @@ def _pack_tokens(
 def is_packed(batch: Mapping) -> bool:
     """True for a batch of `packed_batches`, False for one of `batching.batches`."""
     return "segment_ids" in batch
-
-
-def model_inputs(batch: Mapping) -> dict:
-    """Keyword arguments of `SequenceClassifier` / `Encoder` for a packed or unpacked batch
-    (jit-able): `input_ids`, `attention_mask`, `token_type_ids`, and for packed rows the
-    pairwise `[r, 1, t, t]` segment mask, `position_ids` and `cls_index`. Add
-    `example_mask=batch["example_mask"]` for the normaliser."""
-    if not is_packed(batch):
-        return {
-            "input_ids": batch["input_ids"],
-            "attention_mask": batch["attention_mask"],
-            "token_type_ids": batch["token_type_ids"],
-        }
-    import jax.numpy as jnp  # lazily: the data pipeline itself needs no JAX
-
-    from isojax.models import transformer
-
-    return {
-        "input_ids": batch["input_ids"],
-        "attention_mask": transformer.segment_attention_mask(jnp.asarray(batch["segment_ids"])),
-        "token_type_ids": batch["token_type_ids"],
-        "position_ids": batch["position_ids"],
-        "cls_index": batch["cls_index"],
-    }
 
 
 def token_mask(batch: Mapping):

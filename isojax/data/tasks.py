@@ -61,7 +61,7 @@ class GlueTask:
       label_column: TSV column holding the label.
       label_names: class names, in TFDS order (id = position); empty for regression.
       label_values: how each class is written in the TSV (same order as `label_names`).
-      metrics: names of `isojax.metrics` functions reported for this task; the GLUE score is
+      metrics: names of `isojax.data.metrics` functions reported for this task; the GLUE score is
         their mean where there are two.
       dev_splits: the evaluation split(s) as file stems: ("dev",), or MNLI's matched and
         mismatched pair.

@@ -15,6 +15,7 @@ import pathlib
 import urllib.request
 
 from isojax.data import tasks
+from isojax.logs import quieted
 
 
 def _probe_download(url: str, timeout: float = 20.0) -> None:
@@ -100,14 +101,9 @@ def _check_tfds_source(
     `download`) its source answers one request."""
     # TFDS logs (absl WARNING) about a half-written dataset folder while it looks; the one-line
     # error below names that folder instead.
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)
-    try:
+    with quieted("absl", logging.ERROR):
         builder = tfds.builder(f"glue/{task.name}", data_dir=data_dir)
         prepared = builder.is_prepared()
-    finally:
-        absl_logger.setLevel(level)
     if not prepared:
         looked = f"{builder.data_dir_root} (looked for {builder.data_dir})"
         if not download:

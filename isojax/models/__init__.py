@@ -4,11 +4,11 @@ Both take padded rows (one example per row) or packed rows (`isojax.data.packing
 pairwise `segment_attention_mask`, per-example `position_ids` and a `cls_index` gather).
 """
 
-from isojax.models.checkpoints import LoadReport, Pretrained, load_pretrained
 from isojax.models.config import FAMILIES, VARIANTS, EncoderConfig
 from isojax.models.encoder import Encoder, init_params
 from isojax.models.heads import SequenceClassifier, init_variables
 from isojax.models.hf_export import export_pretrained
+from isojax.models.hf_import import LoadReport, Pretrained, load_pretrained
 from isojax.models.transformer import EncoderOutput, segment_attention_mask
 
 __all__ = [

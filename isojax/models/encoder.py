@@ -258,7 +258,7 @@ class Encoder(nn.Module):
 
     Dropout, when `deterministic=False`, draws from the `'dropout'` rng. Token ids are not
     checked here: an id at or beyond `vocab_size` embeds as NaN (`nn.Embed`'s gather fills
-    out-of-range rows with NaN; `isojax.build` refuses a tokenizer with more ids than the
+    out-of-range rows with NaN; `isojax.training.build` refuses a tokenizer with more ids than the
     vocabulary). A `cls_index` outside the batch is clamped (JAX's gather).
     """
 

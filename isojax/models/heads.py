@@ -23,12 +23,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from isojax.linen import norms
+
 SENTENCE_VECTORS = ("pooled", "cls")
 
 
 def _make_normalizer(head: SequenceClassifier, dtype) -> nn.Module:
-    from isojax import norms  # lazily: the head works without norms.py for "none"
-
     return norms.make_normalizer(
         head.normalizer,
         dtype=dtype,
@@ -110,7 +110,7 @@ class SequenceClassifier(nn.Module):
         for packed batches also with `position_ids=` and `cls_index=` (`isojax.models.Encoder`).
       num_labels: classes; 1 means regression.
       sentence: "pooled" (the pooler output, as the IsoBN reference) or "cls" (raw [CLS]).
-      normalizer: a name of `isojax.norms.NORMALIZERS`; "none" is the identity.
+      normalizer: a name of `isojax.linen.norms.NORMALIZERS`; "none" is the identity.
       normalizer_kwargs: hyper-parameters for `norms.make_normalizer` (e.g. momentum, beta).
       dropout_rate: dropout before the linear layer (HF: classifier_dropout or hidden dropout).
       axis_name: mapped axis over which the normaliser's batch statistics are reduced.

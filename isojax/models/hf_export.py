@@ -5,7 +5,7 @@
 
 Export writes `config.json` + `model.safetensors`, which transformers' `AutoModel` /
 `Auto*ForSequenceClassification` load as they are; the names come from the same tables as
-loading (`checkpoints.state_dict_from_params`). A classifier head that transformers' classes
+loading (`hf_import.state_dict_from_params`). A classifier head that transformers' classes
 cannot reproduce (a layer-norm normaliser, or one that reads the raw [CLS] vector) exports its
 encoder alone, with an `EncoderOnlyExport` warning.
 """
@@ -21,8 +21,8 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
-from isojax.models import checkpoints, heads
 from isojax.models import config as config_lib
+from isojax.models import heads, hf_import
 
 
 class UnservableHead(ValueError):
@@ -59,8 +59,8 @@ def classifier_state_dict(head: heads.SequenceClassifier, variables: Mapping) ->
         raise UnservableHead(str(err)) from None
     kernel, bias = np.asarray(kernel, np.float32), np.asarray(bias, np.float32)
     params = variables["params"] if "params" in variables else variables
-    encoder_sd = checkpoints.state_dict_from_params(cfg, params["encoder"])
-    prefix = checkpoints.ENCODER_PREFIX[cfg.family]
+    encoder_sd = hf_import.state_dict_from_params(cfg, params["encoder"])
+    prefix = hf_import.ENCODER_PREFIX[cfg.family]
     out = {}
     for name, value in encoder_sd.items():
         if cfg.family == "roberta" and name.startswith("pooler.dense."):
@@ -70,7 +70,7 @@ def classifier_state_dict(head: heads.SequenceClassifier, variables: Mapping) ->
     linear = "classifier.out_proj" if cfg.family == "roberta" else "classifier"
     out[f"{linear}.weight"] = np.ascontiguousarray(kernel.T)
     out[f"{linear}.bias"] = bias
-    return out, checkpoints.BASE_CLASS[cfg.family].replace("Model", "ForSequenceClassification")
+    return out, hf_import.BASE_CLASS[cfg.family].replace("Model", "ForSequenceClassification")
 
 
 def export_pretrained(
@@ -126,8 +126,8 @@ def export_pretrained(
 def _encoder_export(cfg: config_lib.EncoderConfig, params: Mapping) -> tuple[dict, dict]:
     """An encoder's state dict and its `config.json` as `<Family>Model`."""
     hf = cfg.to_hf()
-    hf["architectures"] = [checkpoints.BASE_CLASS[cfg.family]]
-    return checkpoints.state_dict_from_params(cfg, params), hf
+    hf["architectures"] = [hf_import.BASE_CLASS[cfg.family]]
+    return hf_import.state_dict_from_params(cfg, params), hf
 
 
 def _classifier_export(

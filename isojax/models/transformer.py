@@ -23,7 +23,7 @@ References:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax
@@ -356,3 +356,23 @@ def encode(
         cls = sentence_queries(x, cls_index)[:, 0]
     pooled = None if pooler is None else jnp.tanh(pooler(cls))
     return EncoderOutput(hidden_states=tuple(hidden_states), cls=cls, pooled=pooled)
+
+
+def model_inputs(batch: Mapping) -> dict:
+    """Keyword arguments of `SequenceClassifier` / `Encoder` for a packed or unpacked batch
+    (jit-able): `input_ids`, `attention_mask`, `token_type_ids`, and for packed rows the
+    pairwise `[r, 1, t, t]` segment mask, `position_ids` and `cls_index`. Add
+    `example_mask=batch["example_mask"]` for the normaliser."""
+    if "segment_ids" not in batch:  # a padded batch (isojax.data.batching)
+        return {
+            "input_ids": batch["input_ids"],
+            "attention_mask": batch["attention_mask"],
+            "token_type_ids": batch["token_type_ids"],
+        }
+    return {
+        "input_ids": batch["input_ids"],
+        "attention_mask": segment_attention_mask(jnp.asarray(batch["segment_ids"])),
+        "token_type_ids": batch["token_type_ids"],
+        "position_ids": batch["position_ids"],
+        "cls_index": batch["cls_index"],
+    }

@@ -1,10 +1,11 @@
 """isojax's Flax NNX front end: native `nnx.Module` twins of the linen modules, over the same
-pure functions (one copy of the maths; `isojax.norms`, `isojax.running`, `isojax.stabilizer`).
+pure functions (one copy of the maths; `isojax.linen.norms`, `isojax.core.running`,
+`isojax.core.istar`).
 
 - `make_normalizer(name, num_features, *, rngs=None, **hparams)`: IsoBN, batch norm, layer
-  norm, re-centring, none (`isojax.nnx.norms`), the names of `isojax.norms.NORMALIZERS`;
+  norm, re-centring, none (`isojax.nnx.norms`), the names of `isojax.linen.norms.NORMALIZERS`;
 - `IsoScoreStar` with the `pass`, `epoch` and `ema` stabilisers, `install_c0` for the explicit
-  pass's `C0`, and `istar_penalty` (`isojax.nnx.stabilizer`);
+  pass's `C0`, and `penalty_and_update` (`isojax.nnx.istar`);
 - `Encoder` (BERT, RoBERTa, DistilBERT, ALBERT; packed inputs, `cls_only`) and
   `SequenceClassifier` (`isojax.nnx.encoder`, `isojax.nnx.heads`), over the pure functions of
   `isojax.models.transformer` and `isojax.models.heads`;
@@ -13,11 +14,27 @@ pure functions (one copy of the maths; `isojax.norms`, `isojax.running`, `isojax
   `load_linen_variables`, the twin in either direction (`isojax.nnx.pretrained`).
 
 Running statistics are float32 `nnx.BatchStat`s; the mode is the call argument or the
-`use_running_average` attribute that `.train()`, `.eval()` and `nnx.view` set.
+`use_running_average` attribute that `.train()`, `.eval()` and `nnx.view` set:
+
+>>> import jax
+>>> from flax import nnx
+>>> import isojax.nnx as ijx
+>>> norm = ijx.IsoBN(8, momentum=0.95, rngs=nnx.Rngs(0))
+>>> x = jax.random.normal(jax.random.key(0), (16, 8))
+>>> norm.train()
+>>> y = norm(x)                      # the batch's statistics; the running ones move
+>>> int(norm.count[...])
+1
+>>> norm.eval()
+>>> y = norm(x)                      # the running statistics, frozen
+>>> int(norm.count[...])
+1
 """
 
+from isojax.core.normalizers import NORMALIZERS
 from isojax.nnx.encoder import Encoder, EncoderOutput
 from isojax.nnx.heads import SequenceClassifier
+from isojax.nnx.istar import IsoScoreStar, install_c0, make_isoscore_star, penalty_and_update
 from isojax.nnx.norms import (
     CLASSES,
     BatchNorm,
@@ -26,6 +43,7 @@ from isojax.nnx.norms import (
     LayerNorm,
     Recenter,
     RunningModule,
+    Whiten,
     make_normalizer,
 )
 from isojax.nnx.pretrained import (
@@ -37,7 +55,6 @@ from isojax.nnx.pretrained import (
     load_linen_variables,
     to_linen,
 )
-from isojax.nnx.stabilizer import IsoScoreStar, install_c0, istar_penalty, make_isoscore_star
 
 __all__ = [
     "CLASSES",
@@ -48,18 +65,20 @@ __all__ = [
     "IsoBN",
     "IsoScoreStar",
     "LayerNorm",
+    "NORMALIZERS",
     "Recenter",
     "Pretrained",
     "RunningModule",
     "SequenceClassifier",
+    "Whiten",
     "export_pretrained",
     "from_linen",
     "from_pretrained",
     "install_c0",
-    "istar_penalty",
     "linen_variables",
     "load_linen_variables",
     "make_isoscore_star",
     "make_normalizer",
+    "penalty_and_update",
     "to_linen",
 ]

@@ -23,7 +23,8 @@ raises. Dropout keys come from the `'dropout'` stream of the `rngs` given at con
 `nnx.RngStream` per dropout, its counter a Variable, so graph and tree mode both carry it).
 
 Sharding: with `fsdp=True` and a mesh set (`jax.set_mesh(mesh)`, a `"data"` axis), every
-parameter carries `out_sharding` metadata from linen's FSDP rule (`isojax.distributed`: each
+parameter carries `out_sharding` metadata from linen's FSDP rule (`isojax.training.distributed`:
+each
 leaf of at least 1024 elements split along its largest axis the data axis divides), so the
 variables are created sharded and `nnx.get_partition_spec(nnx.state(model))` gives the
 `PartitionSpec`s of `distributed.state_sharding(..., fsdp=True)`.
@@ -38,10 +39,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from isojax import distributed
 from isojax.models import config as config_lib
 from isojax.models import dropout as dropout_lib
-from isojax.models import transformer
+from isojax.models import sharding, transformer
 from isojax.models.transformer import EncoderOutput
 
 __all__ = ["Dropout", "Embeddings", "Encoder", "EncoderOutput", "SelfAttention", "TransformerLayer"]
@@ -89,12 +89,12 @@ def _sharding(shape: tuple[int, ...], fsdp: bool) -> dict:
     if not fsdp:
         return {}
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or distributed.DATA_AXIS not in mesh.axis_names:
+    if mesh.empty or sharding.DATA_AXIS not in mesh.axis_names:
         raise ValueError(
-            f"fsdp=True needs a mesh with a {distributed.DATA_AXIS!r} axis set "
-            "(jax.set_mesh(isojax.distributed.make_mesh()))"
+            f"fsdp=True needs a mesh with a {sharding.DATA_AXIS!r} axis set "
+            "(jax.set_mesh(isojax.training.distributed.make_mesh()))"
         )
-    spec = distributed._fsdp_spec(shape, mesh.shape[distributed.DATA_AXIS])
+    spec = sharding.fsdp_spec(shape, mesh.shape[sharding.DATA_AXIS])
     return {"out_sharding": tuple(spec)} if len(spec) else {}
 
 

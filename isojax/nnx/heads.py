@@ -37,7 +37,7 @@ class SequenceClassifier(nnx.Module):
         returning an `EncoderOutput`).
       num_labels: classes; 1 means regression.
       sentence: "pooled" (the pooler output, as the IsoBN reference) or "cls" (raw [CLS]).
-      normalizer: a name of `isojax.norms.NORMALIZERS`; "none" is the identity.
+      normalizer: a name of `isojax.linen.norms.NORMALIZERS`; "none" is the identity.
       normalizer_kwargs: its hyper-parameters (e.g. momentum, beta), as in linen.
       dropout_rate: dropout before the linear layer.
       axis_name: mapped axis of the normaliser's batch statistics (inside `vmap`/`shard_map`).

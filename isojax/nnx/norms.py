@@ -1,24 +1,26 @@
-"""The sentence-embedding transforms as native Flax NNX modules, over the maths of `isojax.norms`.
+"""The sentence-embedding transforms as native Flax NNX modules, over the maths of
+`isojax.linen.norms`.
 
-IsoBN, batch norm, layer norm, re-centring and `none` with the call signature of their linen
-twins in :mod:`isojax.norms`,
+IsoBN, ZCA whitening, batch norm, layer norm, re-centring and `none` with the call signature of
+their linen twins in :mod:`isojax.linen.norms`,
 
     module(x [batch, d], use_running_average: bool | None = None, *, mask=None) -> [batch, d]
 
 and NNX's conventions: the feature size and `rngs` at construction, `dtype`/`param_dtype`,
 learned weights as `nnx.Param`, running statistics as float32 `nnx.BatchStat` attributes under
 the linen names (``cov``, ``std``, ``mean``, ``var``, and the ``count``/``skipped`` counters of
-:mod:`isojax.running`). The mode is the call argument, else the attribute (None by default, as
+:mod:`isojax.core.running`). The mode is the call argument, else the attribute (None by default, as
 `nnx.BatchNorm`'s), which `.train()`, `.eval()` and `nnx.view(model, use_running_average=...)`
-set (the `set_view` hook); with neither, the call raises and names the three ways.
+set (the `set_view` hook; a view that gives only `deterministic` sets it to that, as the head's
+call does); with neither, the call raises and names the three ways.
 
-Each call runs the same pure step of :mod:`isojax.norm_steps` as the linen module (`isobn`,
+Each call runs the same pure step of :mod:`isojax.core.normalizers` as the linen module (`isobn`,
 `recenter`, `batch_norm`, `layer_norm`, `identity`) on the values of its Variables and
 writes the new state back through them only (`Variable.set_value`), so graph mode, tree mode
 (`nnx.set_graph_mode(False)`), `nnx.jit`, `nnx.remat` and `nnx.scan` all carry the update. A bad
 batch leaves the statistics as they were and adds 1 to ``skipped``, as in linen (NNX has no
 ``intermediates['skipped_batch']``: compare ``skipped`` before and after). The hyper-parameters
-and their defaults are `norm_steps.HPARAMS`, checked by `norm_steps.check_hparams`.
+and their defaults are `normalizers.HPARAMS`, checked by `normalizers.check_hparams`.
 """
 
 import functools
@@ -27,12 +29,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from isojax import norm_steps, running
+from isojax.core import normalizers, running, whitening
 
-_ISOBN, _BN, _LN = (
-    norm_steps.HPARAMS["isobn"],
-    norm_steps.HPARAMS["batchnorm"],
-    norm_steps.HPARAMS["layernorm"],
+_ISOBN, _BN, _LN, _WHITEN = (
+    normalizers.HPARAMS["isobn"],
+    normalizers.HPARAMS["batchnorm"],
+    normalizers.HPARAMS["layernorm"],
+    normalizers.HPARAMS["whiten"],
 )
 
 
@@ -45,7 +48,7 @@ def _mode_error(owner: str) -> str:
 
 class RunningModule(nnx.Module):
     """A transform whose running state is float32 `nnx.BatchStat` attributes, moved by a pure
-    step of :mod:`isojax.norm_steps` or :mod:`isojax.stabilizer`; `set_view` sets its mode."""
+    step of :mod:`isojax.core.normalizers` or :mod:`isojax.core.istar`; `set_view` sets its mode."""
 
     use_running_average: bool | None
     axis_name: str | None
@@ -93,17 +96,23 @@ class RunningModule(nnx.Module):
         self.write_state(new)
         return y
 
-    def set_view(self, use_running_average: bool | None = None) -> None:
-        """The hook of `nnx.view`: sets the default mode when one is given."""
+    def set_view(
+        self, use_running_average: bool | None = None, deterministic: bool | None = None
+    ) -> None:
+        """The hook of `nnx.view`: sets the default mode when one is given, else follows
+        `deterministic` as the head's call and linen's `apply(deterministic=...)` do, so that
+        `nnx.view(model, deterministic=True)` also freezes the running statistics."""
+        if use_running_average is None:
+            use_running_average = deterministic
         if use_running_average is not None:
             self.use_running_average = use_running_average
 
 
 def _affine(module: nnx.Module, d: int, rngs: nnx.Rngs | None, param_dtype, **inits) -> None:
     """``scale`` and ``bias`` `nnx.Param`s `[d]` (or None where unused), made by
-    `norm_steps.affine_params`; `rngs.params()` keys the initialisers (the defaults ignore it)."""
+    `normalizers.affine_params`; `rngs.params()` keys the initialisers (the defaults ignore it)."""
     key = rngs.params() if rngs is not None else None
-    params = norm_steps.affine_params(d, param_dtype=param_dtype, key=key, **inits)
+    params = normalizers.affine_params(d, param_dtype=param_dtype, key=key, **inits)
     for name in ("scale", "bias"):
         value = nnx.Param(params[name]) if name in params else nnx.data(None)
         setattr(module, name, value)
@@ -120,7 +129,8 @@ def _affine_values(module: nnx.Module) -> dict[str, jax.Array]:
 class IsoBN(RunningModule):
     r"""Isotropic batch normalisation, `x * stop_gradient(gain(S, s))` (SPEC.md §1), in NNX.
 
-    The maths and the defaults of `isojax.norms.IsoBN` (the pure step `norm_steps.isobn`): running
+    The maths and the defaults of `isojax.linen.norms.IsoBN` (the pure step `normalizers.isobn`):
+    running
     ``cov`` `[d, d]` and ``std`` `[d]` moved by the batch before the gain is computed in
     training, the gain still applied (frozen) in evaluation, gain 1 before the first update,
     optional debiasing by `1 − m^count`; `∂y/∂x = diag(gain)`.
@@ -128,7 +138,7 @@ class IsoBN(RunningModule):
     Args:
         num_features: `d`.
         use_running_average: default mode (None: set by `.train()`/`.eval()`/`nnx.view`).
-        momentum, beta, epsilon, debias: as in `isojax.norms.IsoBN`.
+        momentum, beta, epsilon, debias: as in `isojax.linen.norms.IsoBN`.
         axis_name: mapped axis of the batch statistics (shard_map/pmap only).
         dtype: output dtype; None keeps the input's.
         rngs: accepted for a uniform signature; unused (no parameters).
@@ -157,14 +167,74 @@ class IsoBN(RunningModule):
         self.num_features, self.use_running_average = num_features, use_running_average
         self.momentum, self.beta, self.epsilon, self.debias = momentum, beta, epsilon, debias
         self.axis_name, self.dtype = axis_name, dtype
-        self.init_state(norm_steps.isobn_init(num_features))
+        self.init_state(normalizers.isobn_init(num_features))
 
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
         """`[batch, d]` -> `x * gain`, dtype `self.dtype` or `x.dtype`; mask `[batch]`."""
         hparams = {name: getattr(self, name) for name in _ISOBN}
         return self.run(
-            norm_steps.isobn_init,
-            norm_steps.isobn,
+            normalizers.isobn_init,
+            normalizers.isobn,
+            x,
+            mask,
+            use_running_average,
+            dtype=self.dtype,
+            **hparams,
+        )
+
+
+class Whiten(RunningModule):
+    r"""Running ZCA whitening, `(x − μ̂) W sqrt(τ)` with `W = Σ^(−1/2)` (SPEC.md §10.1), in NNX.
+
+    The maths and defaults of `isojax.linen.norms.Whiten` (the pure step
+    `isojax.core.whitening.whiten`): float32 `BatchStat`s ``mean`` `[d]`, ``cov`` `[d, d]`,
+    ``count``, ``skipped``, moved by the batch before the transform in training; the transform
+    from the debiased running state in training and evaluation alike, the identity before the
+    first update; `∂y/∂x = W sqrt(τ)`.
+
+    Args:
+        num_features: `d`.
+        use_running_average: default mode (None: set by `.train()`/`.eval()`/`nnx.view`).
+        momentum, alpha, epsilon, keep_scale, group_size: as in `isojax.linen.norms.Whiten`.
+        axis_name: mapped axis of the batch statistics (shard_map/pmap only).
+        dtype: output dtype; None keeps the input's.
+        rngs: accepted for a uniform signature; unused (no parameters).
+
+    Example:
+        >>> norm = Whiten(8)
+        >>> y = norm(jnp.arange(32.0).reshape(4, 8) % 5, use_running_average=False)
+        >>> int(norm.count[...]), norm.cov[...].dtype
+        (1, dtype('float32'))
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        use_running_average: bool | None = None,
+        momentum: float = _WHITEN["momentum"],
+        alpha: float = _WHITEN["alpha"],
+        epsilon: float = _WHITEN["epsilon"],
+        keep_scale: bool = _WHITEN["keep_scale"],
+        group_size: int | None = _WHITEN["group_size"],
+        axis_name: str | None = None,
+        dtype: jax.typing.DTypeLike | None = None,
+        rngs: nnx.Rngs | None = None,
+    ):
+        del rngs
+        self.num_features, self.use_running_average = num_features, use_running_average
+        self.momentum, self.alpha, self.epsilon = momentum, alpha, epsilon
+        self.keep_scale, self.group_size = keep_scale, group_size
+        self.axis_name, self.dtype = axis_name, dtype
+        self.init_state(whitening.whiten_init(num_features))
+
+    def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
+        """`[batch, d]` -> whitened `[batch, d]`, dtype `self.dtype` or `x.dtype`; mask
+        `[batch]`."""
+        hparams = {name: getattr(self, name) for name in _WHITEN}
+        return self.run(
+            whitening.whiten_init,
+            whitening.whiten,
             x,
             mask,
             use_running_average,
@@ -175,7 +245,7 @@ class IsoBN(RunningModule):
 
 class Recenter(RunningModule):
     """`x − mean` in NNX: the batch mean in training, the running mean in evaluation, as
-    `isojax.norms.Recenter` (the pure step `norm_steps.recenter`); running ``mean`` `[d]`.
+    `isojax.linen.norms.Recenter` (the pure step `normalizers.recenter`); running ``mean`` `[d]`.
 
     Args: `num_features`, `use_running_average`, `momentum`, `axis_name`, `dtype`, `rngs`
     (unused), as for `IsoBN`.
@@ -186,7 +256,7 @@ class Recenter(RunningModule):
         num_features: int,
         *,
         use_running_average: bool | None = None,
-        momentum: float = norm_steps.HPARAMS["recenter"]["momentum"],
+        momentum: float = normalizers.HPARAMS["recenter"]["momentum"],
         axis_name: str | None = None,
         dtype: jax.typing.DTypeLike | None = None,
         rngs: nnx.Rngs | None = None,
@@ -194,18 +264,18 @@ class Recenter(RunningModule):
         del rngs
         self.num_features, self.use_running_average = num_features, use_running_average
         self.momentum, self.axis_name, self.dtype = momentum, axis_name, dtype
-        self.init_state(norm_steps.mean_var_init(num_features, with_var=False))
+        self.init_state(normalizers.mean_var_init(num_features, with_var=False))
 
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
         """`[batch, d]` -> `x − mean`, dtype `self.dtype` or `x.dtype`; mask `[batch]`."""
-        init = functools.partial(norm_steps.mean_var_init, with_var=False)
+        init = functools.partial(normalizers.mean_var_init, with_var=False)
         hparams = {"momentum": self.momentum, "dtype": self.dtype}
-        return self.run(init, norm_steps.recenter, x, mask, use_running_average, **hparams)
+        return self.run(init, normalizers.recenter, x, mask, use_running_average, **hparams)
 
 
 class BatchNorm(RunningModule):
-    """Batch normalisation with the bad-batch guard in NNX, as `isojax.norms.BatchNorm` (the
-    pure step `norm_steps.batch_norm`): ``scale``/``bias`` `nnx.Param`s, running ``mean``/``var``
+    """Batch normalisation with the bad-batch guard in NNX, as `isojax.linen.norms.BatchNorm` (the
+    pure step `normalizers.batch_norm`): ``scale``/``bias`` `nnx.Param`s, running ``mean``/``var``
     `BatchStat`s, two-pass masked statistics.
 
     Args: `num_features`, `use_running_average`, `momentum`, `epsilon`, `use_bias`,
@@ -235,14 +305,14 @@ class BatchNorm(RunningModule):
         used = {"use_scale": use_scale, "use_bias": use_bias}
         inits = {"scale_init": scale_init, "bias_init": bias_init}
         _affine(self, num_features, rngs, param_dtype, **used, **inits)
-        self.init_state(norm_steps.mean_var_init(num_features, with_var=True))
+        self.init_state(normalizers.mean_var_init(num_features, with_var=True))
 
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
         """`[batch, d]` -> normalised `[batch, d]`; mask `[batch]` leaves rows out of stats."""
-        init = functools.partial(norm_steps.mean_var_init, with_var=True)
+        init = functools.partial(normalizers.mean_var_init, with_var=True)
         hparams = {"momentum": self.momentum, "epsilon": self.epsilon, "dtype": self.dtype}
         return self.run(
-            init, norm_steps.batch_norm, x, mask, use_running_average,
+            init, normalizers.batch_norm, x, mask, use_running_average,
             params=_affine_values(self), **hparams,
         )  # fmt: skip
 
@@ -251,14 +321,16 @@ class Stateless(nnx.Module):
     """A transform without running state: its `set_view` accepts the mode and ignores it, so
     `nnx.view(model, use_running_average=...)` reaches a model holding only these."""
 
-    def set_view(self, use_running_average: bool | None = None) -> None:
+    def set_view(
+        self, use_running_average: bool | None = None, deterministic: bool | None = None
+    ) -> None:
         """The hook of `nnx.view`; nothing to set."""
-        del use_running_average
+        del use_running_average, deterministic
 
 
 class LayerNorm(Stateless):
-    """Layer normalisation over the feature axis in float32 (the pure `norm_steps.layer_norm`), as
-    `isojax.norms.LayerNorm`: ``scale``/``bias`` `nnx.Param`s, no running state;
+    """Layer normalisation over the feature axis in float32 (the pure `normalizers.layer_norm`), as
+    `isojax.linen.norms.LayerNorm`: ``scale``/``bias`` `nnx.Param`s, no running state;
     `use_running_average` and `mask` are accepted and ignored.
 
     Args: `num_features`, `epsilon`, `use_bias`, `use_scale`, `dtype`, `param_dtype`, `rngs`
@@ -285,7 +357,7 @@ class LayerNorm(Stateless):
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
         """`[batch, d]` -> layer-normalised `[batch, d]`, dtype `self.dtype` or `x.dtype`."""
         del use_running_average, mask  # per-example statistics: nothing runs or is masked
-        return norm_steps.layer_norm(
+        return normalizers.layer_norm(
             _affine_values(self), x, epsilon=self.epsilon, dtype=self.dtype
         )
 
@@ -305,16 +377,17 @@ class Identity(Stateless):
 
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
         del use_running_average, mask
-        return norm_steps.identity(x, self.dtype)
+        return normalizers.identity(x, self.dtype)
 
 
-# The NNX registry, over the names of `isojax.norms.NORMALIZERS`.
+# The NNX registry, over the names of `isojax.linen.norms.NORMALIZERS`.
 CLASSES = {
     "none": Identity,
     "recenter": Recenter,
     "batchnorm": BatchNorm,
     "layernorm": LayerNorm,
     "isobn": IsoBN,
+    "whiten": Whiten,
 }
 
 
@@ -330,11 +403,11 @@ def make_normalizer(
     **hparams,
 ) -> nnx.Module:
     """The NNX normaliser called `name` over `num_features`: the twin of
-    `isojax.norms.make_normalizer`, over the same names (`norms.NORMALIZERS`) and table
-    (`norm_steps.HPARAMS`, `norm_steps.check_hparams`).
+    `isojax.linen.norms.make_normalizer`, over the same names (`norms.NORMALIZERS`) and table
+    (`normalizers.HPARAMS`, `normalizers.check_hparams`).
 
     Args:
-        name: `none`, `recenter`, `batchnorm`, `layernorm` or `isobn`.
+        name: `none`, `recenter`, `batchnorm`, `layernorm`, `isobn` or `whiten`.
         num_features: `d`.
         rngs: keys the parameter initialisers (batchnorm, layernorm); may be None.
         dtype, param_dtype, axis_name: as in linen; ignored where they do not apply.
@@ -350,9 +423,9 @@ def make_normalizer(
         >>> norm(jnp.ones((4, 8))).shape
         (4, 8)
     """
-    norm_steps.check_hparams(name, front="nnx", **hparams)
+    normalizers.check_hparams(name, front="nnx", **hparams)
     if name not in CLASSES:
         raise ValueError(f"normalizer {name!r} has no NNX twin (isojax.nnx.norms.CLASSES)")
     common = {"dtype": dtype, "param_dtype": param_dtype, "axis_name": axis_name}
-    kwargs = {k: v for k, v in common.items() if k in norm_steps.STRUCTURAL[name]} | hparams
+    kwargs = {k: v for k, v in common.items() if k in normalizers.STRUCTURAL[name]} | hparams
     return CLASSES[name](num_features, rngs=rngs, **kwargs)

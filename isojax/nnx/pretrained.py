@@ -7,7 +7,7 @@ One path rule (`linen_path`) names every NNX weight by its linen path, e.g.
 there is one copy of each table:
 
 - `from_pretrained` reads a Hugging Face folder or weights package with the linen loader
-  (`isojax.models.load_pretrained`: the name tables of `isojax.models.checkpoints`) and puts
+  (`isojax.models.load_pretrained`: the name tables of `isojax.models.hf_import`) and puts
   the parameters into an NNX `Encoder` (`load_linen_variables`);
 - `export_pretrained` writes a folder transformers loads, through `isojax.models.hf_export`
   on the linen twin (`to_linen`: the same weights in the linen modules' tree);
@@ -28,11 +28,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
 
 from isojax import models
-from isojax.models import checkpoints, hf_export
 from isojax.models import config as config_lib
+from isojax.models import hf_export, hf_import
 from isojax.nnx import encoder as encoder_lib
 from isojax.nnx import heads as heads_lib
 
@@ -64,16 +64,6 @@ def _variables(model: nnx.Module) -> dict[tuple[str, tuple[str, ...]], nnx.Varia
     return out
 
 
-def _flatten(tree: Mapping, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, (*prefix, key)))
-        else:
-            out[(*prefix, key)] = value
-    return out
-
-
 def linen_variables(model: nnx.Module) -> dict:
     """The linen variables `{'params': ..., 'batch_stats': ...}` of `model`'s weights (the
     tree its linen twin, `to_linen`, applies); collections `model` has none of are left out."""
@@ -98,7 +88,7 @@ def load_linen_variables(model: nnx.Module, variables: Mapping) -> None:
     given = {
         (collection, path): value
         for collection in ("params", "batch_stats")
-        for path, value in _flatten(variables.get(collection, {})).items()
+        for path, value in traverse_util.flatten_dict(dict(variables.get(collection, {}))).items()
     }
     problems = [f"missing: {c}/{'/'.join(p)}" for c, p in sorted(ours.keys() - given.keys())]
     problems += [f"unexpected: {c}/{'/'.join(p)}" for c, p in sorted(given.keys() - ours.keys())]
@@ -184,7 +174,7 @@ class Pretrained(NamedTuple):
     model: encoder_lib.Encoder
     config: config_lib.EncoderConfig
     tokenizer: Any
-    report: checkpoints.LoadReport
+    report: hf_import.LoadReport
 
 
 def from_pretrained(

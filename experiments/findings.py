@@ -1,0 +1,274 @@
+"""Builds the documentation's study findings page, docs/study/findings.md, from the study
+JSONLs alone, with the report's own functions (`report_tables.build`,
+`report_verdicts.verdict_lines`): one table of every SPEC.md §9 claim, each with the verdict
+lines the records give (verdict, interval, p values, n), or the reason none is possible here.
+
+    python experiments/findings.py                 # writes docs/study/findings.md
+    python experiments/findings.py --check         # exit 1 if the page is stale
+
+Nothing is copied by hand: run it after `experiments/report.py` regenerates a report (and
+`bash experiments/docs.sh` runs it before every build).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import re
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import report_figures  # noqa: E402
+import report_records as records_io  # noqa: E402
+import report_tables as tables  # noqa: E402
+import report_verdicts as verdicts  # noqa: E402
+
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+PAGE = ROOT / "docs" / "study" / "findings.md"
+STUDIES = ("normalizers", "istar_lambda", "istar_zeta", "cosreg", "whitening")
+
+# Why some of what SPEC.md §9 claims cannot be measured here.
+ONLY_MINILM = (
+    "BERT-base, RoBERTa, ALBERT and DistilBERT weights are not installable here: MiniLM-L6 is "
+    "the only real pre-trained encoder (SPEC.md §8)"
+)
+ONLY_FOUR_TASKS = (
+    "the SST-2, QQP, MNLI and QNLI train sets are not offline: the study has CoLA, MRPC, STS-B "
+    "and RTE"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A SPEC.md §9 claim: the prefixes of the verdict lines that test it, and what of it the
+    records here cannot test."""
+
+    text: str
+    prefixes: tuple[str, ...]
+    untestable: str
+    study: str  # the grid that tests it
+
+
+CLAIMS = (
+    Claim(
+        "[IsoBN] IsoBN on the pooled [CLS] improves fine-tuning (about +1.0 on the GLUE average, "
+        "largest on RTE, MRPC, CoLA, STS-B)",
+        ("[IsoBN] IsoBN improves fine-tuning",),
+        f"on BERT-base and RoBERTa, and on the seven-task average: {ONLY_MINILM}; "
+        f"{ONLY_FOUR_TASKS}",
+        "normalizers",
+    ),
+    Claim(
+        "[IsoBN] pre-trained [CLS] embeddings are anisotropic (EV3 ≈ 0.86 for BERT-base)",
+        ("[IsoBN] pre-trained sentence vectors are anisotropic",),
+        f"on BERT-base: {ONLY_MINILM}",
+        "normalizers",
+    ),
+    Claim(
+        "[IsoBN] batch normalisation lowers EV3 of what the classifier reads only a little",
+        ("[IsoBN] batch normalisation lowers EV3",),
+        f"on BERT-base: {ONLY_MINILM}",
+        "normalizers",
+    ),
+    Claim(
+        "[IsoBN] IsoBN lowers it a lot (more than batch normalisation)",
+        ("[IsoBN] IsoBN lowers EV3",),
+        f"on BERT-base: {ONLY_MINILM}",
+        "normalizers",
+    ),
+    Claim(
+        "[EmbNorm] normalising the [CLS] embedding before the classifier improves text "
+        "classification",
+        ("[EmbNorm]",),
+        f"on BERT: {ONLY_MINILM}; {ONLY_FOUR_TASKS}",
+        "normalizers",
+    ),
+    Claim(
+        "[EmbNorm] the [CLS] embedding is not zero-centred and is dominated by a few dimensions",
+        (),
+        "a description, not a difference over seeds: the per-layer figures of "
+        "`experiments/results/normalizers_analysis.md` show it for MiniLM-L6",
+        "normalizers",
+    ),
+    Claim(
+        "[I-STAR] isotropy is negatively correlated with fine-tuning performance (r over "
+        "7 λ × 5 seeds per cell)",
+        ("[I-STAR] isotropy",),
+        f"on BERT, ALBERT and DistilBERT: {ONLY_MINILM}; on QQP: {ONLY_FOUR_TASKS}",
+        "istar_lambda",
+    ),
+    Claim(
+        "[I-STAR] λ < 0 (less isotropy) helps on most tasks and models",
+        ("[I-STAR] λ < 0 helps",),
+        f"on the paper's models: {ONLY_MINILM}",
+        "istar_lambda",
+    ),
+    Claim(
+        "[I-STAR] the best ζ lies in [0.2, 0.8]; ζ = 0 hurts; ζ = 1 is slightly worse",
+        ("[I-STAR] the best ζ", "[I-STAR] ζ = 0", "[I-STAR] ζ = 1"),
+        f"on the paper's models: {ONLY_MINILM}",
+        "istar_zeta",
+    ),
+    Claim(
+        "[CosReg] CosReg does not change isotropy",
+        ("[CosReg] λ = +1 leaves", "[CosReg] λ = -1 leaves"),
+        f"on ALBERT and QNLI: {ONLY_MINILM}; {ONLY_FOUR_TASKS}",
+        "cosreg",
+    ),
+    Claim(
+        "[CosReg] CosReg moves the mean of one outlier dimension (ALBERT, QNLI: 11.72 → 27.33 "
+        "at λ = −1, 2.84 at λ = +1)",
+        ("[CosReg] λ = +1 lowers the |mean|", "[CosReg] λ = -1 raises the |mean|"),
+        f"the paper's levels on ALBERT and QNLI: {ONLY_MINILM}; {ONLY_FOUR_TASKS}",
+        "cosreg",
+    ),
+    Claim(
+        "[CosReg] … which swings the mean cosine between about 0.003 and 0.998",
+        ("[CosReg] λ = +1 lowers the last-layer", "[CosReg] λ = -1 raises the last-layer"),
+        f"on ALBERT and QNLI: {ONLY_MINILM}; {ONLY_FOUR_TASKS}",
+        "cosreg",
+    ),
+    # Beyond the papers (SPEC.md §10, issue 38): the study's own hypotheses about whitening.
+    Claim(
+        "[Whitening] running ZCA whitening lowers the head input's EV3 more than IsoBN",
+        ("[Whitening] whiten lowers EV3 of the classifier input more",),
+        f"on other encoders: {ONLY_MINILM}",
+        "whitening",
+    ),
+    Claim(
+        "[Whitening] whitening lowers the head input's EV3 below none's",
+        ("[Whitening] whiten lowers EV3 of the classifier input below",),
+        f"on other encoders: {ONLY_MINILM}",
+        "whitening",
+    ),
+    Claim(
+        "[Whitening] whitening improves fine-tuning over none",
+        ("[Whitening] whiten improves fine-tuning",),
+        f"on other encoders: {ONLY_MINILM}; {ONLY_FOUR_TASKS}",
+        "whitening",
+    ),
+    Claim(
+        "[Whitening] whitening vs IsoBN (fine-tuning score)",
+        ("[Whitening] whiten vs IsoBN",),
+        f"on other encoders: {ONLY_MINILM}",
+        "whitening",
+    ),
+)
+
+LINE = re.compile(r"^- (?P<head>.*?): \*\*(?P<verdict>[^*]+)\*\*(?: \((?P<details>.*)\))?$")
+
+
+def study_verdicts(jsonl: str | pathlib.Path) -> list[str]:
+    """The verdict lines ("- claim, where: **verdict** (...)") of the report of `jsonl`, as
+    `experiments/report.py` writes them into its "Verdicts" section, figure links included."""
+    records = records_io.load(pathlib.Path(jsonl))
+    data = tables.build(records)
+    stem = pathlib.Path(jsonl).stem
+    files = {name: f"{stem}_{name}.png" for name in report_figures.figure_names(data)}
+    return [line for line in verdicts.verdict_lines(data, files) if line.startswith("- ")]
+
+
+def _cell(text: str, study: str = "") -> str:
+    """A table cell: the report's links (figure names beside the JSONL) made relative to the
+    page, and no `|` left to split the row."""
+    text = re.sub(
+        r"\]\((?P<file>[^)/]+\.(?:png|md))\)", r"](../../experiments/results/\g<file>)", text
+    )
+    return text.replace("|", "\\|")
+
+
+def rows(lines_by_study: dict[str, list[str]], claim: Claim) -> list[str]:
+    """The table rows of one claim: one per verdict line that tests it, then what it cannot."""
+    out = []
+    for study, lines in lines_by_study.items():
+        for line in lines:
+            m = LINE.match(line)
+            if not m or not any(m["head"].startswith(p) for p in claim.prefixes):
+                continue
+            report = f"[{study}](../../experiments/results/{study}.md)"
+            out.append(
+                f"| {_cell(claim.text, study)} | {report}: {_cell(m['head'], study)} | "
+                f"**{m['verdict']}** | {_cell(m['details'] or '', study)} |"
+            )
+    if not out:
+        reason = (
+            f"no verdict line: the `{claim.study}` grid has no records yet "
+            f"(`experiments/configs/study_{claim.study}.py`)"
+            if claim.study not in lines_by_study
+            else "no verdict line in these records"
+        )
+        if not claim.prefixes:
+            reason = "no verdict line"
+        out.append(f"| {claim.text} | — | {reason} | |")
+    out.append(f"| {claim.text} | — | **not possible here** | {claim.untestable} |")
+    return out
+
+
+def render(lines_by_study: dict[str, list[str]], refused: dict[str, str]) -> str:
+    studies = ", ".join(
+        f"[{s}](../../experiments/results/{s}.md) ({len(v)} verdict lines)"
+        for s, v in lines_by_study.items()
+    )
+    md = [
+        "# Study findings",
+        "",
+        "<!-- Generated by `python experiments/findings.py` from experiments/results/*.jsonl; "
+        "do not edit. -->",
+        "",
+        "What the reproduction study finds for each claim of SPEC.md §9, on MiniLM-L6 "
+        "(all-MiniLM-L6-v2) fine-tuned on CoLA, MRPC, STS-B and RTE over seeds. Every row is a "
+        "verdict line of a study report, rebuilt from its JSONL by the report's own functions "
+        "(`experiments/report_tables.py`, `experiments/report_verdicts.py`); the full reports, "
+        "with their tables and figures, are linked in each row. Reports: "
+        + (studies or "none yet")
+        + ".",
+        "",
+        verdicts.RULE,
+        "",
+        "| claim (SPEC.md §9) | report: line | verdict | difference, t 95 % interval, p, n |",
+        "|---|---|---|---|",
+    ]
+    for claim in CLAIMS:
+        group = rows(lines_by_study, claim)
+        # The claim is named on its first row only.
+        md += group[:1] + [row.replace(f"| {claim.text} |", "| |", 1) for row in group[1:]]
+    for study, why in refused.items():
+        md += ["", f"`{study}.jsonl` was not read: {why}"]
+    return "\n".join(md) + "\n"
+
+
+def build_page(results: pathlib.Path = RESULTS) -> str:
+    lines_by_study, refused = {}, {}
+    for study in STUDIES:
+        path = results / f"{study}.jsonl"
+        if not path.exists():
+            continue
+        try:
+            lines_by_study[study] = study_verdicts(path)
+        except records_io.RecordsError as err:
+            refused[study] = str(err)
+    return render(lines_by_study, refused)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
+    args = parser.parse_args(argv)
+    page = build_page()
+    if args.check:
+        stale = not PAGE.exists() or PAGE.read_text() != page
+        print(f"{PAGE}: {'stale' if stale else 'up to date'}")
+        return int(stale)
+    PAGE.parent.mkdir(parents=True, exist_ok=True)
+    PAGE.write_text(page)
+    print(PAGE)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

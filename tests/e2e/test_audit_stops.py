@@ -1,0 +1,243 @@
+"""The audit's findings on how a run stops, as whole runs (/work/shared/AUDIT.md numbering): 1
+(the command's refusal of one-row micro-batches), 2 (SIGINT to one of two processes during the
+evaluation), 4 (a failed save after a stop ends the study runner), 6 (a preemption at an
+epoch's last step, then a hard kill), 13 (a signal before the first step), 14 (one process a
+run folder), and the held probes 11 and 12 (a signal during a checkpoint write and during the
+C0 pass: the resumed run ends bit-identical)."""
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from children import REPO, finish
+from helpers import dev_lines, finetune_argv, start_child
+
+from isojax import cli
+from isojax.training import checkpointing, preemption, reporting, throughput
+
+pytestmark = pytest.mark.e2e
+
+
+def _state(workdir, step: int) -> dict:
+    return ocp.StandardCheckpointer().restore(workdir / "checkpoints" / str(step) / "state")
+
+
+def _assert_same_run(want, got, step: int) -> None:
+    """Every leaf of the two runs' state at `step`, their results.json and their metrics.jsonl
+    (wall-clock figures aside) are equal."""
+    jax.tree_util.tree_map_with_path(
+        lambda path, a, b: np.testing.assert_array_equal(
+            np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path)
+        ),
+        _state(want, step),
+        _state(got, step),
+    )
+    assert json.loads((want / "results.json").read_text()) == json.loads(
+        (got / "results.json").read_text()
+    )
+
+    def untimed(folder):
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k not in throughput.TIMED_KEYS} for r in rows]
+
+    assert untimed(want) == untimed(got)
+
+
+def test_the_command_refuses_one_row_micro_batches_in_one_line(tmp_path, glue_dir, minilm_dir):
+    argv = finetune_argv(tmp_path / "run", glue_dir, minilm_dir, "grad_accum_steps=8")
+    done = finish(start_child(tmp_path, argv), timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "batch_size / grad_accum_steps = 8 / 8 = 1" in line and "'isobn'" in line
+
+
+def test_a_second_finetune_on_a_held_run_folder_is_refused(tmp_path, glue_dir, minilm_dir, capsys):
+    """Another process holds the folder's lock: `isojax finetune` there says so in one line,
+    naming its pid, with status 2, before building anything."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(workdir)], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            assert cli.main(finetune_argv(workdir, glue_dir, minilm_dir)) == 2
+        finally:
+            holder.kill()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"is in use by isojax pid {holder.pid}" in line
+    assert not (workdir / "config.json").exists()
+
+
+# What `isojax finetune` holds in its run folder (`resume.hold_run_folder`), held by hand.
+_HOLD = """
+import fcntl, os, sys, time
+fd = os.open(os.path.join(sys.argv[1], ".isojax_lock"), os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, f"isojax pid {os.getpid()} on here\\n".encode(), 0)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_signal_before_the_first_step_exits_75_at_once(tmp_path, glue_dir, minilm_dir):
+    argv = finetune_argv(tmp_path / "run", glue_dir, minilm_dir)
+    done = finish(start_child(tmp_path, argv, {"signal_in_setup": "SIGTERM"}), timeout=60)
+    assert done.returncode == preemption.EXIT_PREEMPTED, done.stderr[-2000:]
+    assert "SIGTERM before the first training step: nothing to save" in done.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_stop_at_an_epochs_last_step_then_a_hard_kill_logs_each_epoch_once(
+    tmp_path, glue_dir, minilm_dir
+):
+    """SIGTERM right after step 6 (epoch 0's last): exit 75; the rerun evaluates epoch 1 and
+    is killed hard after step 8; the last rerun ends with one dev line per epoch."""
+    workdir = tmp_path / "cut"
+    argv = finetune_argv(workdir, glue_dir, minilm_dir)
+    stopped = finish(start_child(tmp_path, argv, {"signal_after_step": [6, "SIGTERM"]}), 120)
+    assert stopped.returncode == preemption.EXIT_PREEMPTED, stopped.stderr[-2000:]
+    killed = finish(start_child(tmp_path, argv, {"exit_after_step": 8}), 120)
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    done = finish(start_child(tmp_path, argv), 120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert dev_lines(workdir) == [(6, 1), (12, 2)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_sigint_to_one_of_two_processes_during_the_evaluation_stops_both(
+    tmp_path, glue_dir, minilm_dir
+):
+    """Two processes of 2 CPU devices; process 1 alone gets SIGINT during the first dev
+    evaluation (after step 6). Both stop at the step the sync point picks (7), exit 75; a hang
+    (the old process-local stop after the evaluation) fails at the timeout."""
+    port, workdir = _free_port(), tmp_path / "two"
+    argv = finetune_argv(workdir, glue_dir, minilm_dir)
+    children = [
+        start_child(
+            tmp_path,
+            argv,
+            {"signal_in_eval": "SIGINT", "rank": "1"},
+            devices=2,
+            JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+            JAX_NUM_PROCESSES="2",
+            JAX_PROCESS_ID=str(rank),
+        )
+        for rank in range(2)
+    ]
+    first, second = (finish(child, timeout=240) for child in children)
+    for child in (first, second):
+        assert child.returncode == preemption.EXIT_PREEMPTED, child.stderr[-3000:]
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps[-1] > 6 and "saved the checkpoint of step" in first.stderr
+
+
+def test_preemption_in_the_c0_pass_and_in_a_checkpoint_write_resumes_identical(
+    tmp_path, glue_dir, minilm_dir
+):
+    """I-STAR with the explicit C0 pass, 32 rows (4 steps an epoch), 2 epochs. SIGTERM during
+    epoch 0's C0 pass (stops after step 1), during the epoch-end checkpoint write of step 4
+    (stops at 4, after the evaluation), during epoch 1's C0 pass (stops after step 5); the
+    last rerun ends bit-identical to the uninterrupted run."""
+    sets = ("max_train_examples=32", "dropout_rate=0.1")
+    full, cut = tmp_path / "full", tmp_path / "cut"
+
+    def argv(workdir):
+        return [*finetune_argv(workdir, glue_dir, minilm_dir, *sets), "--penalty", "istar"]
+
+    assert finish(start_child(tmp_path, argv(full)), 120).returncode == 0
+    for hooks, step in (
+        ({"signal_in_c0": "SIGTERM"}, 1),
+        ({"signal_in_save": [4, "SIGTERM"]}, 4),
+        ({"signal_in_c0": "SIGTERM"}, 5),
+    ):
+        stopped = finish(start_child(tmp_path, argv(cut), hooks), 120)
+        assert stopped.returncode == preemption.EXIT_PREEMPTED, stopped.stderr[-2000:]
+        assert f"saved the checkpoint of step {step}" in stopped.stderr
+    done = finish(start_child(tmp_path, argv(cut)), 120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    _assert_same_run(full, cut, 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding 4: the study runner, a SIGTERM whose save fails.
+# ---------------------------------------------------------------------------------------------
+
+_GRID = """
+import ml_collections
+import study_recipe
+
+
+def get_config(arg=None):
+    grid = ml_collections.ConfigDict()
+    grid.name = "tiny"
+    base = study_recipe.base_config()
+    study_recipe.set_fields(base, {{
+        "model": "tiny-bert", "data_dir": {glue!r}, "max_length": 32, "buckets": (),
+        "batch_size": 8, "num_epochs": 1, "log_every": 1,
+    }})
+    base.tokenizer = {tokenizer!r}
+    base.eval_batch_size = 8
+    base.max_train_examples = base.max_eval_examples = 16
+    base.progress = base.tensorboard = False
+    grid.base = base
+    grid.tiers = ml_collections.ConfigDict({{
+        "1": ({{"seed": [1, 2], "task": ["rte"], "method": ["none"]}},),
+    }})
+    grid.pretrained = False
+    grid.baseline = (("method", "none"),)
+    grid.sweep = ""
+    return grid
+"""
+
+
+def _study():
+    sys.path.insert(0, str(REPO / "experiments" / "configs"))
+    sys.path.insert(0, str(REPO / "experiments"))
+    spec = importlib.util.spec_from_file_location("study", REPO / "experiments" / "study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    return study
+
+
+def test_a_failed_save_after_a_stop_ends_the_study_runner(
+    monkeypatch, tmp_path, glue_dir, minilm_dir
+):
+    """SIGTERM after step 1 of the first cell, and every save fails (a full disk): the runner
+    ends with status 1 and starts no other cell (it used to record each cell failed)."""
+    study = _study()
+    grid = tmp_path / "study_tiny.py"
+    grid.write_text(_GRID.format(glue=str(glue_dir), tokenizer=str(minilm_dir)))
+    train = reporting.RunLog.train
+
+    def signal_after_step_1(self, step, epoch, pop_means):
+        train(self, step, epoch, pop_means)
+        if step == 1:
+            os.kill(os.getpid(), 15)
+
+    def full_disk(self, step, *args, **kwargs):
+        raise checkpointing.CheckpointWriteError(28, f"cannot write checkpoint step {step}")
+
+    monkeypatch.setattr(reporting.RunLog, "train", signal_after_step_1)
+    monkeypatch.setattr(checkpointing.Checkpointer, "save", full_disk)
+    lines = []
+    with pytest.raises(SystemExit) as stop:
+        study.run_grid(
+            str(grid), runs_dir=tmp_path / "runs", results=tmp_path / "r.jsonl", log=lines.append
+        )
+    assert stop.value.code == 1
+    assert sum(line.startswith("[") for line in lines) == 1, lines
+    assert not (tmp_path / "r.jsonl").exists() or not (tmp_path / "r.jsonl").read_text()

@@ -1,0 +1,51 @@
+"""The library logs and prints nothing: a run embedded in a program writes no line until the
+program installs a handler, `logging.getLogger("isojax").setLevel(logging.ERROR)` silences even
+the warnings, and the `isojax` command shows the lines (`isojax.cli.common`)."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+RUN = """
+import logging, sys
+from isojax.training import config as config_lib, distributed, loop
+import jax
+{setup}
+config = config_lib.default_config()
+config.update_from_flattened_dict({{
+    "data_dir": sys.argv[1], "model": "tiny-bert", "tokenizer": sys.argv[2], "task": "rte",
+    "max_train_examples": 8, "max_eval_examples": 8, "batch_size": 8, "eval_batch_size": 8,
+    "max_length": 32, "buckets": (), "max_steps": 1, "tensorboard": False,
+}})
+loop.train_and_evaluate(config, sys.argv[3], mesh=distributed.make_mesh(jax.devices()[:1]))
+"""
+
+
+def _run(setup: str, tmp_path, glue_dir, minilm_dir) -> str:
+    code = textwrap.dedent(RUN.format(setup=setup))
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(glue_dir), str(minilm_dir), str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    return out.stderr
+
+
+def test_an_embedded_run_is_silent_and_a_handler_shows_its_lines(tmp_path, glue_dir, minilm_dir):
+    quiet = _run(
+        'logging.getLogger("isojax").setLevel(logging.ERROR)', tmp_path / "a", glue_dir, minilm_dir
+    )
+    assert quiet == ""
+    shown = _run(
+        "from isojax.cli.common import install_log_handler; install_log_handler()",
+        tmp_path / "b",
+        glue_dir,
+        minilm_dir,
+    )
+    assert "isojax: " in shown and "rte from the TSVs in" in shown  # the run's first line

@@ -1,0 +1,88 @@
+"""Every verdict line of the committed study reports, recomputed with SciPy (the audit's held
+probe 1): for each line of each family, the mean, the t 95 % interval and two-sided p of its
+paired differences (`scipy.stats.ttest_1samp` and its confidence interval), the family's Holm
+adjustment (by hand from the sorted p values) and the exact one-sided sign-flip p (every sign
+pattern enumerated), each equal to what the report prints, and the printed line carries them."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+from helpers import REPO, load_experiment
+
+STUDIES = ("normalizers", "istar_lambda", "cosreg")
+
+
+def _holm(pvalues):
+    order = np.argsort(pvalues)
+    out, running = np.empty(len(pvalues)), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def _sign_flip(diffs, direction):
+    d = direction * np.asarray(diffs, np.float64)
+    observed = d.sum()
+    sums = [sum(s * abs(x) for s, x in zip(signs, d, strict=True))
+            for signs in itertools.product((1, -1), repeat=len(d))]  # fmt: skip
+    return float(np.mean([s >= observed - 1e-12 * np.abs(d).sum() for s in sums]))
+
+
+def _judged_families(study, monkeypatch):
+    report = load_experiment("report.py", "report_under_test")
+    verdicts = report.verdicts
+    seen = []
+    render = verdicts.Family.render
+
+    def spy(self):
+        lines = render(self)
+        if self.lines:
+            seen.append((self, self.judged(), lines))
+        return lines
+
+    monkeypatch.setattr(verdicts.Family, "render", spy)
+    records = report.records_io.load(REPO / "experiments" / "results" / f"{study}.jsonl")
+    data = report.build(records)
+    verdicts.verdict_lines(data, {})
+    return seen
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_verdict_line_matches_scipy(study, monkeypatch):
+    families = _judged_families(study, monkeypatch)
+    assert families, f"{study}: no verdict family"
+    checked = 0
+    for _, judged, rendered in families:
+        tested = [(line, v) for line, _, v in judged if line[1]["n"] >= 2]
+        p_values = []
+        for (where, t, _, _, direction, claim), v in tested:
+            diffs = np.asarray(t["diffs"], np.float64)
+            assert t["n"] == len(diffs)
+            assert t["mean"] == pytest.approx(diffs.mean(), abs=1e-12)
+            if np.ptp(diffs) == 0:  # every difference equal: the point, p 0 (or 1 at 0)
+                assert t["lo"] == t["hi"] == t["mean"]
+                p_values.append(t["p"])
+            else:
+                res = scipy.stats.ttest_1samp(diffs, 0.0)
+                ci = res.confidence_interval(0.95)
+                assert (t["lo"], t["hi"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+                assert t["p"] == pytest.approx(res.pvalue, rel=1e-9)
+                p_values.append(res.pvalue)
+            if len(diffs) <= 12:  # one-sided toward the claim, or against it (`v["side"]`)
+                side = {"toward the claim": direction, "against the claim": -direction}
+                sign = side.get(v["side"], np.sign(diffs.mean()) or direction)
+                assert v["flip"]["p"] == pytest.approx(_sign_flip(diffs, sign), abs=1e-12)
+            text = next(x for x in rendered if x.startswith(f"- {claim}, {where}: "))
+            assert f"n = {t['n']}" in text
+            checked += 1
+        all_p = [line[1]["p"] for line, _, _ in judged]
+        finite = [p for p in all_p if math.isfinite(p)]
+        if finite and len(finite) == len(all_p):
+            want = _holm(np.asarray(all_p))
+            got = [p_adj for _, p_adj, _ in judged]
+            assert got == pytest.approx(list(want), rel=1e-9)
+    assert checked >= 6

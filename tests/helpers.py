@@ -1,0 +1,403 @@
+"""Helpers the test modules share (no test module imports another): the checkout's root, the
+study-style arm labels, the tiny run config, the tiny random encoder configs of every family and
+their batches, packed and padded batches of the same synthetic examples, and experiments/
+scripts loaded as modules."""
+
+import functools
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+
+from isojax.core.penalties import PENALTIES
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def arm(method: str) -> dict:
+    """The config fields of a study-style arm label: "isobn" -> normalizer isobn, "istar" ->
+    penalty istar, "isobn+istar" -> both (as `experiments/configs/study_recipe.arm_fields`)."""
+    fields = {"normalizer": "none", "penalty": "none"}
+    for part in method.split("+"):
+        if part != "none":
+            fields["penalty" if part in PENALTIES else "normalizer"] = part
+    return fields
+
+
+def load_experiment(relpath: str, name: str | None = None):
+    """`experiments/RELPATH` loaded as a module named `name` (its stem by default), not put in
+    `sys.modules`: each test module that loads a script has its own copy to patch."""
+    path = REPO / "experiments" / relpath
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------------------------
+# The tiny run: a random 2-layer BERT (hidden 32) over the real MiniLM WordPiece vocabulary.
+# ---------------------------------------------------------------------------------------------
+
+
+def tiny_config(glue_dir, minilm_dir, **overrides):
+    """The default config on tiny-bert, 16 train and 16 dev rows, batches of 8, 32 tokens, one
+    epoch, logging every step, no progress line or TensorBoard; `overrides` (flattened keys)
+    on top."""
+    from isojax.training import config as config_lib
+
+    config = config_lib.default_config()
+    config.data_dir = str(glue_dir)
+    config.model = config_lib.TINY_MODEL
+    config.tokenizer = str(minilm_dir)
+    config.max_train_examples = config.max_eval_examples = 16
+    config.batch_size = config.eval_batch_size = 8
+    config.max_length = 32
+    config.buckets = ()
+    config.num_epochs = 1
+    config.log_every = 1
+    config.progress = False
+    config.tensorboard = False
+    config.istar.stabilizer.tokens = 256
+    for key, value in overrides.items():
+        config.update_from_flattened_dict({key: value})
+    return config
+
+
+def sharded_config(glue_dir, minilm_dir, **overrides):
+    """The data-parallel tests' run: tiny-bert on 16 MRPC rows (8 dev), IsoBN, batches of 8,
+    32 tokens, no warm-up, learning rate 1e-3; `overrides` (flattened keys) on top."""
+    from isojax.training import config as config_lib
+
+    config = config_lib.default_config()
+    config.update_from_flattened_dict(
+        {
+            "data_dir": str(glue_dir),
+            "model": config_lib.TINY_MODEL,
+            "tokenizer": str(minilm_dir),
+            "task": "mrpc",
+            "normalizer": "isobn",
+            "max_train_examples": 16,
+            "max_eval_examples": 8,
+            "batch_size": 8,
+            "eval_batch_size": 8,
+            "max_length": 32,
+            "buckets": (),
+            "log_every": 1,
+            "progress": False,
+            "tensorboard": False,
+            "optimizer.warmup_fraction": 0.0,
+            "optimizer.learning_rate": 1e-3,
+            **overrides,
+        }
+    )
+    return config
+
+
+def assert_tree_close(a, b, tol=1e-5):
+    """Every leaf of `a` within `tol` (absolute and relative) of `b`'s, the path named."""
+    import jax
+
+    jax.tree_util.tree_map_with_path(
+        lambda path, x, y: np.testing.assert_allclose(
+            np.asarray(x), np.asarray(y), rtol=tol, atol=tol, err_msg=jax.tree_util.keystr(path)
+        ),
+        a,
+        b,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Random tiny encoders: every family, several activations, ALBERT with 2 groups x 2 inner layers.
+# ---------------------------------------------------------------------------------------------
+
+TINY_HF = {
+    "bert": dict(
+        model_type="bert", vocab_size=99, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=37, max_position_embeddings=40,
+        hidden_act="gelu",
+    ),
+    "roberta": dict(
+        model_type="roberta", vocab_size=99, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=37, max_position_embeddings=42,
+        type_vocab_size=2, pad_token_id=1, layer_norm_eps=1e-5, hidden_act="gelu_new",
+    ),
+    "distilbert": dict(
+        model_type="distilbert", vocab_size=99, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+        max_position_embeddings=40, activation="relu",
+    ),
+    "albert": dict(
+        model_type="albert", vocab_size=99, embedding_size=16, hidden_size=32,
+        num_hidden_layers=4, num_hidden_groups=2, inner_group_num=2, num_attention_heads=4,
+        intermediate_size=37, max_position_embeddings=40,
+    ),
+}  # fmt: skip
+
+
+def batch(cfg, seed: int = 0, b: int = 3, t: int = 9):
+    """Token ids with padding (rows 1 and 2 shorter) and sentence-pair segment ids."""
+    rng = np.random.default_rng(seed)
+    lengths = np.array([t, t - 3, 4])[:b]
+    mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = rng.integers(cfg.pad_token_id + 1, cfg.vocab_size, (b, t))
+    ids = np.where(mask == 1, ids, cfg.pad_token_id)
+    types = ((np.arange(t)[None, :] >= lengths[:, None] // 2) & (mask == 1)).astype(np.int64)
+    return ids, mask, types
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed and padded batches of the same synthetic examples, on a tiny head.
+# ---------------------------------------------------------------------------------------------
+
+MAX_LENGTH = 16
+NUM_LABELS = 3
+# Pairs, two examples of exactly MAX_LENGTH, one filler slot (7 examples in a batch of 8).
+LENGTHS = [16, 5, 9, 3, 16, 7, 2]
+
+
+def synthetic(cfg, lengths, *, pairs=True, seed=0):
+    """`Encoded` rows of the given lengths: [CLS] a [SEP] (b [SEP]) with random word ids, segment
+    ids 0/1 for pairs, random labels (as `batching.encode` lays them out)."""
+    from isojax.data import batching
+
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths, np.int64)
+    token_ids, type_ids = [], []
+    for n in lengths:
+        ids = rng.integers(3, cfg.vocab_size, n)
+        ids[0] = 2  # a [CLS]-like first token
+        types = np.zeros(n, np.int64)
+        if pairs and n >= 4:
+            types[n // 2 :] = 1
+        token_ids.append(ids)
+        type_ids.append(types)
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return batching.Encoded(
+        token_ids=np.concatenate(token_ids).astype(np.int32),
+        type_ids=np.concatenate(type_ids).astype(np.int8),
+        offsets=offsets,
+        labels=rng.integers(0, NUM_LABELS, len(lengths)).astype(np.int32),
+        idx=np.arange(100, 100 + len(lengths), dtype=np.int64),
+        max_length=MAX_LENGTH,
+        pad_id=cfg.pad_token_id,
+    )
+
+
+def make_head(family, normalizer):
+    """`(cfg, head, variables)`: a classifier over the tiny `family` encoder, every parameter
+    random (LayerNorm scales and biases too), no dropout."""
+    import jax
+
+    from isojax import models
+    from isojax.models import config as config_lib
+    from isojax.models import heads
+
+    cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
+    sentence = "pooled" if cfg.has_pooler else "cls"
+    head = models.SequenceClassifier(
+        models.Encoder(cfg),
+        num_labels=NUM_LABELS,
+        sentence=sentence,
+        normalizer=normalizer,
+        dropout_rate=0.0,
+    )
+    variables = heads.init_variables(head, jax.random.key(0))
+    # Random (not unit) LayerNorm scales and biases, so every parameter matters.
+    leaves, tree = jax.tree.flatten(variables["params"])
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    variables["params"] = jax.tree.unflatten(tree, leaves)
+    return cfg, head, variables
+
+
+def both_layouts(cfg, lengths, batch_size=8, seed=0):
+    """The padded and the packed host batch (without `idx`) of the same synthetic examples."""
+    from isojax.data import batching, packing
+
+    encoded = synthetic(cfg, lengths, pairs=True, seed=seed)
+    (plain,) = batching.batches(encoded, batch_size=batch_size, buckets=None)
+    (packed,) = packing.packed_batches(encoded, batch_size=batch_size)
+    plain = {k: v for k, v in plain.items() if k != "idx"}
+    packed = {k: v for k, v in packed.items() if k != "idx"}
+    return plain, packed
+
+
+# ---------------------------------------------------------------------------------------------
+# The study runner's tiny grid (experiments/study.py).
+# ---------------------------------------------------------------------------------------------
+
+STUDY_GRID = """
+import ml_collections
+import study_recipe
+
+
+def get_config(arg=None):
+    grid = ml_collections.ConfigDict()
+    grid.name = "tiny"
+    base = study_recipe.base_config()
+    study_recipe.set_fields(base, {{
+        "model": "tiny-bert", "data_dir": {glue!r}, "max_length": 32, "buckets": (),
+        "batch_size": 8, "num_epochs": 2, "log_every": 1,
+    }})
+    base.tokenizer = {tokenizer!r}
+    base.eval_batch_size = 8
+    base.max_train_examples = base.max_eval_examples = 16
+    base.progress = base.tensorboard = False
+    grid.base = base
+    grid.tiers = ml_collections.ConfigDict({{
+        "1": ({{"seed": [1], "task": ["rte"], "method": ["none", "isobn"]}},),
+        "2": ({{"seed": [1], "task": ["rte"], "method": ["none"], "lr": [-1.0]}},),
+    }})
+    grid.pretrained = True
+    grid.baseline = (("method", "none"),)
+    grid.sweep = ""
+    return grid
+"""
+
+
+@functools.cache
+def study():
+    """experiments/study.py as a module (experiments/configs on `sys.path` for its recipes),
+    one copy for the test process."""
+    import sys
+
+    configs = str(REPO / "experiments" / "configs")
+    if configs not in sys.path:
+        sys.path.insert(0, configs)
+    return load_experiment("study.py")
+
+
+# ---------------------------------------------------------------------------------------------
+# `isojax finetune` on the tiny run (16 RTE rows, 2 epochs of 2 steps), and its one-line errors.
+# ---------------------------------------------------------------------------------------------
+
+
+def finetune_args(glue_dir, minilm_dir, workdir, *sets) -> list[str]:
+    """`isojax finetune` arguments of the tiny run into `workdir`, `--set` PAIRS on top."""
+    pairs = [
+        f"tokenizer={minilm_dir}",
+        "max_train_examples=16",
+        "max_eval_examples=16",
+        "batch_size=8",
+        "eval_batch_size=8",
+        "max_length=32",
+        "buckets=()",
+        "log_every=1",
+        "progress=False",
+        "tensorboard=False",
+        "num_epochs=2",
+        *sets,
+    ]
+    argv = ["finetune", "--task", "rte", "--model", "tiny-bert", "--data-dir", str(glue_dir)]
+    argv += ["--workdir", str(workdir)]
+    for pair in pairs:
+        argv += ["--set", pair]
+    return argv
+
+
+def one_line(err: str) -> bool:
+    """Whether `err` is one line (what the command prints of a bad input)."""
+    return len(err.strip().splitlines()) == 1
+
+
+# `isojax finetune` in a child process, with faults injected from inside (the audit's probes):
+# CHILD_HOOKS (JSON) names them; the rest of argv is the command's.
+#   signal_after_step [step, "SIGTERM"]   from the log hook, right after that training step
+#   exit_after_step   step                os._exit(137) there (what a SIGKILL leaves)
+#   signal_in_eval    "SIGINT"            during the first dev evaluation of this process
+#   signal_in_c0      "SIGTERM"           during the first C0 pass of this process
+#   signal_in_save    [step, "SIGTERM"]   while the first save of that step in checkpoints/ runs
+#   signal_in_setup   "SIGTERM"           at the start of the build (data, model)
+#   rank              "1"                 only the process of that JAX_PROCESS_ID is hooked
+CHILD = """
+import json, os, signal, sys
+from isojax import cli
+from isojax.training import checkpointing, evaluation, loop, reporting
+
+hooks = json.loads(os.environ.get("CHILD_HOOKS", "{}"))
+def send(name):
+    os.kill(os.getpid(), getattr(signal, name))
+def once(hook):
+    def wrapper(*args, **kwargs):
+        if not wrapper.done:
+            wrapper.done = True
+            send(hook)
+        return wrapper.call(*args, **kwargs)
+    wrapper.done = False
+    return wrapper
+if os.environ.get("JAX_PROCESS_ID", "0") == hooks.get("rank", "0"):
+    log_train = reporting.RunLog.train
+    def train(self, step, epoch, pop_means):
+        log_train(self, step, epoch, pop_means)
+        if step == hooks.get("signal_after_step", [None])[0]:
+            send(hooks["signal_after_step"][1])
+        if step == hooks.get("exit_after_step"):
+            os._exit(137)
+    reporting.RunLog.train = train
+    for name, module, attr in (("signal_in_eval", evaluation, "evaluate_all"),
+                               ("signal_in_c0", loop, "c0_pass"),
+                               ("signal_in_setup", loop, "setup")):
+        if name in hooks:
+            wrapped = once(hooks[name])
+            wrapped.call = getattr(module, attr)
+            setattr(module, attr, wrapped)
+    if "signal_in_save" in hooks:
+        save, (at, name) = checkpointing.Checkpointer.save, hooks["signal_in_save"]
+        def signal_in_save(self, step, *args, **kwargs):
+            if step == at and self.directory.name == "checkpoints" and not signal_in_save.done:
+                signal_in_save.done = True
+                send(name)
+            save(self, step, *args, **kwargs)
+        signal_in_save.done = False
+        checkpointing.Checkpointer.save = signal_in_save
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def finetune_argv(workdir, glue_dir, tokenizer, *sets: str, normalizer: str = "isobn") -> list:
+    """`isojax finetune` on tiny-bert over `sets` (`key=value`) on top of the small RTE run of
+    the preemption tests: 48 rows, batches of 8 (6 steps an epoch), 2 epochs, no dropout."""
+    base = (
+        f"tokenizer={tokenizer}", "max_train_examples=48", "max_eval_examples=8",
+        "batch_size=8", "eval_batch_size=8", "max_length=32", "buckets=()", "num_epochs=2",
+        "log_every=1", "progress=False", "tensorboard=False", "dropout_rate=0.0",
+        "optimizer.learning_rate=1e-3",
+    )  # fmt: skip
+    argv = ["finetune", "--task", "rte", "--normalizer", normalizer, "--model", "tiny-bert"]
+    argv += ["--data-dir", str(glue_dir), "--workdir", str(workdir)]
+    for item in (*base, *sets):
+        argv += ["--set", item]
+    return argv
+
+
+def start_child(tmp_path, argv: list, hooks: dict | None = None, **env) -> subprocess.Popen:
+    """`CHILD` (written into `tmp_path`) running `isojax` with `argv` and the fault `hooks`,
+    one CPU device unless `env` says otherwise (`children.child_env`), a compilation cache
+    shared by the test's children; stdout and stderr piped (`children.finish` waits)."""
+    from children import child_env
+
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {"devices": 1, **env}
+    devices = env.pop("devices")
+    return subprocess.Popen(
+        [sys.executable, str(script), *map(str, argv)],
+        env=child_env(
+            devices=devices,
+            cache=tmp_path / f"jax-cache-{devices}",
+            CHILD_HOOKS=json.dumps(hooks or {}),
+            **env,
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def dev_lines(workdir) -> list[tuple[int, int]]:
+    """`(step, epoch)` of each dev line of a run folder's `metrics.jsonl`."""
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [(row["step"], row["epoch"]) for row in rows if row["split"] != "train"]

@@ -1,0 +1,74 @@
+"""A normaliser and a penalty in one run: `isojax finetune --normalizer isobn --penalty istar`.
+
+The run's checkpoint holds IsoBN's running statistics (the head's `batch_stats`) and I-STAR's
+C0 (the train state's stabiliser), and its logged loss is the cross-entropy plus λ times the
+I-STAR penalty, recomputed here from the saved state with the pure `isojax.istar_penalty` and
+the task loss of the classifier's own forward pass.
+"""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+
+import isojax
+from isojax import cli, models, runs
+from isojax.models import transformer
+from isojax.training import distributed, feeds, loop, steps
+
+WEIGHT = 0.5
+
+
+def test_isobn_with_istar_logs_the_sum_of_its_two_losses(
+    tmp_path, glue_dir, minilm_dir, monkeypatch
+):
+    tiny = models.VARIANTS["tiny"]  # no dropout: the forward pass is recomputed exactly
+    monkeypatch.setitem(
+        models.VARIANTS,
+        "tiny",
+        dataclasses.replace(tiny, hidden_dropout=0.0, attention_dropout=0.0),
+    )
+    workdir = tmp_path / "run"
+    sets = {
+        "tokenizer": minilm_dir, "max_train_examples": 16, "max_eval_examples": 8,
+        "batch_size": 8, "eval_batch_size": 8, "max_length": 32, "buckets": "()",
+        "max_steps": 1, "log_every": 1, "dropout_rate": 0.0, "istar.weight": WEIGHT,
+        "istar.stabilizer.tokens": 200, "tensorboard": False, "progress": False,
+    }  # fmt: skip
+    argv = ["finetune", "--task", "rte", "--model", "tiny-bert", "--data-dir", str(glue_dir)]
+    argv += ["--normalizer", "isobn", "--penalty", "istar", "--workdir", str(workdir)]
+    for key, value in sets.items():
+        argv += ["--set", f"{key}={value}"]
+    assert cli.main(argv) == 0
+
+    restored = runs.restore(workdir)
+    saved_norm = jax.device_get(restored.state.batch_stats["norm"])
+    c0 = np.asarray(restored.state.stabilizer["c0"])
+    assert int(saved_norm["count"]) == 1 and np.abs(saved_norm["cov"]).sum() > 0
+    assert c0.shape == (32, 32) and not np.allclose(c0, np.eye(32))  # the pass's C0
+
+    config = runs.load_config(workdir)
+    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    batch = next(iter(feeds.update_batches(run.train_encoded, config, 0, mesh=run.mesh)))
+    batch = distributed.global_batch(batch, run.mesh)
+    (logits, out), updates = run.state.apply_fn(
+        {"params": run.state.params, "batch_stats": run.state.batch_stats},  # step 0's
+        **transformer.model_inputs(batch),
+        deterministic=True,
+        use_running_average=False,
+        example_mask=batch["example_mask"],
+        mutable=["batch_stats"],
+    )
+    task = steps.task_loss(logits, batch["labels"], batch["example_mask"], regression=False)
+    mask = steps.penalty_mask(batch, include_padding=False)
+    penalty = isojax.istar_penalty(out["encoder"].hidden_states, mask, c0=c0, zeta=0.2)
+
+    (line,) = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()
+               if json.loads(x)["split"] == "train"]  # fmt: skip
+    np.testing.assert_allclose(line["task_loss"], float(task), rtol=1e-5)
+    np.testing.assert_allclose(line["penalty"], float(penalty), rtol=1e-5)
+    np.testing.assert_allclose(line["loss"], float(task + WEIGHT * penalty), rtol=1e-5)
+    np.testing.assert_allclose(
+        saved_norm["cov"], np.asarray(updates["batch_stats"]["norm"]["cov"]), rtol=1e-5, atol=1e-7
+    )
