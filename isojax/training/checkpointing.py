@@ -16,9 +16,10 @@ unfinished folder and raises `CheckpointWriteError`, one line naming the folder 
 the checkpoints saved before stay as they were. Orbax's writer threads die with a traceback
 for each array write that the full disk cut short ("Event loop is closed"), some of them after
 the save has raised, absl logs each failure, and asyncio logs their tasks' errors when they are
-collected: a save catches its threads' exceptions (`threading.excepthook`, logged here at
-DEBUG), filters the absl and asyncio records (`isojax.logs.quieted`, a `logging.Filter`), and
-after a full disk waits for those threads to fall quiet and collects the tasks, so that the
+collected: a save catches its threads' exceptions (`threading.excepthook`, and for
+tensorstore's C++ threads `sys.unraisablehook` and `sys.excepthook`; logged here at DEBUG),
+filters the absl and asyncio records (`isojax.logs.quieted`, a `logging.Filter`), and after a
+full disk waits for those threads to fall quiet and collects the tasks, so that the
 one line is all a user reads. Nothing swaps `sys.stderr`.
 
 A checkpoint that reads fine but holds another train state (a code or config change added,
@@ -38,6 +39,7 @@ import os
 import pathlib
 import re
 import shutil
+import sys
 import threading
 import time
 import warnings
@@ -80,24 +82,38 @@ def _no_space(err: BaseException) -> bool:
 
 
 class _ThreadErrors:
-    """For the block, an exception that ends a thread is logged at DEBUG (`log`) instead of
-    printed by `threading.excepthook`; `wait_until_quiet` returns once none has come for
-    `quiet_s` (or after `limit_s`), for writer threads that fail after the save raised."""
+    """For the block, an error that ends a writer thread is logged at DEBUG (`log`) instead of
+    printed: `threading.excepthook` for Python threads, and `sys.unraisablehook` and
+    `sys.excepthook` for tensorstore's C++ threads, which print a callback's error with
+    `PyErr_WriteUnraisable` or `PyErr_Print` ("Event loop is closed" after a full disk).
+    `wait_until_quiet` returns once none has come for `quiet_s` (or after `limit_s`), for
+    writer threads that fail after the save raised."""
 
     def __init__(self):
         self.last = time.monotonic()
 
-    def _hook(self, args) -> None:
+    def _hook(self, args) -> None:  # threading.excepthook, sys.unraisablehook
+        self._log(args.exc_value)
+
+    def _excepthook(self, kind, value, traceback) -> None:  # sys.excepthook
+        self._log(value)
+
+    def _log(self, value: BaseException | None) -> None:
         self.last = time.monotonic()
-        logger.debug("checkpoint writer thread: %r", args.exc_value)
+        logger.debug("checkpoint writer thread: %r", value)
 
     @contextlib.contextmanager
     def caught(self):
-        previous, threading.excepthook = threading.excepthook, self._hook
+        previous = threading.excepthook, sys.unraisablehook, sys.excepthook
+        threading.excepthook, sys.unraisablehook, sys.excepthook = (
+            self._hook,
+            self._hook,
+            self._excepthook,
+        )
         try:
             yield self
         finally:
-            threading.excepthook = previous
+            threading.excepthook, sys.unraisablehook, sys.excepthook = previous
 
     def wait_until_quiet(self, quiet_s: float = 0.5, limit_s: float = 5.0) -> None:
         start = time.monotonic()
@@ -263,9 +279,10 @@ class Checkpointer:
                 if not _no_space(err):
                     raise
                 full = True
+            if full:  # outside the handler, so that the orbax error and its frames can go
                 threads.wait_until_quiet()
-        if full:  # raised outside the handler, so that the orbax error and its frames can go
-            _collect_quietly()
+                _collect_quietly()
+        if full:
             self._remove_unfinished(step)
             kept = self.all_steps()
             raise CheckpointWriteError(

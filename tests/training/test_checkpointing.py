@@ -183,3 +183,34 @@ def test_a_full_disk_is_one_line_and_keeps_the_older_checkpoint(monkeypatch, tmp
     restored, position = ckpt.restore(state)
     assert position == {"epoch": 0}
     ckpt.close()
+
+
+def test_writer_thread_errors_of_every_kind_are_logged_not_printed(capfd, caplog):
+    """tensorstore's C++ threads print a failed callback with `PyErr_Print` (through
+    `sys.excepthook`) or `PyErr_WriteUnraisable` (`sys.unraisablehook`), Python threads with
+    `threading.excepthook`: during a save all three go to the DEBUG log, and after it the hooks
+    are the ones before."""
+    import ctypes
+    import logging
+    import sys
+    import threading
+
+    class Dies:
+        def __del__(self):
+            raise RuntimeError("unraisable: Event loop is closed")
+
+    def thread_dies():
+        raise RuntimeError("thread: Event loop is closed")
+
+    before = threading.excepthook, sys.unraisablehook, sys.excepthook
+    with caplog.at_level(logging.DEBUG, "isojax"), checkpointing._ThreadErrors().caught():
+        ctypes.pythonapi.PyRun_SimpleString(b"raise RuntimeError('print: Event loop is closed')")
+        Dies()
+        worker = threading.Thread(target=thread_dies)
+        worker.start()
+        worker.join()
+    assert (threading.excepthook, sys.unraisablehook, sys.excepthook) == before
+    assert capfd.readouterr().err == ""
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    for kind in ("print", "unraisable", "thread"):
+        assert f"{kind}: Event loop is closed" in logged
