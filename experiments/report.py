@@ -121,8 +121,7 @@ def _scores(data: dict, files: dict) -> list[str]:
         "## Scores",
         "",
         "Last epoch, and best dev epoch (the [IsoBN] protocol: selected and "
-        "reported on the same dev set). Figures: "
-        + ", ".join(f"[{n}]({f})" for n, f in files.items() if n in ("scores", "curves")),
+        "reported on the same dev set)." + _figure(files, "scores", "curves"),
         "",
         *tables.scores_table(data),
     ]
@@ -155,10 +154,17 @@ def _paired(data: dict, files: dict) -> list[str]:
         f"the percentile bootstrap 95 % interval ({stats.RESAMPLES} resamples of the seeds, "
         f"NumPy `default_rng({stats.BOOTSTRAP_SEED})`), a figure only: with n = 3 seeds the "
         "resampled mean takes 10 values and the interval excludes 0 whenever the three "
-        f"differences share a sign. Figure: [paired]({files.get('paired', '')})",
+        "differences share a sign." + _figure(files, "paired"),
         "",
         *tables.paired_table(data),
     ]
+
+
+def _figure(files: dict, *names: str) -> str:
+    """` Figure: [name](file)` (` Figures: ...` for several), leaving out a figure that was not
+    drawn (no rows for it yet); nothing where none was."""
+    links = [f"[{name}]({files[name]})" for name in names if files.get(name)]
+    return f" Figure{'s' if len(links) > 1 else ''}: {', '.join(links)}" if links else ""
 
 
 def _isotropy(data: dict, files: dict) -> list[str]:
@@ -170,7 +176,7 @@ def _isotropy(data: dict, files: dict) -> list[str]:
         "median over seeds at the last epoch. EV3 of the pooled vector and of the classifier's "
         "input (after the normaliser), mean pairwise cosine of the pooled vectors, all-layer "
         "token IsoScore, and IsoScore* (ζ of the run, shrunk towards the run's C0: I-STAR runs "
-        f"only). Figure: [isotropy]({files.get('isotropy', '')})",
+        "only)." + _figure(files, "isotropy"),
         "",
         *tables.isotropy_table(data),
     ]
@@ -191,7 +197,7 @@ def _sweep(data: dict, files: dict) -> list[str]:
         "median is within 1/√n_dev of chance, where halfway to it is noise (n_dev: "
         f"{tables.dev_size_note()})."
         + (" The papers had 7 λ × 5 seeds = 35 runs per cell." if istar else "")
-        + f" Figure: [sweep]({files.get('sweep', '')})",
+        + _figure(files, "sweep"),
         "",
         *tables.sweep_table(data),
     ]
@@ -204,7 +210,7 @@ def _pooled(data: dict, files: dict) -> list[str]:
         f"1/√{records_io.DEV_SIZE.get(t, '?')} = {records_io.chance_margin(t):.3f})"
         for t, m in pooled["excluded"].items()
     )
-    figure = f" Figure: [profile]({files['profile']})" if "profile" in files else ""
+    figure = _figure(files, "profile")
     return [
         "",
         "## Pooled over tasks",

@@ -746,3 +746,14 @@ def test_zeta_best_is_tested_against_the_other_zetas_inside(tmp_path):
     # ζ = 1 far ahead: the best is an end, and its lines are the ζ = 1 family's.
     ahead = _markdown(_write(tmp_path, "ahead", _zeta_records(offsets | {1.0: 0.05}, 3)))
     assert best not in ahead
+
+
+def test_a_figure_not_drawn_gets_no_empty_link(tmp_path):
+    """A study whose only records are pre-trained rows draws no figure: its report names none
+    (an empty `[isotropy]()` link fails the docs build), while a figure that exists is linked."""
+    records = [r for r in _normalizers_records() if r["kind"] == "pretrained"]
+    loaded = report_records.load(_write(tmp_path, "early", records))
+    text = report.render(loaded, report.build(loaded), {}, "early")
+    assert "]()" not in text and "Figure" not in text
+    drawn = report.render(loaded, report.build(loaded), {"isotropy": "early_iso.png"}, "early")
+    assert "Figure: [isotropy](early_iso.png)" in drawn
