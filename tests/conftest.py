@@ -80,13 +80,17 @@ def minilm_dir() -> pathlib.Path:
 def _log_handler():
     """The `isojax` command's log handler, so that a run called in process shows on stderr
     what `isojax finetune` shows (tests/e2e/test_logs.py checks a run without it); the "isojax"
-    logger's level is put back after each test (a docs page silences it, as a user would)."""
+    logger's level is put back after each test (a docs page silences it, as a user would), and its
+    records propagate, as an embedding program's do (the command stops them at its handler:
+    tests/cli/test_run_messages.py)."""
     import logging
 
     from isojax.cli.common import install_log_handler
 
     install_log_handler()
     logger = logging.getLogger("isojax")
+    logger.propagate = True  # as a library's logger: caplog's handler is on the root logger
     level = logger.level
     yield
     logger.setLevel(level)
+    logger.propagate = True

@@ -62,9 +62,13 @@ class TerminalHandler(logging.Handler):
 
 
 def install_log_handler() -> None:
-    """Shows the "isojax" loggers' INFO and above on stderr (once per process)."""
+    """Shows the "isojax" loggers' INFO and above on stderr, once: the command owns the
+    terminal, so their records stop here instead of also reaching a root handler (orbax's
+    import logs through absl, which calls `logging.basicConfig()`, and each line showed twice,
+    the second as `INFO:isojax...:`). Installed once per process."""
     logger = logging.getLogger("isojax")
     if not any(isinstance(h, TerminalHandler) for h in logger.handlers):
         logger.addHandler(TerminalHandler())
+    logger.propagate = False
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)

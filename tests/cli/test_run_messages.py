@@ -98,3 +98,23 @@ def test_bench_listing_gives_each_first_paragraph_whole(capsys):
         paragraph = " ".join(doc.split("\n\n")[0].split())
         assert listed[path.stem] == paragraph
         assert paragraph.endswith((".", ")")), f"{path.name}: {paragraph!r}"
+
+
+def test_the_terminal_handler_shows_each_line_once_beside_a_root_handler(capsys):
+    """Importing orbax gives the root logger a handler (absl calls `logging.basicConfig()`):
+    with the command's handler installed, a record shows once, not again through the root."""
+    import io
+    import logging
+
+    from isojax.cli.common import install_log_handler
+
+    root_stream = io.StringIO()
+    root_handler = logging.StreamHandler(root_stream)
+    logging.getLogger().addHandler(root_handler)
+    try:
+        install_log_handler()
+        logging.getLogger("isojax.training.loop").info("isojax: one line")
+    finally:
+        logging.getLogger().removeHandler(root_handler)
+    assert capsys.readouterr().err.count("isojax: one line") == 1
+    assert root_stream.getvalue() == ""
