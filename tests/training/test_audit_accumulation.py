@@ -68,18 +68,18 @@ def test_cosreg_under_accumulation_is_the_mean_of_the_micro_batch_penalties(runs
     """Finding 11: one update of 4 micro-batches of 2 logs the mean of the penalties that each
     micro-batch gives alone (1e-5), and that is not the penalty of the 8 examples together
     (the pairs across micro-batches are missing; over 1 % apart here), as the guide says."""
-    config4, run4 = runs[(BATCH, K)]
-    config8, run8 = runs[(BATCH // K, 1)]
-    config32, run32 = runs[(BATCH, 1)]
-    for run in (run8, run32):  # one seed: the same starting parameters
-        jax.tree.map(np.testing.assert_array_equal, run.state.params, run4.state.params)
-    stacked = next(iter(feeds.update_batches(run4.train_encoded, config4, 0)))
-    micro = list(feeds.train_batches(run8.train_encoded, config8, 0))[:K]
+    config_k, run_k = runs[(BATCH, K)]
+    config_micro, run_micro = runs[(BATCH // K, 1)]
+    config_whole, run_whole = runs[(BATCH, 1)]
+    for run in (run_micro, run_whole):  # one seed: the same starting parameters
+        jax.tree.map(np.testing.assert_array_equal, run.state.params, run_k.state.params)
+    stacked = next(iter(feeds.update_batches(run_k.train_encoded, config_k, 0)))
+    micro = list(feeds.train_batches(run_micro.train_encoded, config_micro, 0))[:K]
     assert np.array_equal(np.concatenate([m["idx"] for m in micro]), stacked["idx"].reshape(-1))
-    accumulated = float(_metrics(run4, stacked, stacked=True)["penalty"])
-    alone = [float(_metrics(run8, m)["penalty"]) for m in micro]
-    whole = next(iter(feeds.train_batches(run32.train_encoded, config32, 0)))
-    together = float(_metrics(run32, whole)["penalty"])
+    accumulated = float(_metrics(run_k, stacked, stacked=True)["penalty"])
+    alone = [float(_metrics(run_micro, m)["penalty"]) for m in micro]
+    whole = next(iter(feeds.train_batches(run_whole.train_encoded, config_whole, 0)))
+    together = float(_metrics(run_whole, whole)["penalty"])
     np.testing.assert_allclose(accumulated, np.mean(alone), rtol=1e-5)
     assert abs(together - accumulated) > 0.01 * together, (together, accumulated)
     np.testing.assert_allclose([together, accumulated], [0.2374, 0.2330], atol=5e-4)  # the guide's
@@ -103,12 +103,12 @@ def test_accumulating_step_flops_count_the_program_k_times_an_upper_bound(runs):
     loop body counted once), and more than the k = 1 step's count of the same 8 examples:
     the rest of the step, the optimizer update, is counted 4 times, so MFU under accumulation
     is an upper bound, as the guide says."""
-    config4, run4 = runs[(BATCH, K)]
-    config32, run32 = runs[(BATCH, 1)]
-    stacked = next(iter(feeds.update_batches(run4.train_encoded, config4, 0)))
-    whole = next(iter(feeds.train_batches(run32.train_encoded, config32, 0)))
-    counted, once = _flops(run4, config4, stacked, stacked=True)
-    plain, _ = _flops(run32, config32, whole, stacked=False)
+    config_k, run_k = runs[(BATCH, K)]
+    config_whole, run_whole = runs[(BATCH, 1)]
+    stacked = next(iter(feeds.update_batches(run_k.train_encoded, config_k, 0)))
+    whole = next(iter(feeds.train_batches(run_whole.train_encoded, config_whole, 0)))
+    counted, once = _flops(run_k, config_k, stacked, stacked=True)
+    plain, _ = _flops(run_whole, config_whole, whole, stacked=False)
     np.testing.assert_allclose(counted, K * once, rtol=1e-6)  # float32 in the metrics
     assert counted > plain
     assert "read MFU under accumulation as an upper bound" in _guide()
