@@ -18,7 +18,8 @@ import sys
 import textwrap
 
 import pytest
-from helpers import REPO, finetune_args, one_line
+from children import child_env
+from helpers import finetune_args, one_line
 
 from isojax import cli, runs
 from isojax.training import checkpointing, nonfinite, resume
@@ -51,16 +52,6 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _env() -> dict:
-    """This checkout first on PYTHONPATH, one CPU device, the session's compilation cache
-    (inherited from tests/conftest.py)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
-    env["JAX_PLATFORMS"] = "cpu"
-    return env
-
-
 def isojax(root: pathlib.Path, *argv, mode: str | None = None) -> subprocess.CompletedProcess:
     """`python -m isojax.cli ARGV` (or the patched child in `mode`) in a subprocess."""
     if mode is None:
@@ -70,7 +61,7 @@ def isojax(root: pathlib.Path, *argv, mode: str | None = None) -> subprocess.Com
         command = [sys.executable, str(root / "child.py"), mode]
     return subprocess.run(
         [*command, *map(str, argv)],
-        env=_env(),
+        env=child_env(devices=1, JAX_PLATFORMS="cpu"),
         capture_output=True,
         text=True,
         timeout=600,
@@ -345,7 +336,7 @@ def test_on_a_real_full_or_read_only_disk_finetune_says_one_line(
     argv = argv[: argv.index("--workdir")] + argv[argv.index("--workdir") + 2 :]
     done = subprocess.run(
         [_UNSHARE, "-rm", "bash", str(tmp_path / "go.sh"), str(tmp_path), sys.executable, *argv],
-        env=_env(),
+        env=child_env(devices=1, JAX_PLATFORMS="cpu"),
         capture_output=True,
         text=True,
         timeout=600,
