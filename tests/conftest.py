@@ -2,7 +2,7 @@
 
 import os
 
-from children import XLA_CODEGEN
+from children import XLA_CODEGEN, skip_eviction_scans
 
 # Before jax is imported anywhere: 4 host devices, so sharding tests run in-process.
 # Unsharded computations stay on device 0 and do not pay for the others. The suite's cheap
@@ -56,20 +56,7 @@ def pytest_configure(config):
     jax.config.update(
         "jax_compilation_cache_max_size", int(CACHE_ENV["JAX_COMPILATION_CACHE_MAX_SIZE"])
     )
-    _skip_eviction_scans()
-
-
-def _skip_eviction_scans() -> None:
-    """The session's cache is a temporary folder under a 16 GiB limit that it never nears (about
-    30 MB after the whole suite), yet jax's LRU cache lists, stats and reads the access time of
-    every entry before each write, holding the lock that the other processes wait on: 0.38 s
-    a write at the 3,000 entries of a full session, a fifth of the suite's time. In the test
-    processes the scan is skipped; the lock around each read and write stays (child processes,
-    which do not load this file, still scan)."""
-    from jax._src import lru_cache
-
-    if hasattr(lru_cache.LRUCache, "_evict_if_needed"):
-        lru_cache.LRUCache._evict_if_needed = lambda self, *, additional_size=0: None
+    skip_eviction_scans()
 
 
 @pytest.fixture(scope="session")

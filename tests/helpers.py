@@ -229,7 +229,7 @@ def both_layouts(cfg, lengths, batch_size=8, seed=0):
 # The study runner's tiny grid (experiments/study.py).
 # ---------------------------------------------------------------------------------------------
 
-STUDY_GRID = """
+_STUDY_GRID = """
 import ml_collections
 import study_recipe
 
@@ -240,22 +240,42 @@ def get_config(arg=None):
     base = study_recipe.base_config()
     study_recipe.set_fields(base, {{
         "model": "tiny-bert", "data_dir": {glue!r}, "max_length": 32, "buckets": (),
-        "batch_size": 8, "num_epochs": 2, "log_every": 1,
+        "batch_size": 8, "num_epochs": {epochs}, "log_every": 1,
     }})
     base.tokenizer = {tokenizer!r}
     base.eval_batch_size = 8
     base.max_train_examples = base.max_eval_examples = 16
     base.progress = base.tensorboard = False
     grid.base = base
-    grid.tiers = ml_collections.ConfigDict({{
-        "1": ({{"seed": [1], "task": ["rte"], "method": ["none", "isobn"]}},),
-        "2": ({{"seed": [1], "task": ["rte"], "method": ["none"], "lr": [-1.0]}},),
-    }})
-    grid.pretrained = True
+    grid.tiers = ml_collections.ConfigDict({tiers})
+    grid.pretrained = {pretrained}
     grid.baseline = (("method", "none"),)
     grid.sweep = ""
     return grid
 """
+
+
+def study_grid(
+    folder, glue_dir, tokenizer_dir, *, methods=("none", "isobn"), seeds=(1,), epochs=2,
+    tier_2=True, pretrained=True,
+) -> str:  # fmt: skip
+    """Writes the study runner's tiny grid to `folder`/study_tiny.py and returns its path:
+    tier 1 is `methods` x `seeds` on RTE; tier 2 (`tier_2`) one `none` run at lr -1 (a run
+    that fails); `pretrained` adds the pre-trained rows."""
+    tiers = {"1": ({"seed": list(seeds), "task": ["rte"], "method": list(methods)},)}
+    if tier_2:
+        tiers["2"] = ({"seed": [1], "task": ["rte"], "method": ["none"], "lr": [-1.0]},)
+    path = pathlib.Path(folder) / "study_tiny.py"
+    path.write_text(
+        _STUDY_GRID.format(
+            glue=str(glue_dir),
+            tokenizer=str(tokenizer_dir),
+            epochs=epochs,
+            tiers=tiers,
+            pretrained=pretrained,
+        )  # fmt: skip
+    )
+    return str(path)
 
 
 @functools.cache

@@ -5,7 +5,6 @@ epoch's last step, then a hard kill), 13 (a signal before the first step), 14 (o
 run folder), and the held probes 11 and 12 (a signal during a checkpoint write and during the
 C0 pass: the resumed run ends bit-identical)."""
 
-import importlib.util
 import json
 import os
 import socket
@@ -16,8 +15,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from children import REPO, finish
-from helpers import dev_lines, finetune_argv, start_child
+from children import finish
+from helpers import dev_lines, finetune_argv, start_child, study, study_grid
 
 from isojax import cli
 from isojax.training import checkpointing, preemption, reporting, throughput
@@ -176,51 +175,17 @@ def test_preemption_in_the_c0_pass_and_in_a_checkpoint_write_resumes_identical(
 # Finding 4: the study runner, a SIGTERM whose save fails.
 # ---------------------------------------------------------------------------------------------
 
-_GRID = """
-import ml_collections
-import study_recipe
-
-
-def get_config(arg=None):
-    grid = ml_collections.ConfigDict()
-    grid.name = "tiny"
-    base = study_recipe.base_config()
-    study_recipe.set_fields(base, {{
-        "model": "tiny-bert", "data_dir": {glue!r}, "max_length": 32, "buckets": (),
-        "batch_size": 8, "num_epochs": 1, "log_every": 1,
-    }})
-    base.tokenizer = {tokenizer!r}
-    base.eval_batch_size = 8
-    base.max_train_examples = base.max_eval_examples = 16
-    base.progress = base.tensorboard = False
-    grid.base = base
-    grid.tiers = ml_collections.ConfigDict({{
-        "1": ({{"seed": [1, 2], "task": ["rte"], "method": ["none"]}},),
-    }})
-    grid.pretrained = False
-    grid.baseline = (("method", "none"),)
-    grid.sweep = ""
-    return grid
-"""
-
-
-def _study():
-    sys.path.insert(0, str(REPO / "experiments" / "configs"))
-    sys.path.insert(0, str(REPO / "experiments"))
-    spec = importlib.util.spec_from_file_location("study", REPO / "experiments" / "study.py")
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
-    return study
-
 
 def test_a_failed_save_after_a_stop_ends_the_study_runner(
     monkeypatch, tmp_path, glue_dir, minilm_dir
 ):
     """SIGTERM after step 1 of the first cell, and every save fails (a full disk): the runner
     ends with status 1 and starts no other cell (it used to record each cell failed)."""
-    study = _study()
-    grid = tmp_path / "study_tiny.py"
-    grid.write_text(_GRID.format(glue=str(glue_dir), tokenizer=str(minilm_dir)))
+    study_module = study()
+    grid = study_grid(
+        tmp_path, glue_dir, minilm_dir, methods=("none",), seeds=(1, 2), epochs=1, tier_2=False,
+        pretrained=False,
+    )  # fmt: skip
     train = reporting.RunLog.train
 
     def signal_after_step_1(self, step, epoch, pop_means):
@@ -235,8 +200,8 @@ def test_a_failed_save_after_a_stop_ends_the_study_runner(
     monkeypatch.setattr(checkpointing.Checkpointer, "save", full_disk)
     lines = []
     with pytest.raises(SystemExit) as stop:
-        study.run_grid(
-            str(grid), runs_dir=tmp_path / "runs", results=tmp_path / "r.jsonl", log=lines.append
+        study_module.run_grid(
+            grid, runs_dir=tmp_path / "runs", results=tmp_path / "r.jsonl", log=lines.append
         )
     assert stop.value.code == 1
     assert sum(line.startswith("[") for line in lines) == 1, lines

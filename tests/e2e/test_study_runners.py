@@ -14,7 +14,7 @@ import time
 
 import helpers
 import pytest
-from helpers import REPO, STUDY_GRID
+from helpers import REPO, study_grid
 
 study = helpers.study()
 study_records = study.study_records
@@ -93,10 +93,7 @@ def test_a_claim_is_exclusive_names_its_holder_and_dies_with_it(tmp_path):
 
 
 def _grid_file(tmp_path, glue_dir, minilm_dir, methods=("none", "isobn")) -> str:
-    path = tmp_path / "study_tiny.py"
-    text = STUDY_GRID.format(glue=str(glue_dir), tokenizer=str(minilm_dir))
-    path.write_text(text.replace('"method": ["none", "isobn"]', f'"method": {list(methods)}'))
-    return str(path)
+    return study_grid(tmp_path, glue_dir, minilm_dir, methods=methods)
 
 
 def test_a_cell_another_runner_holds_is_skipped_and_reported(tmp_path, glue_dir, minilm_dir):

@@ -9,7 +9,7 @@ import helpers
 import jax
 import numpy as np
 import pytest
-from helpers import REPO, STUDY_GRID
+from helpers import REPO, study_grid
 
 from isojax.training import checkpointing, loop, nonfinite
 
@@ -33,9 +33,7 @@ class SimulatedKill(BaseException):
 
 
 def _grid_file(tmp_path, glue_dir, minilm_dir) -> str:
-    path = tmp_path / "study_tiny.py"
-    path.write_text(STUDY_GRID.format(glue=str(glue_dir), tokenizer=str(minilm_dir)))
-    return str(path)
+    return study_grid(tmp_path, glue_dir, minilm_dir)
 
 
 def test_cells_names_and_tiers(tmp_path, glue_dir, minilm_dir):
