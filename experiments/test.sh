@@ -16,6 +16,14 @@ for arg in "$@"; do
         args+=("$arg")
     fi
 done
+# XLA's compiled programs persist in .cache/jax-tests (tests/conftest.py): a rerun skips the
+# backend compile of every program that did not change. A clean clone (CI) starts empty; the
+# folder is emptied once it passes 1 GiB.
+export ISOJAX_TEST_JAX_CACHE="${ISOJAX_TEST_JAX_CACHE:-$root/.cache/jax-tests}"
+if [[ -d "$ISOJAX_TEST_JAX_CACHE" ]] && (( $(du -sm "$ISOJAX_TEST_JAX_CACHE" | cut -f1) > 1024 )); then
+    rm -rf "$ISOJAX_TEST_JAX_CACHE"
+fi
+mkdir -p "$ISOJAX_TEST_JAX_CACHE"
 # One pytest process per core, at most 4 (ISOJAX_TEST_WORKERS to choose; 0 runs in this process);
 # each test file stays in one process, so a file's module-scoped fixtures are built once.
 workers="${ISOJAX_TEST_WORKERS:-$(python -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')}"

@@ -21,10 +21,11 @@ XLA_CODEGEN = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=
 
 
 def skip_eviction_scans() -> None:
-    """The session's cache is a temporary folder under a 16 GiB limit that it never nears (about
-    30 MB after the whole suite), yet jax's LRU cache lists, stats and reads the access time of
-    every entry before each write, holding the lock that the other processes wait on: 0.38 s
-    a write at the 3,000 entries of a full session, a fifth of the suite's time. The test
+    """The suite's cache (a temporary folder, or .cache/jax-tests that experiments/test.sh
+    empties past 1 GiB) has a 16 GiB limit that it never nears (about 85 MB after a whole
+    session), yet jax's LRU cache lists, stats and reads the access time of every entry before
+    each write, holding the lock that the other processes wait on: 0.38 s a write at the 3,000
+    entries of a full session, a fifth of the suite's time. The test
     processes (tests/conftest.py) and their children (tests/site/sitecustomize.py) skip the
     scan; the lock around each read and write stays."""
     from jax._src import lru_cache
