@@ -7,35 +7,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import REPO, tiny_config
 
 from isojax import models
-from isojax.training import config as config_lib
 from isojax.training import distributed, feeds, hardware, loop, throughput
 
 K, BATCH = 4, 8  # the audit's: micro-batches of 2 examples
 
 
 def _run(glue_dir, minilm_dir, batch_size, grad_accum_steps):
-    config = config_lib.default_config()
-    config.update_from_flattened_dict(
-        {
-            "data_dir": str(glue_dir),
-            "model": config_lib.TINY_MODEL,
-            "tokenizer": str(minilm_dir),
-            "task": "rte",
-            "penalty": "cosreg",
-            "max_train_examples": 2 * BATCH,
-            "max_eval_examples": 8,
-            "batch_size": batch_size,
-            "grad_accum_steps": grad_accum_steps,
-            "eval_batch_size": 8,
-            "max_length": 48,
-            "buckets": (16, 32),
-            "packing": False,
-            "dropout_rate": 0.0,
-        }
-    )
+    config = tiny_config(
+        glue_dir, minilm_dir, penalty="cosreg", max_eval_examples=8, batch_size=batch_size,
+        grad_accum_steps=grad_accum_steps, max_length=48, buckets=(16, 32), packing=False,
+        dropout_rate=0.0, num_epochs=3,
+    )  # fmt: skip
     return config, loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
 
 
