@@ -18,7 +18,7 @@ functions, and `require` turns a missing one into one line naming the extra.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 
 # The optional modules isojax imports, by the extra of pyproject.toml that installs them.
 EXTRAS = {
@@ -50,13 +50,16 @@ class ExtraMissing(InputError):
 
 
 def require(*modules: str) -> None:
-    """Imports `modules` (top-level names of `EXTRAS`), raising `ExtraMissing` for the first
-    one that cannot be imported."""
+    """Raises `ExtraMissing` for the first of `modules` (under the top-level names of `EXTRAS`)
+    that is not installed. It finds them without importing them: a module that a run turns
+    off (tensorboardX, which imports torch where it is installed) costs nothing."""
     for module in modules:
         try:
-            importlib.import_module(module)
-        except ImportError:
-            raise ExtraMissing(module, EXTRAS[module.split(".")[0]]) from None
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # its parent package is missing
+            found = False
+        if not found:
+            raise ExtraMissing(module, EXTRAS[module.split(".")[0]])
 
 
 def extra_missing(err: ImportError) -> ExtraMissing | None:

@@ -177,6 +177,7 @@ def test_readme_section_runs(section, readme_workdir):
     run_blocks(blocks)
 
 
+@pytest.mark.e2e  # a whole run
 @pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_docs_page_runs(page, readme_workdir):
     run_blocks([b for b in DOC_BLOCKS if b.path == page and b.lang == "python" and not b.skip])

@@ -17,6 +17,8 @@ from isojax import analysis, cli, runs
 from isojax.runs import predict
 from isojax.training import loop
 
+pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
+
 WORDS = "the a cat dog man woman car city ran saw ate big small red old new house".split()
 DEV_ROWS = 19
 # The tiny random model's sentence vectors are nearly parallel (mean cosine 0.999994), so their

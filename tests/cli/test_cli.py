@@ -145,6 +145,7 @@ def test_packaged_presets_are_configs(capsys, tmp_path):
     assert config["istar"]["zeta"] == 0.4 and config["optimizer"]["learning_rate"] == 1e-5
 
 
+@pytest.mark.e2e  # a whole run
 def test_finetune_tiny_model_end_to_end(capsys, tmp_path, glue_dir):
     workdir = tmp_path / "run"
     argv = ["finetune", "--config", f"{FINETUNE_CONFIG}:rte,isobn,tiny", "--workdir", str(workdir)]
@@ -160,6 +161,7 @@ def test_finetune_tiny_model_end_to_end(capsys, tmp_path, glue_dir):
     assert (config["model"], config["normalizer"]) == ("tiny-bert", "isobn")
 
 
+@pytest.mark.e2e  # a whole run
 def test_analyze_tiny_model_writes_report(capsys, tmp_path, glue_dir, minilm_dir):
     argv = ["analyze", "--model", "tiny-bert", "--tokenizer", str(minilm_dir), "--task", "rte"]
     argv += ["--data-dir", str(glue_dir), "--max-examples", "16", "--max-length", "32"]
@@ -173,6 +175,7 @@ def test_analyze_tiny_model_writes_report(capsys, tmp_path, glue_dir, minilm_dir
         assert (tmp_path / f"{name}.png").stat().st_size > 2000
 
 
+@pytest.mark.e2e  # a whole run
 def test_bench_runs_one_benchmark_with_its_arguments(capfd, glue_dir):
     """`isojax bench NAME ARGS` runs experiments/bench/NAME.py with ARGS (a tiny setting)."""
     argv = ["bench", "data_speed", "--glue_dir", str(glue_dir), "--batch_size", "8"]

@@ -54,6 +54,7 @@ def test_read_run_drops_a_torn_last_line(tmp_path):
     assert run["steps"] == 1 and run["eval"] == []
 
 
+@pytest.mark.e2e  # a whole run
 def test_dry_run_over_a_torn_cell_prints_its_estimate(tmp_path, glue_dir, minilm_dir, caplog):
     """Finding 3: `study.py --dry-run` over a pending cell with a torn last line and over one
     with a bad middle line prints the plan and an estimate, never a traceback."""
@@ -132,6 +133,7 @@ def test_nnx_loop_refuses_what_it_does_not_implement(glue_dir, minilm_dir, over)
         nnx_finetune.check_supported(_nnx_config(glue_dir, minilm_dir, **over))
 
 
+@pytest.mark.e2e  # a whole run
 def test_nnx_loop_max_steps_rerun_and_changed_config(tmp_path, glue_dir, minilm_dir):
     """`max_steps` is honoured (checkpoint of step 3, evaluated); rerunning the finished run
     returns its saved results; a resume with another seed or normaliser is refused in one
@@ -154,6 +156,7 @@ def test_nnx_loop_max_steps_rerun_and_changed_config(tmp_path, glue_dir, minilm_
         assert "\n" not in str(info.value)
 
 
+@pytest.mark.e2e  # a whole run
 def test_nnx_loop_evaluates_before_it_saves(tmp_path, glue_dir, minilm_dir, monkeypatch):
     """The epoch's checkpoint is written after its evaluation (a kill during the evaluation
     leaves no checkpoint claiming the epoch done, and the checkpoint holds its result)."""

@@ -2,6 +2,7 @@
 
 import importlib.util
 
+import pytest
 from helpers import REPO
 
 
@@ -13,6 +14,7 @@ def load_bench():
     return module
 
 
+@pytest.mark.e2e  # a whole run
 def test_tiny_run_prints_the_table(capsys):
     bench = load_bench()
     rows = bench.main(["--tiny", "--batches", "4", "--iters", "1", "--rounds", "1"])

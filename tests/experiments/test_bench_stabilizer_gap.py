@@ -6,10 +6,13 @@ import importlib.util
 
 import jax
 import numpy as np
+import pytest
 from helpers import REPO
 
 from isojax.training import config as config_lib
 from isojax.training import distributed
+
+pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
 
 
 def load_bench():

@@ -8,10 +8,13 @@ import importlib.util
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 from helpers import REPO
 
 from isojax.training import config as config_lib
+
+pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
 
 
 def _loop():

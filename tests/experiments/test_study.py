@@ -74,6 +74,7 @@ def test_grid_files_load_count_and_validate():
     assert (config.penalty, config.task, config.istar.weight) == ("istar", "stsb", -1.0)
 
 
+@pytest.mark.e2e  # a whole run
 def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
     tmp_path, glue_dir, minilm_dir, monkeypatch, capsys
 ):

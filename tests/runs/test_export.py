@@ -22,6 +22,8 @@ from isojax.models import config as config_lib
 from isojax.runs import predict
 from isojax.training import build, checkpointing, distributed, evaluation, loop, precision, resume
 
+pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
+
 TEST_ROWS = {"cola": 1063, "mrpc": 1725, "rte": 3000, "stsb": 1379}
 ALLOWED = {"cola": {"0", "1"}, "mrpc": {"0", "1"}, "rte": {"entailment", "not_entailment"}}
 

@@ -62,6 +62,7 @@ def test_micro_batch_below_the_normalizers_minimum_is_refused(glue_dir, minilm_d
     config_lib.validate_config(_config(glue_dir, minilm_dir, normalizer="none", grad_accum_steps=8))
 
 
+@pytest.mark.e2e  # a whole run
 def test_a_normalizer_that_skipped_every_batch_of_an_epoch_stops_the_run(
     monkeypatch, tmp_path, glue_dir, minilm_dir
 ):
@@ -148,6 +149,7 @@ def test_a_folder_holding_any_run_artefact_refuses_another_config(
         resume.check_same_run(config, tmp_path / "run")
 
 
+@pytest.mark.e2e  # a whole run
 def test_config_json_is_written_only_once_the_restore_accepted_the_config(
     tmp_path, glue_dir, minilm_dir, capsys
 ):
@@ -179,6 +181,7 @@ def test_config_json_is_written_only_once_the_restore_accepted_the_config(
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # a whole run
 def test_an_error_inside_the_profile_window_still_writes_the_trace(
     monkeypatch, tmp_path, glue_dir, minilm_dir
 ):

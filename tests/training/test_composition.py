@@ -11,11 +11,14 @@ import json
 
 import jax
 import numpy as np
+import pytest
 
 import isojax
 from isojax import cli, models, runs
 from isojax.models import transformer
 from isojax.training import distributed, feeds, loop, steps
+
+pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
 
 WEIGHT = 0.5
 

@@ -354,6 +354,7 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # a whole run
 @pytest.mark.parametrize(
     "task, method, stabilizer",
     [
@@ -465,6 +466,7 @@ def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
     assert not np.allclose(c0, np.cov(np.concatenate(tokens), rowvar=False), rtol=1e-3)
 
 
+@pytest.mark.e2e  # a whole run
 def test_c0_pass_is_rebuilt_before_each_epoch_from_the_updated_parameters(
     glue_dir, minilm_dir, tmp_path, monkeypatch
 ):

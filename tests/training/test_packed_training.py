@@ -126,6 +126,7 @@ def test_packing_refuses_the_reference_padding_option():
     config_lib.validate_config(config)
 
 
+@pytest.mark.e2e  # a whole run
 def test_packed_run_end_to_end(glue_dir, minilm_dir, tmp_path):
     """`train_and_evaluate` with packing: two I-STAR steps (C0 pass) and a dev evaluation."""
     config = _config(glue_dir, minilm_dir, "istar", True, max_steps=2)

@@ -40,6 +40,7 @@ def _train_lines(workdir):
     return [r for r in map(json.loads, lines) if r["split"] == "train"]
 
 
+@pytest.mark.e2e  # a whole run
 def test_logged_flops_are_xla_cost_analysis_and_profile_window(
     tmp_path, glue_dir, minilm_dir, capsys
 ):
@@ -74,6 +75,7 @@ def test_logged_flops_are_xla_cost_analysis_and_profile_window(
     assert len(traces) == 1 and traces[0].stat().st_size > 0
 
 
+@pytest.mark.e2e  # a whole run
 def test_off_by_default_no_trace_and_unknown_peak_said(tmp_path, glue_dir, minilm_dir, capsys):
     """Without profile_steps no profile folder is written; on CPU the peak is unknown: no
     MFU in the log, and one line says why. With `throughput` False no figures at all."""
