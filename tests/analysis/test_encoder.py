@@ -92,8 +92,9 @@ def test_layer_report_matches_numpy_float64():
     example_mask[1, -2:] = 0  # filler rows in the last batch
 
     state = analysis.analysis_init(num_layers, d, pooled=False)
+    update = jax.jit(analysis.analysis_update)
     for k in range(2):
-        state = analysis.analysis_update(state, tuple(hidden[k]), None, mask[k], example_mask[k])
+        state = update(state, tuple(hidden[k]), None, mask[k], example_mask[k])
     rep = analysis.report(state, zeta=0.75)
 
     real = example_mask.astype(bool)  # [2, b]
@@ -150,7 +151,7 @@ def test_analyze_encoder_equals_one_unbucketed_batch(tiny_rte):
         np.asarray([getattr(e, name) for e in encs], np.int32)
         for name in ("ids", "type_ids", "attention_mask")
     )
-    out = module.apply({"params": params}, ids, mask, types)
+    out = jax.jit(module.apply)({"params": params}, ids, mask, types)
     for name, points in (("pooled", out.pooled), ("cls", out.cls)):
         want = np_sentence_reference(np.asarray(points, np.float64))
         got = rep.embeddings[name]

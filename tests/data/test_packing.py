@@ -250,6 +250,7 @@ def test_five_adamw_steps_packed_equal_unpacked():
     batches = [both_layouts(cfg, LENGTHS, seed=seed) for seed in (1, 2)]
     tx = optax.adamw(1e-3, eps=1e-6, weight_decay=0.01)
 
+    @jax.jit
     def update(params, opt_state, batch_stats, batch):
         (_, aux), grads = grad_step(head, params, batch_stats, batch)
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -288,9 +289,10 @@ def test_unpacked_call_unchanged_and_explicit_positions():
             models.transformer.position_ids(cfg, ids, given),
             models.transformer.position_ids(cfg, ids),
         )
-        base = encoder.apply({"params": params}, ids, mask)
+        apply = jax.jit(encoder.apply)
+        base = apply({"params": params}, ids, mask)
         pairwise = jnp.broadcast_to(mask[:, None, None, :], (2, 1, 5, 5))
-        again = encoder.apply(
+        again = apply(
             {"params": params},
             ids,
             pairwise,

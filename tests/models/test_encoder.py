@@ -1,8 +1,8 @@
 """isojax.models encoders and head against transformers' PyTorch classes (random tiny configs).
 
-The tiny models run eagerly: XLA:CPU compiles every fusion of a tiny model with LLVM, which
-costs seconds per config (tens of seconds for a gradient); the jit path is exercised on the
-real MiniLM weights in tests/models/test_hf_import.py and in experiments/bench/encoder_speed.py.
+Each forward or gradient pass is compiled as one program: under the suite's cheap XLA:CPU code
+generation (tests/children.py) that costs less than compiling and dispatching every operation
+of an eager pass, on a cold cache and a warm one.
 """
 
 import functools
@@ -50,7 +50,8 @@ def run_both(family, dtype=jnp.float32, seed=0):
     with torch.no_grad():
         ref = model(**kwargs, output_hidden_states=True)
     encoder = models.Encoder(cfg, dtype=dtype)
-    out = encoder.apply({"params": params}, ids, mask, types if cfg.type_vocab_size else None)
+    types = types if cfg.type_vocab_size else None
+    out = jax.jit(encoder.apply)({"params": params}, ids, mask, types)
     return cfg, ref, out, params
 
 
@@ -93,7 +94,7 @@ def test_head_logits_match_transformers_sequence_classifier(family):
             "classifier": {"kernel": sd["classifier.weight"].T, "bias": sd["classifier.bias"]},
         }
         ids, mask, types = batch(cfg, seed=num_labels)
-        logits, extras = head.apply({"params": params}, ids, mask, types)
+        logits, extras = jax.jit(head.apply)({"params": params}, ids, mask, types)
         with torch.no_grad():
             ref = model(
                 input_ids=torch.tensor(ids),
@@ -127,7 +128,7 @@ def test_head_with_normalizers(normalizer):
         return jnp.sum(logits[:, 0] * example_mask), (extras, updates)
 
     rest = {k: v for k, v in variables.items() if k != "params"}
-    grads, (extras, updates) = jax.grad(loss, has_aux=True)(variables["params"], rest)
+    grads, (extras, updates) = jax.jit(jax.grad(loss, has_aux=True))(variables["params"], rest)
     assert float(jnp.abs(grads["encoder"]["layer_0"]["mlp_in"]["kernel"]).max()) > 0
     norm = norms.make_normalizer(normalizer)
     norm_vars = {c: t["norm"] for c, t in variables.items() if "norm" in t}
@@ -158,8 +159,8 @@ def test_bfloat16_compute_close_to_float32_params_stay_float32():
     enc16 = models.Encoder(cfg, dtype=jnp.bfloat16)
     params = models.init_params(enc16, jax.random.key(1))
     assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
-    out16 = enc16.apply({"params": params}, ids, mask, types)
-    out32 = models.Encoder(cfg).apply({"params": params}, ids, mask, types)
+    out16 = jax.jit(enc16.apply)({"params": params}, ids, mask, types)
+    out32 = jax.jit(models.Encoder(cfg).apply)({"params": params}, ids, mask, types)
     for h16, h32 in zip(out16.hidden_states, out32.hidden_states, strict=True):
         assert h16.dtype == jnp.bfloat16
         np.testing.assert_allclose(h16.astype(jnp.float32), h32, atol=0.1)
@@ -170,7 +171,7 @@ def test_bfloat16_compute_close_to_float32_params_stay_float32():
     np.testing.assert_allclose(out16.pooled.astype(jnp.float32), out32.pooled, atol=5e-2)
     head = models.SequenceClassifier(enc16, num_labels=2, dtype=jnp.bfloat16)
     variables = heads.init_variables(head, jax.random.key(2), params)
-    logits, _ = head.apply(variables, ids, mask, types)
+    logits, _ = jax.jit(head.apply)(variables, ids, mask, types)
     assert logits.dtype == jnp.float32
 
 
@@ -183,8 +184,8 @@ def test_remat_same_values_and_gradients():
         out = models.Encoder(cfg, remat=remat).apply({"params": p}, ids, mask, types)
         return sum(jnp.sum(h**2) for h in out.hidden_states) + jnp.sum(out.pooled)
 
-    g0 = jax.grad(functools.partial(loss, False))(params)
-    g1 = jax.grad(functools.partial(loss, True))(params)
+    g0 = jax.jit(jax.grad(functools.partial(loss, False)))(params)
+    g1 = jax.jit(jax.grad(functools.partial(loss, True)))(params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), g0, g1)
     assert jax.tree.structure(
         models.init_params(models.Encoder(cfg, remat=True), jax.random.key(0))
@@ -196,7 +197,7 @@ def test_dropout_uses_rng_and_is_off_when_deterministic():
     encoder = models.Encoder(cfg)
     params = models.init_params(encoder, jax.random.key(0))
     ids, mask, types = batch(cfg)
-    apply = encoder.apply
+    apply = jax.jit(encoder.apply, static_argnames="deterministic")
     eval_out = apply({"params": params}, ids, mask, types)
     a = apply(
         {"params": params},
@@ -225,7 +226,7 @@ def test_dropout_uses_rng_and_is_off_when_deterministic():
     np.testing.assert_array_equal(a.cls, b.cls)
     assert not np.allclose(a.cls, c.cls) and not np.allclose(a.cls, eval_out.cls)
     no_dropout = models.Encoder(cfg.replace(hidden_dropout=0.0, attention_dropout=0.0))
-    d = no_dropout.apply(
+    d = jax.jit(no_dropout.apply, static_argnames="deterministic")(
         {"params": params},
         ids,
         mask,
@@ -241,8 +242,9 @@ def test_padding_does_not_change_real_tokens():
     encoder = models.Encoder(cfg)
     params = models.init_params(encoder, jax.random.key(0))
     ids, mask, types = batch(cfg, b=3)
-    full = encoder.apply({"params": params}, ids, mask, types)
-    short = encoder.apply({"params": params}, ids[2:, :4], mask[2:, :4], types[2:, :4])
+    apply = jax.jit(encoder.apply)
+    full = apply({"params": params}, ids, mask, types)
+    short = apply({"params": params}, ids[2:, :4], mask[2:, :4], types[2:, :4])
     np.testing.assert_allclose(full.hidden_states[-1][2, :4], short.hidden_states[-1][0], atol=1e-5)
 
 
