@@ -24,6 +24,7 @@ if str(HERE) not in sys.path:
 
 import report_figures  # noqa: E402
 import report_records as records_io  # noqa: E402
+import report_rule as rule  # noqa: E402
 import report_tables as tables  # noqa: E402
 import report_verdicts as verdicts  # noqa: E402
 
@@ -228,7 +229,7 @@ def render(lines_by_study: dict[str, list[str]], refused: dict[str, str]) -> str
         + (studies or "none yet")
         + ".",
         "",
-        verdicts.RULE,
+        rule.RULE,
         "",
         "| claim (SPEC.md §9) | report: line | verdict | difference, t 95 % interval, p, n |",
         "|---|---|---|---|",

@@ -14,9 +14,11 @@ report of these modules, each one idea:
 - `report_pooled.py`: statistics pooled over the tasks (probability of improvement,
   task-averaged difference, IQM of normalised scores, stratified bootstrap intervals; issue 39),
   each tested against rliable;
-- `report_verdicts.py`: one verdict line per SPEC.md §9 claim and task, by the rule of
-  issue 22 (Holm-adjusted paired t-test, read against the paper's effect size), and a pooled
-  line per claim about fine-tuning in general;
+- `report_rule.py`: the rule of issue 22 (Holm-adjusted paired t-test, read against the
+  paper's effect size) and the family of lines it judges together, and the pooled line of a
+  claim about fine-tuning in general;
+- `report_verdicts.py`: one verdict line per SPEC.md §9 claim and task (the sweeps' claims in
+  `report_sweeps.py`);
 - `report_figures.py`: the PNG figures (matplotlib's Agg backend).
 
 The header names the code (commits), devices and JAX versions of the records. A refused JSONL
@@ -34,6 +36,7 @@ if str(pathlib.Path(__file__).resolve().parent) not in sys.path:
 
 import report_pooled as pool  # noqa: E402
 import report_records as records_io  # noqa: E402
+import report_rule as rule  # noqa: E402
 import report_stats as stats  # noqa: E402
 import report_tables as tables  # noqa: E402
 import report_verdicts as verdicts  # noqa: E402
@@ -55,9 +58,9 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
         md += _sweep(data, files)
     if data.get("pooled", {}).get("arms"):
         md += _pooled(data, files)
-    md += ["", "## Verdicts (SPEC.md §9)", "", verdicts.RULE]
+    md += ["", "## Verdicts (SPEC.md §9)", "", rule.RULE]
     if data.get("pooled", {}).get("arms"):
-        md += ["", verdicts.POOLED_RULE]
+        md += ["", rule.POOLED_RULE]
     md += verdicts.verdict_lines(data, files) or [
         "",
         "- no claim of SPEC.md §9 is testable from these records",

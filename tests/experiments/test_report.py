@@ -16,7 +16,7 @@ _spec = importlib.util.spec_from_file_location("report", REPO / "experiments" / 
 report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(report)
 import report_records  # noqa: E402  (on sys.path once report.py is loaded)
-import report_verdicts  # noqa: E402
+import report_rule  # noqa: E402
 
 # Dev score per (task, method, seed): [epoch 1, epoch 2]. isobn beats none on STS-B on every
 # seed by 0.02-0.04 at both epochs; on RTE the differences change sign. isobn lacks seed 5.
@@ -335,7 +335,7 @@ def _paired_t(diffs: list[float]) -> dict:
     ],
 )
 def test_difference_verdict_rule(diffs, p_adj, direction, size, expected):
-    got = report_verdicts.difference_verdict(_paired_t(diffs), p_adj, direction, size)
+    got = report_rule.difference_verdict(_paired_t(diffs), p_adj, direction, size)
     assert got["verdict"] == expected
 
 
