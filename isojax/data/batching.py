@@ -179,6 +179,29 @@ def epoch_order(num_examples: int, *, shuffle: bool, seed: int = 0, epoch: int =
     return np.random.default_rng((seed, epoch)).permutation(num_examples).astype(np.int64)
 
 
+def checked_num_batches(
+    num_examples: int,
+    batch_size: int,
+    process_index: int,
+    process_count: int,
+    start_batch: int,
+    drop_remainder: bool,
+) -> int:
+    """`num_batches` of an epoch's batches (`batches`, `packing.packed_batches`), after a
+    `ValueError` naming the argument that cannot be: a global batch that does not split evenly
+    over the processes, a process out of range, or a start past the epoch's last batch."""
+    if batch_size < 1 or batch_size % process_count:
+        raise ValueError(
+            f"batch_size {batch_size} must be a positive multiple of process_count {process_count}"
+        )
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    total_batches = num_batches(num_examples, batch_size, drop_remainder=drop_remainder)
+    if not 0 <= start_batch <= total_batches:
+        raise ValueError(f"start_batch {start_batch} not in [0, {total_batches}]")
+    return total_batches
+
+
 def batches(
     encoded: Encoded,
     *,
@@ -217,16 +240,10 @@ def batches(
         idx [b] int64 (`Example.idx`; -1 for filler).
       Filler rows copy the global batch's first example, so every row is a valid input.
     """
-    if batch_size < 1 or batch_size % process_count:
-        raise ValueError(
-            f"batch_size {batch_size} must be a positive multiple of process_count {process_count}"
-        )
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
     n = len(encoded)
-    total_batches = num_batches(n, batch_size, drop_remainder=drop_remainder)
-    if not 0 <= start_batch <= total_batches:
-        raise ValueError(f"start_batch {start_batch} not in [0, {total_batches}]")
+    total_batches = checked_num_batches(
+        n, batch_size, process_index, process_count, start_batch, drop_remainder
+    )
     sizes = resolve_buckets(buckets, encoded.max_length)
     order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
     lengths = encoded.lengths

@@ -101,30 +101,6 @@ def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray
     return row, start, int(row.max()) + 1 if n else 0
 
 
-def _check_args(
-    encoded: batching.Encoded,
-    batch_size: int,
-    process_index: int,
-    process_count: int,
-    start_batch: int,
-    total_batches: int,
-) -> None:
-    """`ValueError` naming the argument of `packed_batches` that cannot be packed."""
-    if batch_size < 1 or batch_size % process_count:
-        raise ValueError(
-            f"batch_size {batch_size} must be a positive multiple of process_count {process_count}"
-        )
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
-    if not 0 <= start_batch <= total_batches:
-        raise ValueError(f"start_batch {start_batch} not in [0, {total_batches}]")
-    if len(encoded) and encoded.lengths.max() > encoded.max_length:
-        raise ValueError(
-            f"an encoded row has {encoded.lengths.max()} tokens, more than max_length "
-            f"{encoded.max_length}: encode with this max_length"
-        )
-
-
 def packed_batches(
     encoded: batching.Encoded,
     *,
@@ -160,10 +136,16 @@ def packed_batches(
         labels [b], example_mask [b] int32, idx [b] int64 (-1 filler): as `batching.batches`.
     """
     n = len(encoded)
-    total_batches = batching.num_batches(n, batch_size, drop_remainder=drop_remainder)
-    _check_args(encoded, batch_size, process_index, process_count, start_batch, total_batches)
+    total_batches = batching.checked_num_batches(
+        n, batch_size, process_index, process_count, start_batch, drop_remainder
+    )
     width = encoded.max_length
     lengths = encoded.lengths
+    if n and lengths.max() > width:
+        raise ValueError(
+            f"an encoded row has {lengths.max()} tokens, more than max_length {width}: "
+            "encode with this max_length"
+        )
     local = batch_size // process_count
     sizes = resolve_row_buckets(row_buckets, local, row_multiple)
     order = batching.epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch)

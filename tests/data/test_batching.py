@@ -5,7 +5,7 @@ import pytest
 import tokenizers
 import transformers
 
-from isojax.data import batching, glue
+from isojax.data import batching, glue, packing
 
 
 @pytest.fixture(scope="module")
@@ -184,10 +184,18 @@ def test_resume_mid_epoch_and_drop_remainder(rte_dev):
     assert all(b["example_mask"].all() for b in dropped) and _same(dropped, full[:8])
 
 
-def test_bad_batching_arguments(rte_dev):
-    with pytest.raises(ValueError, match="multiple of process_count 4"):
-        next(batching.batches(rte_dev, batch_size=6, process_count=4))
+@pytest.mark.parametrize("epoch_batches", [batching.batches, packing.packed_batches])
+def test_bad_batching_arguments(rte_dev, epoch_batches):
+    for size in (0, 6):
+        with pytest.raises(ValueError, match=f"batch_size {size} must be a positive multiple"):
+            next(epoch_batches(rte_dev, batch_size=size, process_count=4))
     with pytest.raises(ValueError, match=r"process_index 4 not in \[0, 4\)"):
-        next(batching.batches(rte_dev, batch_size=8, process_index=4, process_count=4))
+        next(epoch_batches(rte_dev, batch_size=8, process_index=4, process_count=4))
     with pytest.raises(ValueError, match=r"start_batch 10 not in \[0, 9\]"):
-        next(batching.batches(rte_dev, batch_size=32, start_batch=10))
+        next(epoch_batches(rte_dev, batch_size=32, start_batch=10))
+
+
+def test_packing_refuses_rows_longer_than_max_length(rte_dev):
+    short = batching.Encoded(**{**rte_dev._asdict(), "max_length": int(rte_dev.lengths.max()) - 1})
+    with pytest.raises(ValueError, match=f"more than max_length {short.max_length}"):
+        next(packing.packed_batches(short, batch_size=32))
