@@ -51,6 +51,7 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
     (classification tasks), paired differences (with a baseline), isotropy,
     the sweep (with one), verdicts, failed cells."""
     md = _header(records, data, stem) + _scores(data, files) + _constant(data)
+    md += _train_loss(data, files)
     if data["baseline"]:
         md += _paired(data, files)
     md += _isotropy(data, files)
@@ -127,6 +128,26 @@ def _scores(data: dict, files: dict) -> list[str]:
         "reported on the same dev set)." + _figure(files, "scores", "curves"),
         "",
         *tables.scores_table(data),
+    ]
+
+
+def _train_loss(data: dict, files: dict) -> list[str]:
+    table = tables.train_loss_table(data)
+    if not table:
+        return []
+    return [
+        "",
+        "## Training loss",
+        "",
+        "Each run's mean training loss per epoch (the loss the optimiser minimised: "
+        "cross-entropy, or squared error for STS-B, plus any penalty); the median over the runs "
+        "and their range. Without a penalty, a loss that stays near its first epoch's, or "
+        "rises, is a task not learnt."
+        + _figure(files, "curves")
+        + " (bottom row: the median over the runs every "
+        "10 steps).",
+        "",
+        *table,
     ]
 
 

@@ -1,7 +1,9 @@
 """The PNG figures of a study report (matplotlib, Agg backend), written beside the JSONL.
 
 - `<stem>_scores.png`: per task, one dot per seed (last epoch) and the median per arm;
-- `<stem>_curves.png`: the median dev score per epoch per arm;
+- `<stem>_curves.png`: the median dev score per epoch per arm, and below it the median
+  training loss per arm over the steps (the records' points every 10 steps; log scale unless a
+  penalty takes it to 0 or below);
 - `<stem>_paired.png`: arm − baseline per task, last and best epoch, with the paired t 95 %
   interval (the one the verdicts print);
 - `<stem>_isotropy.png`: EV3 of the pooled vector and of the head input, before and after;
@@ -76,9 +78,11 @@ def _scores(plt, runs: list[dict], data: dict):
 
 
 def _curves(plt, runs: list[dict], data: dict):
-    """Dev score per epoch (median over seeds) per arm."""
-    fig, axes = _row_of_axes(plt, data, 3.4)
-    for ax, task in zip(axes[0], data["tasks"], strict=True):
+    """Dev score per epoch (median over seeds) per arm; below, the training loss over the
+    steps (median over the seeds at each recorded step), log scale where it stays positive."""
+    fig, axes = _row_of_axes(plt, data, 6.4, rows=2)
+    for top, bottom, task in zip(axes[0], axes[1], data["tasks"], strict=True):
+        positive = True  # a penalty can take the loss below 0: then a linear scale
         for label in data["per_task"][task]["arms"]:
             rows = [r for r in runs if _label(r, data) == label and _task(r) == task]
             epochs = sorted({e["epoch"] for r in rows for e in dev_rows(r)})
@@ -86,10 +90,21 @@ def _curves(plt, runs: list[dict], data: dict):
                 np.median([e["score"] for r in rows for e in dev_rows(r) if e["epoch"] == ep])
                 for ep in epochs
             ]
-            ax.plot(epochs, medians, marker="o", label=label)
-        ax.set_xlabel("epoch")
-        ax.set_title(f"{task}: median dev score", fontsize=9)
-        ax.legend(fontsize=6)
+            top.plot(epochs, medians, marker="o", label=label)
+            by_step: dict[int, list[float]] = {}
+            for r in rows:
+                for step, _, loss in r.get("train_loss") or []:
+                    by_step.setdefault(step, []).append(loss)
+            steps = sorted(by_step)
+            medians = [np.median(by_step[k]) for k in steps]
+            bottom.plot(steps, medians, lw=1, label=label)
+            positive = positive and all(m > 0 for m in medians)
+        top.set_xlabel("epoch")
+        top.set_title(f"{task}: median dev score", fontsize=9)
+        top.legend(fontsize=6)
+        bottom.set_yscale("log" if positive else "linear")
+        bottom.set_xlabel("step")
+        bottom.set_title(f"{task}: median training loss", fontsize=9)
     return fig
 
 

@@ -130,6 +130,7 @@ def _task(task: str, arms: dict, baseline: str | None, pre: dict | None, sweep: 
             "seeds": [r["seed"] for r in rows],
             "runs": {"last": [last_value(r) for r in rows], "best": [best_score(r) for r in rows]},
         }
+        t["arms"][label]["train_loss"] = _epoch_losses(arms[label])
         if constant_scores(task):
             t["arms"][label]["constant"] = _constant_counts(arms[label])
         t["isotropy"][label] = {
@@ -265,6 +266,20 @@ def _sweep(runs: list[dict], sweep: str, base_median: float) -> dict:
     return out
 
 
+def _epoch_losses(rows: list[dict]) -> dict[int, dict]:
+    """Epoch (1-based) -> the runs' mean training losses of that epoch: `summary` plus "min"
+    and "max" over the runs (the loss the optimiser minimised: the task loss plus any
+    penalty)."""
+    by_epoch: dict[int, list[float]] = {}
+    for r in rows:
+        for e in r.get("train_loss_epoch") or []:
+            by_epoch.setdefault(e["epoch"], []).append(e["loss"])
+    return {
+        epoch: stats.summary(losses) | {"min": min(losses), "max": max(losses)}
+        for epoch, losses in sorted(by_epoch.items())
+    }
+
+
 def _constant_counts(rows: list[dict]) -> dict:
     """How many of the arm's dev evaluations sit at a constant prediction's score
     (`at_constant_prediction`): `{"earlier": (k, m)}` over the epochs before each run's last,
@@ -339,6 +354,32 @@ def scores_table(data: dict) -> list[str]:
                 f"| {task} | {label} | {a['last']['n']} | {f(a['last']['median'])} | "
                 f"{_ms(a['last'])} | {f(a['best']['median'])} | {_ms(a['best'])} |"
             )
+    return md
+
+
+def train_loss_table(data: dict) -> list[str]:
+    """Per task x arm: the median over the runs of each epoch's mean training loss, with the
+    runs' range (empty where no run recorded one)."""
+    arms = [
+        (task, label, a)
+        for task in data["tasks"]
+        for label, a in data["per_task"][task]["arms"].items()
+    ]
+    epochs = sorted({e for _, _, a in arms for e in a["train_loss"]})
+    if not epochs:
+        return []
+    md = [
+        "| task | arm | n | " + " | ".join(f"epoch {e}: median [min, max]" for e in epochs) + " |",
+        "|---|---|---|" + "---|" * len(epochs),
+    ]
+    for task, label, a in arms:
+        cells = [
+            f"{f(s['median'])} [{f(s['min'])}, {f(s['max'])}]"
+            if (s := a["train_loss"].get(e))
+            else "—"
+            for e in epochs
+        ]
+        md.append(f"| {task} | {label} | {a['last']['n']} | " + " | ".join(cells) + " |")
     return md
 
 

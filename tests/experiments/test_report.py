@@ -757,3 +757,32 @@ def test_a_figure_not_drawn_gets_no_empty_link(tmp_path):
     assert "]()" not in text and "Figure" not in text
     drawn = report.render(loaded, report.build(loaded), {"isotropy": "early_iso.png"}, "early")
     assert "Figure: [isotropy](early_iso.png)" in drawn
+
+
+def test_training_loss_table_gives_each_epochs_median_and_range(tmp_path):
+    """Per arm and epoch: the median and range of the runs' mean epoch losses (NumPy here); an
+    epoch a run did not record is left out of that epoch only; no section without losses."""
+    losses = {  # (method, seed) -> the run's train_loss_epoch losses
+        ("none", 1): [0.69, 0.50], ("none", 2): [0.68, 0.40], ("none", 3): [0.75, 0.42],
+        ("whiten", 1): [0.66, 0.67], ("whiten", 2): [0.65, 0.69], ("whiten", 3): [0.67],
+    }  # fmt: skip
+    records = []
+    for (method, seed), by_epoch in losses.items():
+        r = _record(f"mrpc-{method}-s{seed}", "mrpc", method, seed, [0.7, 0.8])
+        r["train_loss_epoch"] = [{"epoch": e + 1, "loss": x} for e, x in enumerate(by_epoch)]
+        records.append(r)
+    arms = report.build(records)["per_task"]["mrpc"]["arms"]
+    for method in ("none", "whiten"):
+        for epoch in (1, 2):
+            xs = [v[epoch - 1] for (m, _), v in losses.items() if m == method and len(v) >= epoch]
+            got = arms[method]["train_loss"][epoch]
+            assert got["n"] == len(xs) and got["median"] == pytest.approx(np.median(xs), abs=1e-12)
+            assert (got["min"], got["max"]) == (min(xs), max(xs))
+    md = report.write_report(_write(tmp_path, "losses", records)).read_text()
+    section = md.split("## Training loss")[1].split("\n## ")[0]
+    assert "| mrpc | none | 3 | 0.690 [0.680, 0.750] | 0.420 [0.400, 0.500] |" in section
+    assert "| mrpc | whiten | 3 | 0.660 [0.650, 0.670] | 0.680 [0.670, 0.690] |" in section
+    for r in records:
+        r["train_loss_epoch"] = []
+    md = report.write_report(_write(tmp_path, "no_losses", records)).read_text()
+    assert "## Training loss" not in md
