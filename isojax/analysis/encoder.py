@@ -56,6 +56,7 @@ from isojax.data import batching
 LAYER_ZETA = 0.75  # [I-STAR] analysis of [CLS] per layer (SPEC.md §4).
 EV_KS = (1, 3)
 HEAD_INPUT = "pre_logits"  # Report.embeddings key of the classifier's input (run_analysis).
+DROPOUT = "head_input_dropout"  # Report.summary key of run_analysis.dropout_noise
 
 
 class AnalysisState(NamedTuple):
@@ -218,16 +219,19 @@ class Report(NamedTuple):
       zeta: the IsoScore* shrinkage used for the per-layer scores.
       sentence: for a fine-tuned run, the embedding its classifier reads before the normaliser
         ("cls" or "pooled", the run's ``config.sentence``); None for an encoder alone.
+      dropout: for a fine-tuned run, `run.dropout_noise` of the head input; None otherwise.
     """
 
     embeddings: dict[str, dict[str, np.ndarray]]
     layers: dict[str, np.ndarray]
     zeta: float
     sentence: str | None = None
+    dropout: dict[str, float] | None = None
 
     def summary(self) -> dict[str, Any]:
         """JSON-able scalars: per embedding count, EV_1, EV_3, IsoScore, PR, mean cosine; the
-        per-layer scores as lists; and ``"sentence"`` (a string) for a fine-tuned run."""
+        per-layer scores as lists; and for a fine-tuned run ``"sentence"`` (a string) and
+        ``"head_input_dropout"`` (`DROPOUT`: the dict of `run.dropout_noise`)."""
         keys = ("count", *(f"EV_{k}" for k in EV_KS), "isoscore", "participation_ratio",
                 "mean_cosine")  # fmt: skip
         out: dict[str, Any] = {
@@ -240,6 +244,8 @@ class Report(NamedTuple):
         out["layers"]["zeta"] = self.zeta
         if self.sentence is not None:
             out["sentence"] = self.sentence
+        if self.dropout is not None:
+            out[DROPOUT] = dict(self.dropout)
         return out
 
 
@@ -353,10 +359,19 @@ def format_table(summary: dict[str, Any]) -> str:
     heads = ("n", "EV_1", "EV_3", "IsoScore", "PR", "mean cos")
     lines = ["embedding " + "".join(f"{h:>10}" for h in heads)]
     for name, values in summary.items():
-        if name == "layers" or not isinstance(values, dict):
+        if name in ("layers", DROPOUT) or not isinstance(values, dict):
             continue
         cells = [f"{values['count']:>10d}"] + [f"{values[c]:>10.4f}" for c in cols[1:]]
         lines.append(f"{name:<10}" + "".join(cells))
+    if noise := summary.get(DROPOUT):
+        lines += [
+            "",
+            f"head input, {noise['examples']} rows: spread between sentences "
+            f"{noise['between_sentences']:.4f}; one draw of dropout moves a row by "
+            f"{noise['dropout']:.4f} (dropout / spread "
+            + ("—" if noise["dropout_to_spread"] is None else f"{noise['dropout_to_spread']:.3f}")
+            + ")",
+        ]
     layers = summary["layers"]
     zeta = layers["zeta"]
     heads = ("CLS iso", f"CLS iso*{zeta:g}", "tok iso", f"tok iso*{zeta:g}")

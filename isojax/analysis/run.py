@@ -6,12 +6,17 @@
 
 The forward pass is the run's dev evaluation mode; the statistics, the numbers and the figures
 are those of `isojax.analysis` (the pre-trained encoder's report), plus
-``embeddings["pre_logits"]`` (`encoder.HEAD_INPUT`), the vector the classifier reads.
+``embeddings["pre_logits"]`` (`encoder.HEAD_INPUT`), the vector the classifier reads, and
+`dropout_noise`: how far the run's dropout moves that vector, against how far apart the
+sentences put it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import jax
+import numpy as np
 
 from isojax.analysis import encoder
 from isojax.data import batching
@@ -74,4 +79,61 @@ def analyze_run(
         pooled=bool(cfg.has_pooler),
         head=True,
     )
-    return encoder.report(state, zeta=zeta, sentence=module.sentence)
+    rep = encoder.report(state, zeta=zeta, sentence=module.sentence)
+    if len(examples) < 2:
+        return rep
+    return rep._replace(dropout=dropout_noise(restored, examples, batch_size=batch_size))
+
+
+def dropout_noise(
+    restored, examples: Sequence, *, batch_size: int | None = None, seed: int = 0
+) -> dict[str, float]:
+    """How much of the head's input the encoder's dropout makes, against the sentences.
+
+    Per row, `z0` is the head input in the dev evaluation's mode and `z1` the same row's with
+    the run's dropout on, as in training (one draw: `fold_in(key(seed), batch)`); the
+    normaliser applies its running statistics in both, so only dropout differs. Float64 on the
+    host:
+
+    - ``between_sentences``: `sqrt(tr cov(z0))`, the spread the sentences make;
+    - ``dropout``: `sqrt(mean ||z1 − z0||²)`, how far one draw of dropout moves a row;
+    - ``dropout_to_spread``: `dropout / between_sentences`, a noise-to-signal ratio of what
+      the head reads in training (None where the rows do not differ);
+    - ``examples``: the rows (at least 2).
+    """
+    if len(examples) < 2:
+        raise ValueError("dropout_noise needs at least two rows")
+    config, module = restored.config, restored.module
+
+    @jax.jit
+    def head_inputs(variables, ids, mask, types, rng):
+        out = [
+            module.apply(variables, ids, mask, types, deterministic=deterministic,
+                         use_running_average=True, rngs={"dropout": rng})[1]["pre_logits"]
+            for deterministic in (True, False)
+        ]  # fmt: skip
+        return out[0], out[1]
+
+    clean, noisy = [], []
+    rows = batching.batches(
+        batching.encode(examples, restored.tokenizer, config.max_length),
+        batch_size=batch_size or config.eval_batch_size,
+        buckets=tuple(config.buckets) or None,
+        shuffle=False,
+    )
+    for k, batch in enumerate(rows):
+        rng = jax.random.fold_in(jax.random.key(seed), k)
+        inputs = (batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
+        z0, z1 = head_inputs(restored.variables, *inputs, rng)
+        real = np.asarray(batch["example_mask"]) == 1
+        clean.append(np.asarray(z0, np.float64)[real])
+        noisy.append(np.asarray(z1, np.float64)[real])
+    z0, z1 = np.concatenate(clean), np.concatenate(noisy)
+    between = float(np.sqrt(np.sum(np.var(z0, axis=0, ddof=1))))
+    moved = float(np.sqrt(np.mean(np.sum((z1 - z0) ** 2, axis=1))))
+    return {
+        "examples": len(z0),
+        "between_sentences": between,
+        "dropout": moved,
+        "dropout_to_spread": moved / between if between > 0 else None,
+    }

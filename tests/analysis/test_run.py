@@ -7,13 +7,17 @@ last evaluation batch of 8 carries filler rows. The reference is the run's own d
 it: the newest checkpoint's under "dev", the best dev epoch's under "best".
 """
 
+import dataclasses
 import json
 
+import jax
 import numpy as np
 import pytest
 from helpers import tiny_config
 
 from isojax import analysis, cli, runs
+from isojax.analysis import run as run_analysis
+from isojax.data import batching
 from isojax.runs import predict
 from isojax.training import loop
 
@@ -92,7 +96,17 @@ def test_analyze_run_equals_the_runs_dev_evaluation(capsys, tmp_path, isobn_run,
     assert "pre_logits = isobn(pooled)" in out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["sentence"] == "pooled"
-    assert set(summary) == {"cls", "pooled", "pre_logits", "layers", "sentence"}
+    assert set(summary) == {
+        "cls",
+        "pooled",
+        "pre_logits",
+        "layers",
+        "sentence",
+        "head_input_dropout",
+    }
+    noise = summary["head_input_dropout"]
+    assert noise["examples"] == DEV_ROWS and noise["dropout"] > 0
+    assert f"one draw of dropout moves a row by {noise['dropout']:.4f}" in out
     assert_equals_evaluation(summary, evaluation)
     # The normaliser changes the head input: its figures are not the sentence vector's.
     figures = lambda name: [summary[name][key] for key in ("EV_1", "EV_3", "isoscore")]  # noqa: E731
@@ -161,3 +175,52 @@ def test_analyze_refuses_contradictory_flags(capsys, tmp_path, isobn_run):
         assert message in err and err.count("\n") == 1, (flags, err)
         assert stdout == ""
     assert not out.exists()
+
+
+def test_dropout_noise_is_numpys_spread_and_displacement_of_the_head_input(isobn_run):
+    """One batch (all 19 rows): the head input without and with dropout (the draw
+    `fold_in(key(seed), 0)`, running statistics in both), and NumPy's float64 sqrt(tr cov) of
+    the first and root mean squared row displacement between the two."""
+    run_dir, _ = isobn_run
+    restored = runs.restore(run_dir)
+    examples = predict.load_split(restored, "dev", labelled=True)
+    got = run_analysis.dropout_noise(restored, examples, batch_size=32, seed=7)
+    (batch,) = batching.batches(
+        batching.encode(examples, restored.tokenizer, restored.config.max_length),
+        batch_size=32,
+        buckets=tuple(restored.config.buckets),
+    )
+    inputs = [batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")]
+    z = [
+        np.asarray(
+            restored.module.apply(restored.variables, *inputs, deterministic=deterministic,
+                                  use_running_average=True,
+                                  rngs={"dropout": jax.random.fold_in(jax.random.key(7), 0)})[1][
+                "pre_logits"
+            ],
+            np.float64,
+        )[:DEV_ROWS]
+        for deterministic in (True, False)
+    ]  # fmt: skip
+    between = np.sqrt(np.trace(np.cov(z[0].T)))
+    moved = np.sqrt(np.mean(np.linalg.norm(z[1] - z[0], axis=1) ** 2))
+    assert got["examples"] == DEV_ROWS
+    np.testing.assert_allclose(got["between_sentences"], between, rtol=1e-5)
+    np.testing.assert_allclose(got["dropout"], moved, rtol=1e-5)
+    np.testing.assert_allclose(got["dropout_to_spread"], moved / between, rtol=1e-5)
+    assert moved > 0.01 * between  # dropout on: the rows move
+
+
+def test_dropout_noise_is_zero_without_dropout(isobn_run):
+    """The same run with the encoder's and the head's dropout rates at 0: nothing moves, so a
+    pass that left dropout off, or let the normaliser read the batch, would show here."""
+    run_dir, _ = isobn_run
+    restored = runs.restore(run_dir)
+    examples = predict.load_split(restored, "dev", labelled=True)
+    module = restored.module
+    quiet = dataclasses.replace(module.encoder.config, hidden_dropout=0.0, attention_dropout=0.0)
+    module = module.clone(encoder=module.encoder.clone(config=quiet), dropout_rate=0.0)
+    got = run_analysis.dropout_noise(dataclasses.replace(restored, module=module), examples)
+    assert got["dropout"] < 1e-6 * got["between_sentences"] and got["between_sentences"] > 0
+    with pytest.raises(ValueError, match="at least two rows"):
+        run_analysis.dropout_noise(restored, examples[:1])
