@@ -49,7 +49,7 @@ def analyze_run(
     """
     if not examples:
         raise ValueError("analyze_run needs at least one example")
-    config, module = restored.config, restored.module
+    module = restored.module
     cfg = module.encoder.config
 
     def apply_fn(variables, batch):
@@ -68,12 +68,7 @@ def analyze_run(
     state = encoder.accumulate(
         apply_fn,
         restored.variables,
-        batching.batches(
-            batching.encode(examples, restored.tokenizer, config.max_length),
-            batch_size=batch_size or config.eval_batch_size,
-            buckets=tuple(config.buckets) or None,
-            shuffle=False,
-        ),
+        _eval_batches(restored, examples, batch_size),
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
         pooled=bool(cfg.has_pooler),
@@ -103,7 +98,7 @@ def dropout_noise(
     """
     if len(examples) < 2:
         raise ValueError("dropout_noise needs at least two rows")
-    config, module = restored.config, restored.module
+    module = restored.module
 
     @jax.jit
     def head_inputs(variables, ids, mask, types, rng):
@@ -115,13 +110,7 @@ def dropout_noise(
         return out[0], out[1]
 
     clean, noisy = [], []
-    rows = batching.batches(
-        batching.encode(examples, restored.tokenizer, config.max_length),
-        batch_size=batch_size or config.eval_batch_size,
-        buckets=tuple(config.buckets) or None,
-        shuffle=False,
-    )
-    for k, batch in enumerate(rows):
+    for k, batch in enumerate(_eval_batches(restored, examples, batch_size)):
         rng = jax.random.fold_in(jax.random.key(seed), k)
         inputs = (batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
         z0, z1 = head_inputs(restored.variables, *inputs, rng)
@@ -137,3 +126,15 @@ def dropout_noise(
         "dropout": moved,
         "dropout_to_spread": moved / between if between > 0 else None,
     }
+
+
+def _eval_batches(restored, examples: Sequence, batch_size: int | None):
+    """The rows as the run's evaluation batches them: its `max_length` and `buckets`, in file
+    order, `batch_size` (default its `eval_batch_size`) rows a batch."""
+    config = restored.config
+    return batching.batches(
+        batching.encode(examples, restored.tokenizer, config.max_length),
+        batch_size=batch_size or config.eval_batch_size,
+        buckets=tuple(config.buckets) or None,
+        shuffle=False,
+    )
