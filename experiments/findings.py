@@ -1,5 +1,5 @@
 """Builds the documentation's study findings page, docs/study/findings.md, from the study
-JSONLs alone, with the report's own functions (`report_tables.build`,
+JSONLs alone, with the report's own functions (`report_numbers.build`,
 `report_verdicts.verdict_lines`): one table of every SPEC.md §9 claim, each with the verdict
 lines the records give (verdict, interval, p values, n), or the reason none is possible here.
 
@@ -23,9 +23,9 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import report_figures  # noqa: E402
+import report_numbers as numbers  # noqa: E402
 import report_records as records_io  # noqa: E402
 import report_rule as rule  # noqa: E402
-import report_tables as tables  # noqa: E402
 import report_verdicts as verdicts  # noqa: E402
 
 ROOT = HERE.parent
@@ -168,7 +168,7 @@ def study_verdicts(jsonl: str | pathlib.Path) -> list[str]:
     """The verdict lines ("- claim, where: **verdict** (...)") of the report of `jsonl`, as
     `experiments/report.py` writes them into its "Verdicts" section, figure links included."""
     records = records_io.load(pathlib.Path(jsonl))
-    data = tables.build(records)
+    data = numbers.build(records)
     stem = pathlib.Path(jsonl).stem
     files = {name: f"{stem}_{name}.png" for name in report_figures.figure_names(data)}
     return [line for line in verdicts.verdict_lines(data, files) if line.startswith("- ")]
@@ -224,7 +224,7 @@ def render(lines_by_study: dict[str, list[str]], refused: dict[str, str]) -> str
         "What the reproduction study finds for each claim of SPEC.md §9, on MiniLM-L6 "
         "(all-MiniLM-L6-v2) fine-tuned on CoLA, MRPC, STS-B and RTE over seeds. Every row is a "
         "verdict line of a study report, rebuilt from its JSONL by the report's own functions "
-        "(`experiments/report_tables.py`, `experiments/report_verdicts.py`); the full reports, "
+        "(`experiments/report_numbers.py`, `experiments/report_verdicts.py`); the full reports, "
         "with their tables and figures, are linked in each row. Reports: "
         + (studies or "none yet")
         + ".",

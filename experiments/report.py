@@ -10,7 +10,8 @@ report of these modules, each one idea:
   one record;
 - `report_stats.py`: small-n statistics (paired t interval and p, exact sign-flip p, Holm,
   Pearson / Spearman / leave-one-value-out), each tested against SciPy;
-- `report_tables.py`: every number of the report (`build`) and its Markdown tables;
+- `report_numbers.py`: every number of the report (`build`), as nested dicts;
+- `report_tables.py`: its Markdown tables and the formatting of its numbers;
 - `report_pooled.py`: statistics pooled over the tasks (probability of improvement,
   task-averaged difference, IQM of normalised scores, stratified bootstrap intervals; issue 39),
   each tested against rliable;
@@ -34,6 +35,7 @@ import sys
 if str(pathlib.Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+import report_numbers as numbers  # noqa: E402
 import report_pooled as pool  # noqa: E402
 import report_records as records_io  # noqa: E402
 import report_rule as rule  # noqa: E402
@@ -42,7 +44,7 @@ import report_tables as tables  # noqa: E402
 import report_verdicts as verdicts  # noqa: E402
 from report_figures import write_figures  # noqa: E402
 
-build = tables.build
+build = numbers.build
 RecordsError = records_io.RecordsError
 
 

@@ -63,7 +63,7 @@ POOLED_RULE = (
 
 
 def difference_verdict(t: dict, p_adj: float, direction: int, size: float | None) -> dict:
-    """The verdict of one paired difference. `t`: a `report_tables.paired` dict (its "diffs",
+    """The verdict of one paired difference. `t`: a `report_numbers.paired` dict (its "diffs",
     "mean", "lo", "hi"); `p_adj`: its Holm-adjusted t-test p; `direction`: the claim's sign;
     `size`: the paper's effect size (> 0, in the claimed direction) or None.
 
@@ -94,7 +94,7 @@ def difference_verdict(t: dict, p_adj: float, direction: int, size: float | None
 
 def correlation_verdict(corr: dict, p_adj: float, direction: int = -1) -> tuple[str, str]:
     """(verdict, reason) of one sweep's correlation. `corr`: {"all" (Pearson), "spearman",
-    "leave_one_out"} as `report_tables.build` gives; `p_adj`: Pearson's Holm-adjusted p."""
+    "leave_one_out"} as `report_numbers.build` gives; `p_adj`: Pearson's Holm-adjusted p."""
     r, rho, loo = corr["all"]["r"], corr["spearman"]["r"], corr["leave_one_out"]
     if not (math.isfinite(r) and math.isfinite(p_adj)):
         return "not tested (fewer than 3 runs, or a constant)", ""

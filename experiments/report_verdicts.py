@@ -6,9 +6,10 @@ contrasts between two arms here, the sweeps' claims in `report_sweeps`.
 from __future__ import annotations
 
 import report_sweeps as sweeps
+from report_numbers import arm_of
 from report_records import PRETRAINED
 from report_rule import ISOBN_SIZE, Family, figure_ref, pooled_line
-from report_tables import arm_of, f
+from report_tables import f
 
 
 def verdict_lines(data: dict, files: dict) -> list[str]:
@@ -97,7 +98,7 @@ def _ev3_families(data: dict, fig: dict) -> list[Family]:
 
 
 def _contrasts(per_task: dict, tasks: list) -> list[Family]:
-    """The families that compare two arms directly (`report_tables.CONTRASTS`)."""
+    """The families that compare two arms directly (`report_numbers.CONTRASTS`)."""
     out = []
     for key, a, b, claim, sign, size in (
         ("ev3", "isobn", "batchnorm", "[IsoBN] IsoBN lowers EV3 of the classifier input more "

@@ -312,8 +312,8 @@ def test_sweep_report_gives_scipy_pearson_with_and_without_collapsed_runs(tmp_pa
 
 
 def _paired_t(diffs: list[float]) -> dict:
-    """A `report_tables.paired` dict of these differences (through the module itself)."""
-    return report.tables.paired(dict(enumerate(diffs)), dict.fromkeys(range(len(diffs)), 0.0))
+    """A `report_numbers.paired` dict of these differences (through the module itself)."""
+    return report.numbers.paired(dict(enumerate(diffs)), dict.fromkeys(range(len(diffs)), 0.0))
 
 
 @pytest.mark.parametrize(
