@@ -83,25 +83,31 @@ def analyze_run(
 def dropout_noise(
     restored, examples: Sequence, *, batch_size: int | None = None, seed: int = 0
 ) -> dict[str, float]:
-    """How much of the head's input the encoder's dropout makes, against the sentences.
+    """How much of the head's input the encoder's dropout makes, against the sentences:
+    `noise_to_spread` of `head_inputs` (the rows without and with one draw of dropout).
 
-    Per row, `z0` is the head input in the dev evaluation's mode and `z1` the same row's with
-    the run's dropout on, as in training (one draw: `fold_in(key(seed), batch)`); the
-    normaliser applies its running statistics in both, so only dropout differs. Float64 on the
-    host:
+    Raises:
+      ValueError: fewer than two rows.
+    """
+    return noise_to_spread(*head_inputs(restored, examples, batch_size=batch_size, seed=seed))
 
-    - ``between_sentences``: `sqrt(tr cov(z0))`, the spread the sentences make;
-    - ``dropout``: `sqrt(mean ||z1 − z0||²)`, how far one draw of dropout moves a row;
-    - ``dropout_to_spread``: `dropout / between_sentences`, a noise-to-signal ratio of what
-      the head reads in training (None where the rows do not differ);
-    - ``examples``: the rows (at least 2).
+
+def head_inputs(
+    restored, examples: Sequence, *, batch_size: int | None = None, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The head input of each row, `[rows, d]` float64, without and with the run's dropout.
+
+    `z0` is the row's head input in the dev evaluation's mode, `z1` the same row's with the
+    run's dropout on, as in training (one draw: `fold_in(key(seed), batch)`); the normaliser
+    applies its running statistics in both, so only dropout differs. Rows are batched as
+    `analyze_run` batches them; padding rows are dropped.
     """
     if len(examples) < 2:
         raise ValueError("dropout_noise needs at least two rows")
     module = restored.module
 
     @jax.jit
-    def head_inputs(variables, ids, mask, types, rng):
+    def both(variables, ids, mask, types, rng):
         out = [
             module.apply(variables, ids, mask, types, deterministic=deterministic,
                          use_running_average=True, rngs={"dropout": rng})[1]["pre_logits"]
@@ -113,11 +119,26 @@ def dropout_noise(
     for k, batch in enumerate(_eval_batches(restored, examples, batch_size)):
         rng = jax.random.fold_in(jax.random.key(seed), k)
         inputs = (batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
-        z0, z1 = head_inputs(restored.variables, *inputs, rng)
+        z0, z1 = both(restored.variables, *inputs, rng)
         real = np.asarray(batch["example_mask"]) == 1
         clean.append(np.asarray(z0, np.float64)[real])
         noisy.append(np.asarray(z1, np.float64)[real])
-    z0, z1 = np.concatenate(clean), np.concatenate(noisy)
+    return np.concatenate(clean), np.concatenate(noisy)
+
+
+def noise_to_spread(clean: np.ndarray, noisy: np.ndarray) -> dict[str, float]:
+    """How far `noisy` moves each row of `clean` (`[rows, d]`, the same rows), against the
+    spread of `clean`. Float64 on the host:
+
+    - ``between_sentences``: `sqrt(tr cov(clean))`, the spread the sentences make;
+    - ``dropout``: `sqrt(mean ||noisy − clean||²)`, how far one draw of dropout moves a row;
+    - ``dropout_to_spread``: `dropout / between_sentences`, a noise-to-signal ratio of what
+      the head reads in training (None where the rows do not differ);
+    - ``examples``: the rows.
+
+    Any map of both (a post-hoc whitening, `isojax.core.posthoc`) gives that map's ratio.
+    """
+    z0, z1 = np.asarray(clean, np.float64), np.asarray(noisy, np.float64)
     between = float(np.sqrt(np.sum(np.var(z0, axis=0, ddof=1))))
     moved = float(np.sqrt(np.mean(np.sum((z1 - z0) ** 2, axis=1))))
     return {
