@@ -103,7 +103,7 @@ def head_inputs(
     `analyze_run` batches them; padding rows are dropped.
     """
     if len(examples) < 2:
-        raise ValueError("dropout_noise needs at least two rows")
+        raise ValueError("head_inputs needs at least two rows")
     module = restored.module
 
     @jax.jit
