@@ -96,21 +96,48 @@ def _path(name: str) -> str:
     return FIELDS[name]
 
 
+# Named variants of a normaliser arm (issue 47's causal grid): label -> (normaliser, the
+# `normalizer_kwargs` it sets, the other config fields it sets). A variant changes one thing.
+VARIANTS = {
+    "iternorm-sg": ("iternorm", {"stop_gradient": True}, {}),
+    "iternorm-g16": ("iternorm", {"group_size": 16}, {}),
+    "whiten-nodrop": ("whiten", {}, {"dropout_rate": 0.0}),
+    "whiten-a05": ("whiten", {"alpha": 0.5}, {}),
+}
+
+
 def arm_fields(label: str) -> dict:
-    """An arm's label -> its config fields: "none", a normaliser ("isobn"), a penalty ("istar")
-    or both joined by "+" ("isobn+istar")."""
+    """An arm's label -> its config fields: "none", a normaliser ("isobn") or one of its
+    `VARIANTS` ("iternorm-sg"), a penalty ("istar"), or a normaliser and a penalty joined by "+"
+    ("isobn+istar")."""
     fields = {"normalizer": "none", "penalty": "none"}
     for part in label.split("+"):
+        if part in VARIANTS:
+            normalizer, kwargs, others = VARIANTS[part]
+            fields.update(others, normalizer=normalizer)
+            fields.update({f"normalizer_kwargs.{k}": v for k, v in kwargs.items()})
+            continue
         key = "penalty" if part in config_lib.PENALTIES else "normalizer"
         if part != "none":
             fields[key] = part
     return fields
 
 
+def _is_variant(config: ml_collections.ConfigDict, label: str) -> bool:
+    normalizer, kwargs, others = VARIANTS[label]
+    given = config.normalizer_kwargs.to_dict()
+    return (
+        config.normalizer == normalizer
+        and all(given.get(k) == v for k, v in kwargs.items())
+        and all(config[k] == v for k, v in others.items())
+    )
+
+
 def arm_label(config: ml_collections.ConfigDict) -> str:
     """The arm's label of `config` (the inverse of `arm_fields`)."""
-    parts = [m for m in (config.normalizer, config.penalty) if m != "none"]
-    return "+".join(parts) or "none"
+    variant = [label for label in VARIANTS if _is_variant(config, label)]
+    parts = [*variant, config.penalty] if variant else [config.normalizer, config.penalty]
+    return "+".join(m for m in parts if m != "none") or "none"
 
 
 def set_fields(config: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
@@ -118,7 +145,12 @@ def set_fields(config: ml_collections.ConfigDict, values: dict) -> ml_collection
     flat = {}
     for name, value in values.items():
         flat.update(arm_fields(value) if name == "method" else {_path(name): value})
-    config.update_from_flattened_dict(flat)
+    kwargs = {k.split(".", 1)[1]: v for k, v in flat.items() if k.startswith("normalizer_kwargs.")}
+    config.update_from_flattened_dict(
+        {k: v for k, v in flat.items() if not k.startswith("normalizer_kwargs.")}
+    )
+    if kwargs:  # an open field: set whole, not through the flattened update
+        config.normalizer_kwargs = {**config.normalizer_kwargs.to_dict(), **kwargs}
     return config
 
 

