@@ -1,13 +1,19 @@
 r"""isojax: isotropy-aware fine-tuning of BERT-family encoders in JAX/Flax.
 
 The front-end-free maths is here, optax-style: pure functions of arrays, jit-able, float32
-statistics whatever the input dtype.
+statistics whatever the input dtype: the isotropy measures (IsoScore, IsoScore*, EV_k, the
+participation ratio, the mean cosine), the geometry of SPEC.md §10.4 (effective rank, RankMe,
+outlier dimensions), the penalties and the C0 pass.
 
 >>> import jax, jax.numpy as jnp
 >>> import isojax
 >>> x = jax.random.normal(jax.random.key(0), (256, 8))
 >>> round(float(isojax.isoscore(x)), 2) > 0.9               # nearly isotropic Gaussian points
 True
+>>> round(float(isojax.effective_rank(x)), 1) > 7.0         # and uses all 8 directions
+True
+>>> float(isojax.outlier_dimensions(x * jnp.array([9.] + [1.] * 7)).count)
+1.0
 >>> c0 = jnp.eye(8)
 >>> float(isojax.istar_penalty(x[None, None], None, c0=c0, zeta=0.2)) < 0.05
 True
@@ -27,6 +33,7 @@ out), :mod:`isojax.data` (GLUE), :mod:`isojax.training` (the fine-tuning loop),
 """
 
 from isojax import linen, nnx
+from isojax.core.geometry import effective_rank, outlier_dimensions, rankme
 from isojax.core.isotropy import (
     explained_variance,
     isoscore,
@@ -51,6 +58,7 @@ __all__ = [
     "c0_pass_init",
     "c0_pass_update",
     "cosreg_penalty",
+    "effective_rank",
     "estimate_c0",
     "explained_variance",
     "isobn_gain",
@@ -60,5 +68,7 @@ __all__ = [
     "linen",
     "mean_cosine_similarity",
     "nnx",
+    "outlier_dimensions",
     "participation_ratio",
+    "rankme",
 ]

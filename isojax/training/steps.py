@@ -49,7 +49,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from isojax.core import isotropy, penalties, stats
+from isojax.core import geometry, isotropy, penalties, stats
 from isojax.data import packing
 from isojax.linen import istar as linen_istar
 from isojax.models import transformer
@@ -373,7 +373,12 @@ def isotropy_metrics(
 
     Keys: `sentence_ev1`, `sentence_ev3` (explained variance of the top 1 / 3 principal axes),
     `sentence_isoscore`, `sentence_mean_cosine`; the same `pre_logits_*` after the normaliser
-    (the classifier's input); `tokens_isoscore` (all layers' tokens; IsoScore* with zeta = 0)
+    (the classifier's input); per sentence vector also the geometry of SPEC.md §10.4
+    (`geometry.geometry_from_moments`): `sentence_erank` (effective rank), `sentence_rankme`,
+    `sentence_outliers` (dimensions with at least 5 × the mean variance),
+    `sentence_principal_outlier` (the highest-variance dimension's index, a float) and
+    `sentence_principal_outlier_share` (its share of the variance), and the same
+    `pre_logits_*`; `tokens_isoscore` (all layers' tokens; IsoScore* with zeta = 0)
     and, with `c0` (I-STAR runs), `tokens_isoscore_star` (IsoScore* of the tokens shrunk
     towards the run's C0 by `zeta`); `last_tokens_mean_cosine` (the last layer's tokens, what
     CosReg penalises) and `last_tokens_max_abs_mean` (max over dimensions of |their mean|: the
@@ -386,6 +391,8 @@ def isotropy_metrics(
         out[f"{name}_ev3"] = isotropy.explained_variance(cov, 3)
         out[f"{name}_isoscore"] = isotropy.isoscore_from_cov(cov)
         out[f"{name}_mean_cosine"] = _mean_cosine(sentence_stats)
+        shape = geometry.geometry_from_moments(sentence_stats.moments)
+        out |= {f"{name}_{key}": value for key, value in shape.items()}
     token_cov = stats.moments_finalize(acc.tokens, ddof=1).cov
     out["tokens_isoscore"] = isotropy.isoscore_star_from_cov(token_cov)
     if c0 is not None:

@@ -25,6 +25,8 @@ ISOTROPY_KEYS = {
     "sentence_ev1", "sentence_ev3", "sentence_isoscore", "sentence_mean_cosine",
     "pre_logits_ev1", "pre_logits_ev3", "pre_logits_isoscore", "pre_logits_mean_cosine",
     "tokens_isoscore", "last_tokens_mean_cosine", "last_tokens_max_abs_mean",
+    *(f"{v}_{k}" for v in ("sentence", "pre_logits") for k in (
+        "erank", "rankme", "outliers", "principal_outlier", "principal_outlier_share")),
 }  # fmt: skip
 
 

@@ -344,9 +344,29 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
         n = len(x)
         want = (cosines.sum() - np.trace(cosines)) / (n * (n - 1))
         np.testing.assert_allclose(got[f"{key}_mean_cosine"], want, rtol=1e-4, atol=1e-6)
+    for key, points in (("sentence", sentences), ("pre_logits", pre_logits)):
+        _assert_geometry(got, key, np.concatenate(points).astype(np.float64))
     mean = np.concatenate(last_tokens).astype(np.float64).mean(0)
     np.testing.assert_allclose(got["last_tokens_max_abs_mean"], np.abs(mean).max(), rtol=1e-4)
     assert np.abs(mean).max() > 2 * np.median(np.abs(mean))  # an outlier to find
+
+
+def _assert_geometry(got: dict, key: str, x: np.ndarray) -> None:
+    """The SPEC.md §10.4 keys of `key` against float64 NumPy on the rows `x` (12 < d here)."""
+
+    def entropy_rank(s, eps=0.0):
+        p = s / s.sum() + eps
+        p = p[p > 0]
+        return np.exp(-np.sum(p * np.log(p)))
+
+    erank = entropy_rank(np.linalg.svd(x - x.mean(0), compute_uv=False))
+    rankme = entropy_rank(np.linalg.svd(x, compute_uv=False), 1e-7)
+    var = x.var(0)
+    np.testing.assert_allclose(got[f"{key}_erank"], erank, rtol=1e-4)
+    np.testing.assert_allclose(got[f"{key}_rankme"], rankme, rtol=1e-4)
+    assert got[f"{key}_outliers"] == np.sum(var >= 5 * var.mean())
+    assert got[f"{key}_principal_outlier"] == np.argmax(var)
+    np.testing.assert_allclose(got[f"{key}_principal_outlier_share"], var.max() / var.sum(), 1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
