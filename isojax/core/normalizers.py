@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from isojax.core import running, stats
@@ -133,6 +134,16 @@ HPARAMS: dict[str, dict[str, Any]] = {
         "keep_scale": True,
         "group_size": None,
     },
+    # SPEC.md §10.3; the step is `isojax.core.iternorm.iternorm`. The reference's defaults:
+    # momentum 0.1 in PyTorch's convention (the weight of the batch), T = 5 steps, one group.
+    "iternorm": {
+        "momentum": 0.1,
+        "iterations": 5,
+        "epsilon": 1e-5,
+        "group_size": None,
+        "stop_gradient": False,
+        "affine": False,
+    },
 }
 # The arguments each normaliser takes besides its maths, in either front end; linen adds the
 # module's `name`.
@@ -143,6 +154,7 @@ STRUCTURAL: dict[str, tuple[str, ...]] = {
     "layernorm": ("dtype", "param_dtype"),
     "isobn": ("use_running_average", "axis_name", "dtype"),
     "whiten": ("use_running_average", "axis_name", "dtype"),
+    "iternorm": ("use_running_average", "axis_name", "dtype", "param_dtype"),
 }
 # The fewest rows of a training batch (a micro-batch under accumulation) whose statistics a
 # normaliser can use: batch norm's and IsoBN's variance and re-centring's mean of one row make the
@@ -151,18 +163,21 @@ STRUCTURAL: dict[str, tuple[str, ...]] = {
 # and `batch_norm` read it.
 MIN_ROWS: dict[str, int] = {
     "none": 1, "recenter": 2, "batchnorm": 2, "layernorm": 1, "isobn": 2, "whiten": 2,
+    "iternorm": 2,
 }  # fmt: skip
 NORMALIZERS = tuple(HPARAMS)
+# The smallest shrinkage `alpha` of ``whiten`` that `check_values` accepts.
+MIN_ALPHA = 0.0
 _FRONT_END_ONLY = {"linen": ("name",), "nnx": ()}
 
 
 def check_hparams(name: str, /, *, front: str = "linen", **hparams) -> None:
     """Raises ValueError (one line) for an unknown normaliser, an unknown hyper-parameter of it,
-    or a value out of range: momentum in (0, 1), beta >= 0, epsilon > 0, alpha in [0, 1],
-    group_size a positive integer or None (that it divides `d` is checked at trace time).
+    or a value out of range (`check_values`).
 
     The names a normaliser takes are its `HPARAMS` and `STRUCTURAL` entries (plus linen's
-    module `name` for `front="linen"`), the same for the linen and the NNX classes.
+    module `name` for `front="linen"`), the same for the linen and the NNX classes; both front
+    ends' constructors run it too.
     """
     if name not in HPARAMS:
         raise ValueError(f"unknown normalizer {name!r}; known: {', '.join(NORMALIZERS)}")
@@ -172,18 +187,42 @@ def check_hparams(name: str, /, *, front: str = "linen", **hparams) -> None:
         raise ValueError(
             f"normalizer {name!r} has no hyper-parameter(s) {unknown}; it takes {sorted(takes)}"
         )
-    momentum, beta = hparams.get("momentum", 0.5), hparams.get("beta", 0.0)
+    check_values(**hparams)
+
+
+def _is_int(value) -> bool:
+    return not isinstance(value, bool | np.bool_) and isinstance(value, int | np.integer)
+
+
+def check_values(**hparams) -> None:
+    """Raises ValueError (one line) for a hyper-parameter value out of range: momentum in
+    (0, 1) with neither it nor `1 − momentum` rounding to 1 in float32 (the running averages
+    are float32), beta >= 0, epsilon > 0, alpha in [`MIN_ALPHA`, 1], iterations an integer
+    >= 0, group_size a positive integer or None (that it divides `d` is checked at trace time),
+    the flags (debias, keep_scale, stop_gradient, affine, use_bias, use_scale) booleans."""
+    momentum = hparams.get("momentum", 0.5)
     if not 0.0 < momentum < 1.0:
         raise ValueError(f"momentum {momentum} not in (0, 1)")
-    if beta < 0.0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
+    if np.float32(momentum) == 1.0 or np.float32(1.0 - momentum) == 1.0:
+        raise ValueError(f"momentum {momentum} rounds to 1 or 0 in float32")
+    if hparams.get("beta", 0.0) < 0.0:
+        raise ValueError(f"beta must be >= 0, got {hparams['beta']}")
     if hparams.get("epsilon", 1.0) <= 0.0:
         raise ValueError(f"epsilon must be > 0, got {hparams['epsilon']}")
-    if not 0.0 <= hparams.get("alpha", 0.0) <= 1.0:
-        raise ValueError(f"alpha {hparams['alpha']} not in [0, 1]")
+    if not MIN_ALPHA <= hparams.get("alpha", MIN_ALPHA) <= 1.0:
+        raise ValueError(
+            f"alpha {hparams['alpha']} not in [{MIN_ALPHA:g}, 1] (below {MIN_ALPHA:g} the "
+            "float32 whitening matrix misses SPEC.md's 1e-4 bound)"
+        )
     group_size = hparams.get("group_size")
-    if group_size is not None and (int(group_size) != group_size or group_size < 1):
+    if group_size is not None and (not _is_int(group_size) or group_size < 1):
         raise ValueError(f"group_size must be a positive integer or None, got {group_size!r}")
+    iterations = hparams.get("iterations", 0)
+    if not _is_int(iterations) or iterations < 0:
+        raise ValueError(f"iterations must be an integer >= 0, got {iterations!r}")
+    for key in ("debias", "keep_scale", "stop_gradient", "affine", "use_bias", "use_scale"):
+        if key in hparams and not isinstance(hparams[key], bool | np.bool_):
+            raise ValueError(f"{key} must be True or False, got {hparams[key]!r}")
 
 
 # ----------------------------------------------------------------------------------------------

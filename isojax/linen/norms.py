@@ -1,4 +1,5 @@
-"""Sentence-embedding transforms: IsoBN, ZCA whitening, re-centring, batch and layer norm.
+"""Sentence-embedding transforms: IsoBN, ZCA whitening, iterative normalisation, re-centring,
+batch and layer norm.
 
 Every transform here is a thin linen module over the pure functions of `isojax.core.normalizers`
 (which `isojax.nnx.norms` runs too), and every module has the same call signature,
@@ -6,17 +7,18 @@ Every transform here is a thin linen module over the pure functions of `isojax.c
     module(x [batch, d], use_running_average: bool, *, mask=None) -> [batch, d], x.dtype
 
 so a model picks one by name with :func:`make_normalizer` (`none`, `recenter`, `batchnorm`,
-`layernorm`, `isobn`, `whiten`). Running statistics live in the ``'batch_stats'`` collection,
-always in float32, so `mutable=['batch_stats']`, train states and checkpoints treat them as
-Flax treats `nn.BatchNorm`.
+`layernorm`, `isobn`, `whiten`, `iternorm`). Running statistics live in the ``'batch_stats'``
+collection, always in float32, so `mutable=['batch_stats']`, train states and checkpoints treat
+them as Flax treats `nn.BatchNorm`.
 
 Bad batches. A training batch whose statistics are not finite (NaN or Inf in the input, or a
-float16 overflow upstream) or that holds too few points (fewer than 2 for IsoBN, whitening and
-batch norm, fewer than 1 for re-centring, counting only unmasked rows) leaves the running
-statistics exactly as they were. The module then adds 1 to ``batch_stats['skipped']`` and sows
-``intermediates['skipped_batch'] = True`` (a bool scalar; read it with
-``mutable=['batch_stats', 'intermediates']``). It never raises inside `jit`; the output of such a
-batch is still computed (from the running state for IsoBN), so NaN input gives NaN output.
+float16 overflow upstream) or that holds too few points (fewer than 2 for IsoBN, whitening,
+iterative normalisation and batch norm, fewer than 1 for re-centring, counting only unmasked
+rows) leaves the running statistics exactly as they were. The module then adds 1 to
+``batch_stats['skipped']`` and sows ``intermediates['skipped_batch'] = True`` (a bool scalar;
+read it with ``mutable=['batch_stats', 'intermediates']``). It never raises inside `jit`; the
+output of such a batch is still computed (from the running state for IsoBN, and for iterative
+normalisation, which then falls back to its evaluation output), so NaN input gives NaN output.
 
 Sharding. Under `jax.jit` with the batch sharded over a mesh the batch statistics are already
 those of the global batch (XLA inserts the reductions). Under `shard_map`/`pmap` pass
@@ -31,7 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from isojax.core import normalizers, whitening
+from isojax.core import iternorm, normalizers, whitening
 from isojax.core.normalizers import NORMALIZERS
 from isojax.linen import running as linen_running
 
@@ -54,11 +56,12 @@ def _linen_params(module: nn.Module, d: int, use_scale: bool, use_bias: bool) ->
     }
 
 
-_ISOBN, _BN, _LN, _WHITEN = (
+_ISOBN, _BN, _LN, _WHITEN, _ITERNORM = (
     normalizers.HPARAMS["isobn"],
     normalizers.HPARAMS["batchnorm"],
     normalizers.HPARAMS["layernorm"],
     normalizers.HPARAMS["whiten"],
+    normalizers.HPARAMS["iternorm"],
 )
 
 
@@ -181,6 +184,10 @@ class Whiten(nn.Module):
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
 
+    def __post_init__(self):
+        normalizers.check_hparams("whiten", **{k: getattr(self, k) for k in _WHITEN})
+        super().__post_init__()
+
     @nn.compact
     def __call__(
         self,
@@ -199,6 +206,84 @@ class Whiten(nn.Module):
             x,
             mask,
             use_running_average,
+            dtype=self.dtype,
+            **hparams,
+        )
+
+
+class IterNorm(nn.Module):
+    r"""Iterative normalisation: whitening with the batch's own statistics (SPEC.md §10.3).
+
+    .. math::
+        \Sigma = \epsilon I + X_c^\top X_c / m,\quad P_{k+1} = \tfrac32 P_k
+        - \tfrac12 P_k^3 \Sigma / \operatorname{tr}\Sigma,\quad
+        y = X_c\, P_T / \sqrt{\operatorname{tr}\Sigma}
+
+    per group of ``group_size`` consecutive features. Training (`use_running_average=False`)
+    whitens with the batch's masked statistics (float32), the gradient flowing through the
+    mean, the covariance and every Newton–Schulz step (``stop_gradient=True``: the same output,
+    the statistics detached), and moves the running ``mean`` `[d]` and ``wmat``
+    `[d / g, g, g]` in ``'batch_stats'`` by ``momentum`` (PyTorch's convention: the batch's
+    weight); evaluation computes `(x − mean) wmat`. A bad batch (non-finite, fewer than 2
+    unmasked rows) is skipped and counted (see the module docstring) and gets the evaluation
+    output. The maths is the pure step `isojax.core.iternorm.iternorm`, which
+    `isojax.nnx.IterNorm` runs too; `docs/study/whitening.md` measures why it trains where
+    `Whiten` does not.
+
+    Attributes:
+        use_running_average: default for the call argument of the same name.
+        momentum: `ρ`, the batch's weight in the running averages (0.1).
+        iterations: `T`, Newton–Schulz steps (5: a partial whitening; 0 is `I / sqrt(tr Σ)`).
+        epsilon: `ε` added to the covariance's diagonal (1e-5).
+        group_size: None whitens all `d` features together; `g` (dividing `d`) whitens
+            consecutive groups of `g` features (block-diagonal `W`).
+        stop_gradient: detach the batch's mean and whitening matrix (same forward).
+        affine: a learned per-feature ``scale`` (ones) and ``bias`` (zeros) after the
+            whitening; off by default, since the classifier head's Dense layer follows.
+        axis_name: mapped axis to reduce the batch statistics over (shard_map/pmap only).
+        dtype: output dtype; None keeps the input's.
+        param_dtype: dtype of the affine parameters.
+
+    References:
+        Huang et al., `Iterative Normalization <https://arxiv.org/abs/1904.03441>`_, CVPR 2019.
+    """
+
+    use_running_average: bool | None = None
+    momentum: float = _ITERNORM["momentum"]
+    iterations: int = _ITERNORM["iterations"]
+    epsilon: float = _ITERNORM["epsilon"]
+    group_size: int | None = _ITERNORM["group_size"]
+    stop_gradient: bool = _ITERNORM["stop_gradient"]
+    affine: bool = _ITERNORM["affine"]
+    axis_name: str | None = None
+    dtype: jax.typing.DTypeLike | None = None
+    param_dtype: jax.typing.DTypeLike = jnp.float32
+
+    def __post_init__(self):
+        normalizers.check_hparams("iternorm", **{k: getattr(self, k) for k in _ITERNORM})
+        super().__post_init__()
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        use_running_average: bool | None = None,
+        *,
+        mask: jax.Array | None = None,
+    ) -> jax.Array:
+        """`[batch, d]` (or `[..., d]`) -> whitened, shape of `x`, dtype `self.dtype` or
+        `x.dtype`; mask `[batch]` leaves padding rows out of the statistics."""
+        params = _linen_params(self, x.shape[-1], self.affine, self.affine)
+        init = functools.partial(iternorm.iternorm_init, group_size=self.group_size)
+        hparams = {k: getattr(self, k) for k in _ITERNORM if k != "affine"}
+        return linen_running.linen_step(
+            self,
+            init,
+            iternorm.iternorm,
+            x,
+            mask,
+            use_running_average,
+            params=params,
             dtype=self.dtype,
             **hparams,
         )
@@ -358,6 +443,7 @@ CLASSES = {
     "layernorm": LayerNorm,
     "isobn": IsoBN,
     "whiten": Whiten,
+    "iternorm": IterNorm,
 }
 assert tuple(CLASSES) == NORMALIZERS  # one registry: the names of `isojax.core.normalizers`
 
@@ -385,9 +471,9 @@ def make_normalizer(
 
     Args:
         name: one of `NORMALIZERS`: `none`, `recenter`, `batchnorm`, `layernorm`, `isobn`,
-            `whiten`.
+            `whiten`, `iternorm`.
         dtype: output dtype, None to keep the input's.
-        param_dtype: dtype of learned parameters (batchnorm, layernorm).
+        param_dtype: dtype of learned parameters (batchnorm, layernorm, iternorm's affine).
         axis_name: mapped axis for batch statistics under shard_map/pmap.
         **hparams: the chosen normaliser's `HPARAMS` (e.g. `momentum=0.95, beta=0.5` for
             `isobn`, `epsilon`, `debias`) or `STRUCTURAL` entries, or the module's `name`.

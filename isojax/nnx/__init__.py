@@ -2,8 +2,9 @@
 pure functions (one copy of the maths; `isojax.linen.norms`, `isojax.core.running`,
 `isojax.core.istar`).
 
-- `make_normalizer(name, num_features, *, rngs=None, **hparams)`: IsoBN, batch norm, layer
-  norm, re-centring, none (`isojax.nnx.norms`), the names of `isojax.linen.norms.NORMALIZERS`;
+- `make_normalizer(name, num_features, *, rngs=None, **hparams)`: IsoBN, whitening, iterative
+  normalisation, batch norm, layer norm, re-centring, none (`isojax.nnx.norms`), the names of
+  `isojax.linen.norms.NORMALIZERS`;
 - `IsoScoreStar` with the `pass`, `epoch` and `ema` stabilisers, `install_c0` for the explicit
   pass's `C0`, and `penalty_and_update` (`isojax.nnx.istar`);
 - `Encoder` (BERT, RoBERTa, DistilBERT, ALBERT; packed inputs, `cls_only`) and
@@ -40,6 +41,7 @@ from isojax.nnx.norms import (
     BatchNorm,
     Identity,
     IsoBN,
+    IterNorm,
     LayerNorm,
     Recenter,
     RunningModule,
@@ -64,6 +66,7 @@ __all__ = [
     "Identity",
     "IsoBN",
     "IsoScoreStar",
+    "IterNorm",
     "LayerNorm",
     "NORMALIZERS",
     "Recenter",

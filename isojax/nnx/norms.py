@@ -1,8 +1,8 @@
 """The sentence-embedding transforms as native Flax NNX modules, over the maths of
 `isojax.linen.norms`.
 
-IsoBN, ZCA whitening, batch norm, layer norm, re-centring and `none` with the call signature of
-their linen twins in :mod:`isojax.linen.norms`,
+IsoBN, ZCA whitening, iterative normalisation, batch norm, layer norm, re-centring and `none`
+with the call signature of their linen twins in :mod:`isojax.linen.norms`,
 
     module(x [batch, d], use_running_average: bool | None = None, *, mask=None) -> [batch, d]
 
@@ -29,13 +29,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from isojax.core import normalizers, running, whitening
+from isojax.core import iternorm, normalizers, running, whitening
 
-_ISOBN, _BN, _LN, _WHITEN = (
+_ISOBN, _BN, _LN, _WHITEN, _ITERNORM = (
     normalizers.HPARAMS["isobn"],
     normalizers.HPARAMS["batchnorm"],
     normalizers.HPARAMS["layernorm"],
     normalizers.HPARAMS["whiten"],
+    normalizers.HPARAMS["iternorm"],
 )
 
 
@@ -222,6 +223,10 @@ class Whiten(RunningModule):
         rngs: nnx.Rngs | None = None,
     ):
         del rngs
+        normalizers.check_values(
+            momentum=momentum, alpha=alpha, epsilon=epsilon, keep_scale=keep_scale,
+            group_size=group_size,
+        )  # fmt: skip
         self.num_features, self.use_running_average = num_features, use_running_average
         self.momentum, self.alpha, self.epsilon = momentum, alpha, epsilon
         self.keep_scale, self.group_size = keep_scale, group_size
@@ -241,6 +246,75 @@ class Whiten(RunningModule):
             dtype=self.dtype,
             **hparams,
         )
+
+
+class IterNorm(RunningModule):
+    r"""Iterative normalisation, whitening with the batch's own statistics (SPEC.md §10.3), in
+    NNX.
+
+    The maths and defaults of `isojax.linen.norms.IterNorm` (the pure step
+    `isojax.core.iternorm.iternorm`): training whitens with the batch's masked statistics, the
+    gradient flowing through them (unless ``stop_gradient``), and moves the float32
+    `BatchStat`s ``mean`` `[d]` and ``wmat`` `[d / g, g, g]` (with ``count``, ``skipped``);
+    evaluation computes `(x − mean) wmat`. The optional affine (``affine=True``) is a
+    ``scale`` and ``bias`` `nnx.Param`; off by default.
+
+    Args:
+        num_features: `d`.
+        use_running_average: default mode (None: set by `.train()`/`.eval()`/`nnx.view`).
+        momentum, iterations, epsilon, group_size, stop_gradient, affine: as in
+            `isojax.linen.norms.IterNorm`.
+        axis_name: mapped axis of the batch statistics (shard_map/pmap only).
+        dtype: output dtype; None keeps the input's.
+        param_dtype: dtype of the affine parameters.
+        rngs: keys the affine's initialisers (ones and zeros ignore it); may be None.
+
+    Example:
+        >>> norm = IterNorm(8, group_size=4)
+        >>> y = norm(jnp.arange(32.0).reshape(4, 8) % 5, use_running_average=False)
+        >>> int(norm.count[...]), norm.wmat[...].shape
+        (1, (2, 4, 4))
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        use_running_average: bool | None = None,
+        momentum: float = _ITERNORM["momentum"],
+        iterations: int = _ITERNORM["iterations"],
+        epsilon: float = _ITERNORM["epsilon"],
+        group_size: int | None = _ITERNORM["group_size"],
+        stop_gradient: bool = _ITERNORM["stop_gradient"],
+        affine: bool = _ITERNORM["affine"],
+        axis_name: str | None = None,
+        dtype: jax.typing.DTypeLike | None = None,
+        param_dtype: jax.typing.DTypeLike = jnp.float32,
+        rngs: nnx.Rngs | None = None,
+    ):
+        hparams = {
+            "momentum": momentum, "iterations": iterations, "epsilon": epsilon,
+            "group_size": group_size, "stop_gradient": stop_gradient,
+        }  # fmt: skip
+        normalizers.check_values(affine=affine, **hparams)
+        self.num_features, self.use_running_average = num_features, use_running_average
+        for name, value in hparams.items():
+            setattr(self, name, value)
+        self.affine = affine
+        self.axis_name, self.dtype, self.param_dtype = axis_name, dtype, param_dtype
+        inits = {"scale_init": nnx.initializers.ones, "bias_init": nnx.initializers.zeros}
+        _affine(self, num_features, rngs, param_dtype, use_scale=affine, use_bias=affine, **inits)
+        self.init_state(iternorm.iternorm_init(num_features, group_size=group_size))
+
+    def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
+        """`[batch, d]` -> whitened `[batch, d]`, dtype `self.dtype` or `x.dtype`; mask
+        `[batch]`."""
+        hparams = {name: getattr(self, name) for name in _ITERNORM if name != "affine"}
+        init = functools.partial(iternorm.iternorm_init, group_size=self.group_size)
+        return self.run(
+            init, iternorm.iternorm, x, mask, use_running_average,
+            params=_affine_values(self), dtype=self.dtype, **hparams,
+        )  # fmt: skip
 
 
 class Recenter(RunningModule):
@@ -388,6 +462,7 @@ CLASSES = {
     "layernorm": LayerNorm,
     "isobn": IsoBN,
     "whiten": Whiten,
+    "iternorm": IterNorm,
 }
 
 
@@ -407,7 +482,7 @@ def make_normalizer(
     (`normalizers.HPARAMS`, `normalizers.check_hparams`).
 
     Args:
-        name: `none`, `recenter`, `batchnorm`, `layernorm`, `isobn` or `whiten`.
+        name: `none`, `recenter`, `batchnorm`, `layernorm`, `isobn`, `whiten` or `iternorm`.
         num_features: `d`.
         rngs: keys the parameter initialisers (batchnorm, layernorm); may be None.
         dtype, param_dtype, axis_name: as in linen; ignored where they do not apply.

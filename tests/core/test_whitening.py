@@ -331,7 +331,7 @@ def test_group_size_must_divide_d_and_hparams_are_checked():
                        ({"group_size": 0}, "group_size must be a positive integer")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             inx.make_normalizer("whiten", 8, **bad)
-    assert normalizers.NORMALIZERS[-1] == "whiten"
+    assert normalizers.NORMALIZERS[-2:] == ("whiten", "iternorm")
     assert normalizers.NORMALIZERS[:5] == ("none", "recenter", "batchnorm", "layernorm", "isobn")
 
 

@@ -156,7 +156,7 @@ def test_half_precision_gives_float32_stats_and_finite_outputs(name, dtype):
         np.testing.assert_allclose(updates["batch_stats"]["cov"], 0.05 * batch_cov, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["isobn", "batchnorm", "recenter", "whiten"])
+@pytest.mark.parametrize("name", ["isobn", "batchnorm", "recenter", "whiten", "iternorm"])
 def test_bad_batch_leaves_running_stats_and_is_reported(name):
     x = jnp.asarray(correlated_batches(2, 8)[0], jnp.float32)
     model = norms.make_normalizer(name)

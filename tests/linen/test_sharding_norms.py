@@ -67,7 +67,7 @@ def assert_stats_close(got, want):
         np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6 * scale, err_msg=key)
 
 
-@pytest.mark.parametrize("name", ["isobn", "recenter", "batchnorm", "whiten"])
+@pytest.mark.parametrize("name", ["isobn", "recenter", "batchnorm", "whiten", "iternorm"])
 def test_jit_on_a_sharded_batch_gives_global_statistics(mesh, name):
     model = norms.make_normalizer(name)
     step = jax.jit(train_step(model))
@@ -93,7 +93,7 @@ def test_jit_on_a_sharded_batch_gives_global_statistics(mesh, name):
     assert_stats_close(explicit_stats, single)
 
 
-@pytest.mark.parametrize("name", ["isobn", "recenter", "batchnorm", "whiten"])
+@pytest.mark.parametrize("name", ["isobn", "recenter", "batchnorm", "whiten", "iternorm"])
 def test_shard_map_with_axis_name_gives_global_statistics(mesh, name):
     model = norms.make_normalizer(name)
     single, single_ys = run_steps(model, jax.jit(train_step(model)), lambda x, m: (x, m))

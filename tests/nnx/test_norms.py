@@ -88,6 +88,7 @@ BROKEN = {
     "layernorm": {"epsilon": 1e-2},
     "none": {"dtype": jnp.bfloat16},
     "whiten": {"momentum": 0.9},
+    "iternorm": {"momentum": 0.2},
 }
 
 

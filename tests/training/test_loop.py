@@ -199,7 +199,9 @@ def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, me
     )
     state = run.state
     assert (state.stabilizer is not None) == (method == "istar")
-    assert bool(state.batch_stats) == (method in ("recenter", "batchnorm", "isobn", "whiten"))
+    assert bool(state.batch_stats) == (
+        method in ("recenter", "batchnorm", "isobn", "whiten", "iternorm")
+    )
     want = np.eye(run.hidden_size)  # C0 before any update
     ema = np.zeros_like(want)
     losses, tokens = [], []

@@ -1,0 +1,151 @@
+"""`iternorm` (SPEC.md §10.3) against an independent float64 transcription in PyTorch: the
+whitening matrix at T = 0 and T = 50, the gradient of the train-mode transform (with the
+statistics attached and detached), and the hyper-parameter checks. The front ends over 20
+batches: tests/linen/test_iternorm.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from isojax.core import iternorm, normalizers
+
+torch = pytest.importorskip("torch")
+
+
+def transcription(x, mask, *, iterations, epsilon, group_size=None):
+    """SPEC.md §10.3 train mode in float64 torch, from the formulas: `(y, μ, [W_k])`."""
+    x = torch.as_tensor(x, dtype=torch.float64) if not torch.is_tensor(x) else x
+    keep = torch.as_tensor(np.asarray(mask) > 0)
+    rows = x[keep]
+    m, d = rows.shape
+    g = group_size or d
+    mu = rows.mean(0)
+    blocks = []
+    for k in range(d // g):
+        xc = rows[:, k * g : (k + 1) * g] - mu[k * g : (k + 1) * g]
+        sigma = epsilon * torch.eye(g, dtype=x.dtype) + xc.T @ xc / m
+        trace = torch.trace(sigma)
+        sigma_n = sigma / trace
+        p = torch.eye(g, dtype=x.dtype)
+        for _ in range(iterations):
+            p = 1.5 * p - 0.5 * torch.linalg.matrix_power(p, 3) @ sigma_n
+        blocks.append(p / torch.sqrt(trace))
+    return (x - mu) @ torch.block_diag(*blocks), mu, blocks
+
+
+def data(n, d, seed=0, offset=2.0):
+    """Correlated anisotropic rows `[n, d]` and a mask dropping two rows."""
+    rng = np.random.default_rng(seed)
+    mixing = rng.normal(size=(d, d)) * np.geomspace(3.0, 0.3, d)[:, None] / np.sqrt(d)
+    x = rng.normal(size=(n, d)) @ mixing + offset
+    mask = np.ones(n, np.float32)
+    mask[[1, n - 1]] = 0.0
+    return x, mask
+
+
+def test_t0_is_a_scalar_normalisation_and_t50_is_the_inverse_square_root():
+    x, mask = data(64, 12)
+    _, _, sigma = iternorm.batch_covariance(
+        jnp.asarray(x, jnp.float32), jnp.asarray(mask), group_size=None, epsilon=1e-5
+    )
+    rows = x[mask > 0]
+    want_sigma = 1e-5 * np.eye(12) + np.cov(rows, rowvar=False, bias=True)
+    np.testing.assert_allclose(sigma[0], want_sigma, rtol=1e-5, atol=1e-6)
+    w0 = iternorm.iterative_whitening(sigma, 0)[0]
+    np.testing.assert_allclose(w0, np.eye(12) / np.sqrt(np.trace(want_sigma)), rtol=1e-6)
+    # A well-conditioned Σ (eigenvalues in [0.75, 1.5]): 50 steps reach eigh's Σ^(-1/2). (The
+    # uncoupled iteration is unstable at its fixed point for condition numbers above ~2.4:
+    # float32 rounding grows there, so many steps need a well-conditioned Σ.)
+    rng = np.random.default_rng(3)
+    q, _ = np.linalg.qr(rng.normal(size=(16, 16)))
+    well = (q * np.linspace(0.75, 1.5, 16)) @ q.T
+    vals, vecs = np.linalg.eigh(well)
+    want = (vecs / np.sqrt(vals)) @ vecs.T
+    got = np.asarray(iternorm.iterative_whitening(jnp.asarray(well, jnp.float32), 50), np.float64)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+    # T = 5 is a partial whitening on purpose: not yet Σ^(-1/2).
+    partial = np.asarray(iternorm.iterative_whitening(jnp.asarray(well, jnp.float32), 5))
+    assert np.linalg.norm(partial - want) / np.linalg.norm(want) > 1e-3
+
+
+def _train_output(x, mask, stop_gradient, group_size=None, iterations=5):
+    state = iternorm.iternorm_init(x.shape[-1], group_size=group_size)
+    y, _, _ = iternorm.iternorm(
+        state, x, mask, train=True, update=False, momentum=0.1, iterations=iterations,
+        epsilon=1e-5, group_size=group_size, stop_gradient=stop_gradient,
+    )  # fmt: skip
+    return y
+
+
+@pytest.mark.parametrize("d, n, group_size", [(8, 16, None), (24, 12, 6)])
+def test_gradient_matches_float64_autograd_of_the_transcription(d, n, group_size):
+    """The gradient flows through μ, Σ and every Newton step: that of any scalar loss of `y`
+    equals float64 torch autograd of the transcription within 1e-5 (relative, max-norm); with
+    ``stop_gradient`` the forward is the same and the gradient is `r W^T` only."""
+    x, mask = data(n, d, seed=d)
+    r = np.random.default_rng(7).normal(size=(n, d))
+
+    def loss(x, stop_gradient):
+        y = _train_output(x, jnp.asarray(mask), stop_gradient, group_size)
+        return jnp.sum(y * r), y
+
+    grads = {}
+    for sg in (False, True):
+        grads[sg], y = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)(
+            jnp.asarray(x, jnp.float32), sg
+        )
+        xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        want_y, _, blocks = transcription(
+            xt, mask, iterations=5, epsilon=1e-5, group_size=group_size
+        )
+        scale = want_y.abs().max().item()
+        np.testing.assert_allclose(y, want_y.detach().numpy(), rtol=1e-5, atol=1e-5 * scale)
+        (want_y * torch.as_tensor(r)).sum().backward()
+        want_grad = xt.grad.numpy()
+        if sg:
+            want_grad = r @ torch.block_diag(*blocks).detach().numpy().T
+        err = np.abs(np.asarray(grads[sg], np.float64) - want_grad).max()
+        assert err < 1e-5 * np.abs(want_grad).max(), (sg, err)
+    difference = np.abs(np.asarray(grads[True]) - np.asarray(grads[False])).max()
+    assert difference > 1e-2 * np.abs(np.asarray(grads[False])).max()
+
+
+def test_skipped_batch_falls_back_to_the_running_transform():
+    """One unmasked row: the running state does not move, `skipped` counts it, and the output
+    is the evaluation one (`x` itself before any update), finite."""
+    x, _ = data(6, 4)
+    x = jnp.asarray(x, jnp.float32)
+    one = jnp.zeros(6).at[2].set(1.0)
+    state = iternorm.iternorm_init(4)
+    hp = dict(momentum=0.1, iterations=5, epsilon=1e-5, group_size=None, stop_gradient=False)
+    y, new, ok = iternorm.iternorm(state, x, one, train=True, update=True, **hp)
+    assert not bool(ok) and (int(new["count"]), int(new["skipped"])) == (0, 1)
+    np.testing.assert_array_equal(new["wmat"], state["wmat"])
+    np.testing.assert_array_equal(y, x)
+    grad = jax.grad(
+        lambda x: jnp.sum(iternorm.iternorm(state, x, one, train=True, update=False, **hp)[0])
+    )(x)
+    assert np.isfinite(np.asarray(grad)).all()
+
+
+def test_hyper_parameters_are_checked():
+    check = normalizers.check_hparams
+    check("iternorm", momentum=0.1, iterations=0, group_size=16, stop_gradient=True)
+    for bad, match in [
+        ({"momentum": 1.0}, r"momentum 1.0 not in \(0, 1\)"),
+        ({"momentum": 1e-9}, "rounds to 1 or 0 in float32"),
+        ({"iterations": -1}, "iterations must be an integer >= 0"),
+        ({"iterations": 2.5}, "iterations must be an integer >= 0"),
+        ({"iterations": True}, "iterations must be an integer >= 0"),
+        ({"group_size": True}, "group_size must be a positive integer"),
+        ({"group_size": 0}, "group_size must be a positive integer"),
+        ({"epsilon": 0.0}, "epsilon must be > 0"),
+        ({"stop_gradient": 1}, "stop_gradient must be True or False"),
+        ({"affine": "yes"}, "affine must be True or False"),
+        ({"alpha": 0.5}, r"'iternorm' has no hyper-parameter\(s\) \['alpha'\]"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            check("iternorm", **bad)
+    with pytest.raises(ValueError, match="group_size 5 does not divide the feature size 8"):
+        iternorm.iternorm_init(8, group_size=5)
