@@ -166,8 +166,6 @@ MIN_ROWS: dict[str, int] = {
     "iternorm": 2,
 }  # fmt: skip
 NORMALIZERS = tuple(HPARAMS)
-# The smallest shrinkage `alpha` of ``whiten`` that `check_values` accepts.
-MIN_ALPHA = 0.0
 _FRONT_END_ONLY = {"linen": ("name",), "nnx": ()}
 
 
@@ -197,9 +195,10 @@ def _is_int(value) -> bool:
 def check_values(**hparams) -> None:
     """Raises ValueError (one line) for a hyper-parameter value out of range: momentum in
     (0, 1) with neither it nor `1 − momentum` rounding to 1 in float32 (the running averages
-    are float32), beta >= 0, epsilon > 0, alpha in [`MIN_ALPHA`, 1], iterations an integer
-    >= 0, group_size a positive integer or None (that it divides `d` is checked at trace time),
-    the flags (debias, keep_scale, stop_gradient, affine, use_bias, use_scale) booleans."""
+    are float32), beta >= 0, epsilon > 0, alpha in [0, 1] (``whiten`` refuses at trace time an
+    `alpha` too small for its feature size, `whitening.check_conditioning`), iterations an
+    integer >= 0, group_size a positive integer or None (that it divides `d` is checked at trace
+    time), the flags (debias, keep_scale, stop_gradient, affine, use_bias, use_scale) booleans."""
     momentum = hparams.get("momentum", 0.5)
     if not 0.0 < momentum < 1.0:
         raise ValueError(f"momentum {momentum} not in (0, 1)")
@@ -209,11 +208,8 @@ def check_values(**hparams) -> None:
         raise ValueError(f"beta must be >= 0, got {hparams['beta']}")
     if hparams.get("epsilon", 1.0) <= 0.0:
         raise ValueError(f"epsilon must be > 0, got {hparams['epsilon']}")
-    if not MIN_ALPHA <= hparams.get("alpha", MIN_ALPHA) <= 1.0:
-        raise ValueError(
-            f"alpha {hparams['alpha']} not in [{MIN_ALPHA:g}, 1] (below {MIN_ALPHA:g} the "
-            "float32 whitening matrix misses SPEC.md's 1e-4 bound)"
-        )
+    if not 0.0 <= hparams.get("alpha", 0.0) <= 1.0:
+        raise ValueError(f"alpha {hparams['alpha']} not in [0, 1]")
     group_size = hparams.get("group_size")
     if group_size is not None and (not _is_int(group_size) or group_size < 1):
         raise ValueError(f"group_size must be a positive integer or None, got {group_size!r}")

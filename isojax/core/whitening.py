@@ -25,13 +25,22 @@ CPU (2 cores shared with other jobs, load average 7.8–9.2, so the timings are 
 3321, 6403, 8337 at d = 384, 768, 1024). Accuracy decided it: float32 `eigh`'s `W` was off
 float64 `eigh`'s by 2.8e-4, 5.7e-4, 7.1e-4 (relative Frobenius), above SPEC.md's 1e-4, since
 its backward error `~ε₃₂‖Σ‖` is an `ε₃₂ κ` relative error on the small eigenvalues that dominate
-`W`; Newton–Schulz, converged after 14–15 steps, was off by 3.2e-5, 6.3e-5, 6.5e-5. Time did
+`W`; Newton–Schulz, converged after 15–17 steps, was off by 3.2e-5, 6.3e-5, 6.5e-5. Time did
 not argue against it: medians 40 / 379 / 742 ms for Newton–Schulz against 163 / 691 / 1767 ms
 for `eigh` (min–max spreads 7–2132 ms for `eigh`, so no more than "not slower" is claimed). On
 GPU, matrix products are fast and `eigh` is slow, which favours Newton–Schulz further. The step
 count is not fixed ([IterNorm]'s T = 5 does not converge at κ ~ d / α): it is that of the
 scalar recursion on the smallest eigenvalue the shrinkage guarantees
-(`newton_schulz_iterations`), so α = 0 (κ bounded by ε only) runs more steps, up to 100.
+(`newton_schulz_iterations`, at most 19 steps for any normalised eigenvalue down to 1e-5).
+Newton–Schulz's float32 error still grows like `ε₃₂ κ`, so an `α` that lets κ pass
+`MAX_CONDITION` (1e4; α below 0.037 at d = 384) is refused at trace time (`check_conditioning`).
+
+``keep_scale`` multiplies by `sqrt(τ)`: the output covariance is then about `τ I` in the
+directions the shrinkage does not dominate, and the total variance equals the input's only for
+a near-isotropic input. Under a collapse it falls a lot: 0.99 of the input's for an isotropic
+input, 0.51 with 90 % of the variance on one direction, 0.09 with 99 % (SPEC.md §10.1).
+`docs/study/whitening.md` measures what this transform does to fine-tuning (it is reversed by
+the study) and `isojax.core.iternorm` the whitening the literature trains.
 
 References:
     Huang et al., `Decorrelated Batch Normalization <https://arxiv.org/abs/1804.08450>`_,
@@ -47,6 +56,30 @@ from isojax.core import running, stats
 from isojax.core.running import STATS_DTYPE
 
 HIGHEST = lax.Precision.HIGHEST
+# The largest condition number of the shrunk covariance for which float32 Newton–Schulz meets
+# SPEC.md's 1e-4 (relative Frobenius against float64 `eigh`): its error grows like `ε₃₂ κ`,
+# measured at d = 384 on a 99.9 %-collapsed covariance as 2.9e-5 at κ = 3457 (α = 0.1), 7.5e-5
+# at κ = 9995 (α = 0.037), 1.3e-4 at κ = 18817 (α = 0.02). `check_conditioning` refuses more.
+MAX_CONDITION = 10_000.0
+
+
+def min_alpha(d: int) -> float:
+    """The smallest shrinkage `α` whose worst condition number `((1 − α) d + α) / α` at feature
+    size `d` is at most `MAX_CONDITION`: `d / (MAX_CONDITION + d − 1)` (0.037 at d = 384, 0.071
+    at 768, 0.093 at 1024)."""
+    return d / (MAX_CONDITION + d - 1.0)
+
+
+def check_conditioning(d: int, alpha: float) -> None:
+    """Raises ValueError (one line, at trace time) when `alpha` lets the shrunk covariance of
+    `d` features be worse conditioned than `MAX_CONDITION`, where the float32 whitening matrix
+    would miss SPEC.md's 1e-4."""
+    if alpha < min_alpha(d):
+        raise ValueError(
+            f"alpha {alpha} at feature size {d} allows condition numbers above "
+            f"{MAX_CONDITION:g}, where the float32 whitening matrix misses SPEC.md's 1e-4; "
+            f"use alpha >= {min_alpha(d):.4f}"
+        )
 
 
 def whiten_init(d: int) -> dict[str, jax.Array]:
@@ -117,11 +150,20 @@ def diagonal_blocks(cov: jax.Array, group_size: int | None) -> jax.Array:
     return jnp.moveaxis(jnp.diagonal(blocks, axis1=0, axis2=2), -1, 0)  # [G, g, g]
 
 
-def newton_schulz_iterations(x_min: jax.Array, *, tol: float = 1e-7, cap: int = 100) -> jax.Array:
+def newton_schulz_iterations(
+    x_min: jax.Array, *, tol: float | None = None, cap: int = 100
+) -> jax.Array:
     """The number of coupled Newton–Schulz steps after which the smallest normalised eigenvalue
     `x_min` (the hardest one: every larger one in (0, 1] converges sooner) has converged: the
     scalar recursion `t = (3 − z y) / 2, y ← y t, z ← t z` from `(x_min, 1)` until
-    `|z y − 1| < tol`, plus one step; at most `cap`. An int32 scalar."""
+    `|z y − 1| < tol`, plus one step; at most `cap`. An int32 scalar.
+
+    `tol` defaults to 8 ulps of `x_min`'s dtype (9.5e-7 in float32): the recursion can settle
+    one ulp away from 1 (`z y = 1 − 2⁻²³` in float32) and never meet a tolerance below it, which
+    sent about 5 % of covariances to the cap. The error contracts quadratically
+    (`e ← (3/4) e²` near 1), so the one step after `|e| < 8 ulps` leaves it below rounding."""
+    one = jnp.ones((), x_min.dtype)
+    tol = 8.0 * float(jnp.finfo(x_min.dtype).eps) if tol is None else tol
 
     def running(carry):
         k, y, z = carry
@@ -132,7 +174,6 @@ def newton_schulz_iterations(x_min: jax.Array, *, tol: float = 1e-7, cap: int = 
         t = 0.5 * (3.0 - z * y)
         return k + 1, y * t, t * z
 
-    one = jnp.ones((), x_min.dtype)
     k, _, _ = lax.while_loop(running, step, (jnp.zeros((), jnp.int32), x_min, one))
     return k + 1
 
@@ -196,15 +237,19 @@ def whitening_matrix(
 
     Args:
         cov: `[d, d]` covariance `Ŝ` (float32 or wider).
-        alpha: shrinkage `α` in [0, 1].
+        alpha: shrinkage `α` in [`min_alpha(d)`, 1] (`check_conditioning`).
         epsilon: `ε > 0`.
         group_size: `g` dividing `d`, or None for full whitening.
 
     Returns:
         `(W [d / g, g, g], τ [])` in `cov`'s statistics dtype.
+
+    Raises:
+        ValueError: `alpha` below `min_alpha(d)`, or `group_size` not dividing `d`.
     """
     cov = jnp.asarray(cov)
     cov = cov.astype(stats.stats_dtype(cov.dtype))
+    check_conditioning(cov.shape[-1], alpha)
     tau = jnp.trace(cov) / cov.shape[-1]
     blocks = diagonal_blocks(cov, group_size)  # [G, g, g]
     eye = jnp.eye(blocks.shape[-1], dtype=cov.dtype)
@@ -231,7 +276,8 @@ def whiten_running_transform(
     group_size: int | None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`(μ̂ [d], W [G, g, g], scale [])` of the running state, stop-gradient: `scale` is `sqrt(τ)`
-    with `keep_scale`, else 1; before the first update (`count == 0`) the identity transform
+    with `keep_scale` (which keeps the total variance only for near-isotropic input; see the
+    module docstring), else 1; before the first update (`count == 0`) the identity transform
     (`μ̂ = 0`, `W = I`, `scale = 1`)."""
     mean, cov = debiased_moments(state, momentum=momentum)
     w, tau = whitening_matrix(cov, alpha=alpha, epsilon=epsilon, group_size=group_size)

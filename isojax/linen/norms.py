@@ -156,14 +156,17 @@ class Whiten(nn.Module):
     training and evaluation alike, and is the identity before the first update. `μ̂`, `W` and
     `τ` are stop-gradient: `∂y/∂x = W sqrt(τ)`. A bad batch (non-finite, fewer than 2 unmasked
     rows) is skipped and counted (see the module docstring). The maths is the pure step
-    `isojax.core.whitening.whiten`, which `isojax.nnx.Whiten` runs too.
+    `isojax.core.whitening.whiten`, which `isojax.nnx.Whiten` runs too. The study reverses it
+    (`docs/study/whitening.md`); `IterNorm` is whitening as the literature trains it.
 
     Attributes:
         use_running_average: default for the call argument of the same name.
         momentum: decay `m` of the moving averages (0.99).
         alpha: shrinkage `α` towards `τ I` (0.1); keeps the condition number below ~`d / α`.
         epsilon: `ε` added to the diagonal (1e-5).
-        keep_scale: multiply by `sqrt(τ)`, so the total variance stays the input's.
+        keep_scale: multiply by `sqrt(τ)`, so the output covariance is about `τ I`; the total
+            variance stays the input's only for a near-isotropic input (0.99 of it), not
+            under a collapse (0.51 with 90 % of the variance on one direction, 0.09 with 99 %).
         group_size: None whitens all `d` features together; `g` (dividing `d`) whitens
             consecutive groups of `g` features (block-diagonal `W`, [DBN]'s groups).
         axis_name: mapped axis to reduce the batch statistics over (shard_map/pmap only).

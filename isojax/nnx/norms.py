@@ -191,7 +191,9 @@ class Whiten(RunningModule):
     `isojax.core.whitening.whiten`): float32 `BatchStat`s ``mean`` `[d]`, ``cov`` `[d, d]`,
     ``count``, ``skipped``, moved by the batch before the transform in training; the transform
     from the debiased running state in training and evaluation alike, the identity before the
-    first update; `∂y/∂x = W sqrt(τ)`.
+    first update; `∂y/∂x = W sqrt(τ)`. ``keep_scale`` keeps the total variance only for a
+    near-isotropic input (0.09 of it with 99 % of the variance on one direction); see
+    `docs/study/whitening.md` for what it does to fine-tuning.
 
     Args:
         num_features: `d`.

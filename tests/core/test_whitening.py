@@ -243,7 +243,7 @@ def test_rotating_the_input_rotates_the_output_and_not_for_isobn():
     assert min(rel_err(zr, z @ q) for z, zr in zip(zs, zs_rot, strict=True)) > 1e-2
 
 
-@pytest.mark.parametrize("alpha", [0.1, 0.0])
+@pytest.mark.parametrize("alpha", [0.1, 0.001])  # 0.001: about the least d = 8 accepts
 def test_output_covariance_converges_to_tau_i_within_the_shrinkage_bias(alpha):
     d, batch = 8, 256
     rng = np.random.default_rng(4)
@@ -267,7 +267,7 @@ def test_output_covariance_converges_to_tau_i_within_the_shrinkage_bias(alpha):
     np.testing.assert_allclose(got, np.sort(shrunk), rtol=0.07)
     bias = np.abs(shrunk - tau).max()
     assert np.abs(got - tau).max() <= bias + 0.07 * tau
-    if alpha > 0:  # the bias is real: shrinkage keeps the spread of eigenvalues
+    if alpha >= 0.1:  # the bias is real: shrinkage keeps the spread of eigenvalues
         assert bias > 0.2 * tau
 
 
