@@ -34,6 +34,7 @@ DEV_ROWS = 19
 RTOL = 1e-4
 # analyze's Report keys -> the suffixes of the isotropy keys of the run's dev evaluation.
 KEYS = {"EV_1": "ev1", "EV_3": "ev3", "isoscore": "isoscore", "mean_cosine": "mean_cosine"}
+KEYS |= {key: key for key in analysis.GEOMETRY}  # SPEC.md §10.4
 
 
 def write_rte(root, rows: dict[str, int], seed: int = 0):
