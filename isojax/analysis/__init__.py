@@ -3,13 +3,16 @@
 mode, the head's input included (:mod:`~isojax.analysis.run`); and post-hoc transforms of an
 encoder's sentence vectors (BERT-whitening, all-but-the-top, ZCA) fitted on a task's train
 sentences, with the dev vectors' isotropy and unsupervised pair scores before and after
-(:mod:`~isojax.analysis.posthoc`, ``isojax analyze --posthoc``).
+(:mod:`~isojax.analysis.posthoc`, ``isojax analyze --posthoc``). Each report holds the
+geometry of SPEC.md §10.4 (effective rank, RankMe, outlier dimensions) and, given train
+sentences, the principal outlier's 1-D task score (:mod:`~isojax.analysis.outliers`).
 
     rep = isojax.analysis.analyze_encoder(module, params, tokenizer, examples, ...)
     print(isojax.analysis.format_table(rep.summary))
 """
 
 from isojax.analysis.encoder import (
+    GEOMETRY,
     HEAD_INPUT,
     Report,
     analyze_encoder,
@@ -20,6 +23,7 @@ from isojax.analysis.encoder import (
 from isojax.analysis.run import analyze_run
 
 __all__ = [
+    "GEOMETRY",
     "HEAD_INPUT",
     "Report",
     "analyze_encoder",

@@ -17,6 +17,11 @@ From those, `report` computes, with the sample covariance (``ddof=1``, as ``torc
 - the mean pairwise cosine similarity, from the sum of unit vectors:
   ``(‖Σ x̂_i‖² − Σ‖x̂_i‖²) / (n(n − 1))``;
 - the per-dimension standard deviation and the ``|ρ|`` correlation matrix ([IsoBN] Fig. 1–2);
+- the geometry of SPEC.md §10.4 (`isojax.core.geometry.geometry_from_moments`): the effective
+  rank, RankMe, the number of outlier dimensions (variance at least 5 × the mean), the
+  principal outlier (the highest-variance dimension) and its share of the variance; and, given
+  train sentences (`analyze --outlier-score`), the principal outlier's 1-D task score
+  (`isojax.analysis.outliers`);
 - per layer: IsoScore of [CLS] and of the tokens, and IsoScore* with ``ζ = 0.75`` (the
   [I-STAR] analysis setting). IsoScore* shrinks the covariance towards ``C₀``, here the
   covariance of every token vector of every layer of the same sentences, which is the
@@ -50,11 +55,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from isojax.core import isotropy, stats
+from isojax.analysis import outliers
+from isojax.core import geometry, isotropy, stats
 from isojax.data import batching
 
 LAYER_ZETA = 0.75  # [I-STAR] analysis of [CLS] per layer (SPEC.md §4).
 EV_KS = (1, 3)
+# `sentence_report`'s keys of SPEC.md §10.4 (`geometry.geometry_from_moments`); the dev
+# evaluation's are the same, prefixed (`sentence_erank`, `pre_logits_erank`, ...).
+GEOMETRY = ("erank", "rankme", "outliers", "principal_outlier", "principal_outlier_share")
+OUTLIER_SCORE = "principal_outlier_score"  # Report.summary key of Report.outlier_score
 HEAD_INPUT = "pre_logits"  # Report.embeddings key of the classifier's input (run_analysis).
 DROPOUT = "head_input_dropout"  # Report.summary key of run_analysis.dropout_noise
 
@@ -152,8 +162,8 @@ def sentence_report(state: isotropy.SentenceStats) -> dict[str, jax.Array]:
     Returns:
       dict of float32 arrays: ``count []``, ``ev_ratio [d]`` (descending eigenvalue shares;
       their cumulative sum is the EV_k curve), ``EV_1``, ``EV_3``, ``isoscore``,
-      ``participation_ratio``, ``mean_cosine`` (scalars), ``std [d]`` per-dimension standard
-      deviation, ``abs_corr [d, d]`` ``|ρ|``.
+      ``participation_ratio``, ``mean_cosine``, the `GEOMETRY` keys (scalars), ``std [d]``
+      per-dimension standard deviation, ``abs_corr [d, d]`` ``|ρ|``.
     """
     moments = stats.moments_finalize(state.moments, ddof=1)
     ratio = isotropy.explained_variance_ratio(moments.cov)  # [d]
@@ -165,6 +175,7 @@ def sentence_report(state: isotropy.SentenceStats) -> dict[str, jax.Array]:
         "mean_cosine": isotropy.mean_cosine_from_sums(state.unit_sum, state.unit_sq, moments.count),
         "std": moments.std,
         "abs_corr": jnp.abs(correlation(moments.cov)),
+        **geometry.geometry_from_moments(state.moments),
     }
     out.update({f"EV_{k}": jnp.sum(ratio[:k]) for k in EV_KS})
     return out
@@ -220,6 +231,8 @@ class Report(NamedTuple):
       sentence: for a fine-tuned run, the embedding its classifier reads before the normaliser
         ("cls" or "pooled", the run's ``config.sentence``); None for an encoder alone.
       dropout: for a fine-tuned run, `run.dropout_noise` of the head input; None otherwise.
+      outlier_score: per embedding, `outliers.principal_outlier_score` (fitted on train
+        sentences, scored on the analysed ones); None when no train sentences were given.
     """
 
     embeddings: dict[str, dict[str, np.ndarray]]
@@ -227,25 +240,30 @@ class Report(NamedTuple):
     zeta: float
     sentence: str | None = None
     dropout: dict[str, float] | None = None
+    outlier_score: dict[str, dict] | None = None
 
     def summary(self) -> dict[str, Any]:
-        """JSON-able scalars: per embedding count, EV_1, EV_3, IsoScore, PR, mean cosine; the
-        per-layer scores as lists; and for a fine-tuned run ``"sentence"`` (a string) and
-        ``"head_input_dropout"`` (`DROPOUT`: the dict of `run.dropout_noise`)."""
+        """JSON-able scalars: per embedding count, EV_1, EV_3, IsoScore, PR, mean cosine and
+        the `GEOMETRY` keys; the per-layer scores as lists; for a fine-tuned run ``"sentence"``
+        (a string) and ``"head_input_dropout"`` (`DROPOUT`: the dict of `run.dropout_noise`);
+        with train sentences ``"principal_outlier_score"`` (`OUTLIER_SCORE`)."""
         keys = ("count", *(f"EV_{k}" for k in EV_KS), "isoscore", "participation_ratio",
-                "mean_cosine")  # fmt: skip
+                "mean_cosine", *GEOMETRY)  # fmt: skip
         out: dict[str, Any] = {
             name: {key: float(values[key]) for key in keys}
             for name, values in self.embeddings.items()
         }
         for name in out:
-            out[name]["count"] = int(out[name]["count"])
+            for key in ("count", "outliers", "principal_outlier"):
+                out[name][key] = int(out[name][key])
         out["layers"] = {key: [float(v) for v in values] for key, values in self.layers.items()}
         out["layers"]["zeta"] = self.zeta
         if self.sentence is not None:
             out["sentence"] = self.sentence
         if self.dropout is not None:
             out[DROPOUT] = dict(self.dropout)
+        if self.outlier_score is not None:
+            out[OUTLIER_SCORE] = self.outlier_score
         return out
 
 
@@ -316,6 +334,8 @@ def analyze_encoder(
     batch_size: int = 32,
     buckets: Sequence[int] | None = batching.DEFAULT_BUCKETS,
     zeta: float = LAYER_ZETA,
+    task=None,
+    train_examples: Sequence | None = None,
 ) -> Report:
     """The isotropy report of a BERT-family encoder on GLUE examples.
 
@@ -328,6 +348,8 @@ def analyze_encoder(
       batch_size: sentences per forward pass.
       buckets: padded lengths (see `batching.resolve_buckets`).
       zeta: IsoScore* shrinkage for the per-layer scores.
+      task, train_examples: the task's name and its train ``glue.Example``s: the report then
+        holds each sentence vector's principal-outlier 1-D score (`Report.outlier_score`).
     """
     if not examples:
         raise ValueError("analyze_encoder needs at least one example")
@@ -337,20 +359,32 @@ def analyze_encoder(
         ids, mask, types = (batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
         return module.apply(variables, ids, mask, types, deterministic=True), None
 
+    def rows(split_examples):
+        encoded = batching.encode(split_examples, tokenizer, max_length)
+        return batching.batches(encoded, batch_size=batch_size, buckets=buckets, shuffle=False)
+
     state = accumulate(
         apply_fn,
         {"params": params},
-        batching.batches(
-            batching.encode(examples, tokenizer, max_length),
-            batch_size=batch_size,
-            buckets=buckets,
-            shuffle=False,
-        ),
+        rows(examples),
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
         pooled=bool(cfg.has_pooler),
     )
-    return report(state, zeta=zeta)
+    rep = report(state, zeta=zeta)
+    if train_examples is None:
+        return rep
+    score = outlier_scores(apply_fn, {"params": params}, task, rows(train_examples), rows(examples))
+    return rep._replace(outlier_score=score)
+
+
+def outlier_scores(apply_fn, variables, task, train_batches, dev_batches) -> dict[str, dict]:
+    """`outliers.scores` of the sentence vectors `apply_fn` (as `accumulate` takes it) gives
+    for the train and the dev batches."""
+    if task is None:
+        raise ValueError("the principal outlier's 1-D score needs the task with its train rows")
+    train = outliers.sentence_vectors(apply_fn, variables, train_batches)
+    return outliers.scores(task, train, outliers.sentence_vectors(apply_fn, variables, dev_batches))
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -359,10 +393,11 @@ def format_table(summary: dict[str, Any]) -> str:
     heads = ("n", "EV_1", "EV_3", "IsoScore", "PR", "mean cos")
     lines = ["embedding " + "".join(f"{h:>10}" for h in heads)]
     for name, values in summary.items():
-        if name in ("layers", DROPOUT) or not isinstance(values, dict):
+        if name in ("layers", DROPOUT, OUTLIER_SCORE) or not isinstance(values, dict):
             continue
         cells = [f"{values['count']:>10d}"] + [f"{values[c]:>10.4f}" for c in cols[1:]]
         lines.append(f"{name:<10}" + "".join(cells))
+    lines += _geometry_lines(summary)
     if noise := summary.get(DROPOUT):
         lines += [
             "",
@@ -380,6 +415,28 @@ def format_table(summary: dict[str, Any]) -> str:
     for i in range(len(layers[keys[0]])):
         lines.append(f"{i + 1:<6}" + "".join(f"{layers[k][i]:>14.4f}" for k in keys))
     return "\n".join(lines)
+
+
+def _geometry_lines(summary: dict[str, Any]) -> list[str]:
+    """The table of the `GEOMETRY` keys, and the principal outlier's 1-D scores if any."""
+    lines = []
+    heads = ("erank", "RankMe", "outliers", "principal", "share")
+    lines += ["", "embedding " + "".join(f"{h:>10}" for h in heads)]
+    for name, values in summary.items():
+        if name in ("layers", DROPOUT, OUTLIER_SCORE) or not isinstance(values, dict):
+            continue
+        cells = [f"{values[k]:>10.2f}" for k in GEOMETRY[:2]]
+        cells += [f"{values[k]:>10d}" for k in GEOMETRY[2:4]] + [f"{values[GEOMETRY[4]]:>10.4f}"]
+        lines.append(f"{name:<10}" + "".join(cells))
+    if scores := summary.get(OUTLIER_SCORE):
+        lines += ["", "principal outlier (of train) alone, its 1-D rule fitted on train:"]
+        for name, result in scores.items():
+            metric = ", ".join(f"{k} {v:.4f}" for k, v in result["dev"].items() if k != "score")
+            lines.append(
+                f"{name:<10} dimension {result['dimension']:>4} (train share "
+                f"{result['train_share']:.3f}): score {result['score']:.4f} ({metric})"
+            )
+    return lines
 
 
 def write_summary(rep: Report, out_dir: str | os.PathLike) -> pathlib.Path:

@@ -28,6 +28,7 @@ def analyze_run(
     *,
     batch_size: int | None = None,
     zeta: float = encoder.LAYER_ZETA,
+    train_examples: Sequence | None = None,
 ) -> encoder.Report:
     """The isotropy report of a fine-tuned run's classifier, plus its head's input.
 
@@ -46,6 +47,9 @@ def analyze_run(
       batch_size: sentences per forward pass (default the run's ``eval_batch_size``); rows
         are encoded with the run's ``max_length`` and padded to its ``buckets``.
       zeta: IsoScore* shrinkage for the per-layer scores.
+      train_examples: the task's train ``glue.Example``s: the report then holds each sentence
+        vector's principal-outlier 1-D score, the head input's included
+        (`encoder.Report.outlier_score`, `isojax.analysis.outliers`).
     """
     if not examples:
         raise ValueError("analyze_run needs at least one example")
@@ -75,6 +79,15 @@ def analyze_run(
         head=True,
     )
     rep = encoder.report(state, zeta=zeta, sentence=module.sentence)
+    if train_examples is not None:
+        score = encoder.outlier_scores(
+            apply_fn,
+            restored.variables,
+            restored.task,
+            _eval_batches(restored, train_examples, batch_size),
+            _eval_batches(restored, examples, batch_size),
+        )
+        rep = rep._replace(outlier_score=score)
     if len(examples) < 2:
         return rep
     return rep._replace(dropout=dropout_noise(restored, examples, batch_size=batch_size))

@@ -8,10 +8,12 @@ Without `--run` the encoder is `--model` (default MiniLM-L6) on `--task`'s rows
 (`analysis.analyze_encoder`); with it, the run's classifier at the chosen checkpoint, in its
 dev evaluation's mode (`analysis.analyze_run`), and the flags that describe an encoder
 (`ENCODER_FLAGS`) are refused: the run's config gives them. Both print the tables of
-`analysis.format_table`; `--out` writes `summary.json` and the PNG figures. With `--posthoc`
-(an encoder only) the report is instead that of the post-hoc transforms fitted on the task's
-train sentences (`analysis.posthoc.analyze_posthoc`): its Markdown table, and with `--out`
-`posthoc.md` and `posthoc.json`.
+`analysis.format_table` (isotropy, and the geometry of SPEC.md §10.4: effective rank, RankMe,
+outlier dimensions); `--outlier-score` adds each sentence vector's principal-outlier 1-D task
+score, fitted on the train split (`analysis.outliers`); `--out` writes `summary.json` and the
+PNG figures. With `--posthoc` (an encoder only) the report is instead that of the post-hoc
+transforms fitted on the task's train sentences (`analysis.posthoc.analyze_posthoc`): its
+Markdown table, and with `--out` `posthoc.md` and `posthoc.json`.
 """
 
 from __future__ import annotations
@@ -84,10 +86,16 @@ def _add_report_flags(an: argparse.ArgumentParser) -> None:
         "train sentences and applied to --split's: their report instead of the isotropy one",
     )
     an.add_argument(
+        "--outlier-score",
+        action="store_true",
+        help="also the principal outlier's 1-D task score of each sentence vector: its rule "
+        "fitted on the train split (a pass over it), scored on --split",
+    )
+    an.add_argument(
         "--max-train-examples",
         type=int,
         default=0,
-        help="--posthoc: fit on the first N train rows (0: all)",
+        help="--posthoc, --outlier-score: fit on the first N train rows (0: all)",
     )
     an.add_argument("--seed", type=int, help=f"tiny-bert initialisation [{ENCODER_FLAGS['seed']}]")
 
@@ -146,8 +154,12 @@ def _check_posthoc(args: argparse.Namespace) -> None:
     from isojax.analysis import posthoc
 
     if args.posthoc is None:
-        if args.max_train_examples:
-            raise common.UsageError("--max-train-examples limits the --posthoc fit: give --posthoc")
+        if args.max_train_examples and not args.outlier_score:
+            raise common.UsageError(
+                "--max-train-examples limits the --posthoc or --outlier-score fit: give one"
+            )
+        if args.outlier_score and args.split == "train":
+            raise common.UsageError("--outlier-score fits on the train split: --split must be dev")
         return
     names = tuple(dict.fromkeys(name.strip() for name in args.posthoc.split(",")))
     choices = ", ".join(posthoc.TRANSFORMS)
@@ -156,6 +168,8 @@ def _check_posthoc(args: argparse.Namespace) -> None:
             raise common.UsageError(f"--posthoc {name!r}: unknown transform; choose from {choices}")
     if args.run_dir is not None:
         raise common.UsageError("--posthoc analyses a pre-trained encoder (--model), not --run")
+    if args.outlier_score:
+        raise common.UsageError("--outlier-score is a part of the isotropy report, not --posthoc")
     if args.split == "train":
         raise common.UsageError("--posthoc fits on the train split: --split must be a dev split")
     args.posthoc = names
@@ -216,6 +230,7 @@ def _analyze_encoder(args: argparse.Namespace):
     split = _split(args, task)
     module, params, tokenizer = _encoder(args)
     examples = _rows(args, task, split, args.max_examples)
+    train = _rows(args, task, "train", args.max_train_examples) if args.outlier_score else None
     rep = analysis.analyze_encoder(
         module,
         params,
@@ -224,6 +239,8 @@ def _analyze_encoder(args: argparse.Namespace):
         max_length=args.max_length,
         batch_size=args.batch_size or 32,
         zeta=args.zeta,
+        task=task.name,
+        train_examples=train,
     )
     return rep, f"{args.model} on {task.name} {split} ({len(examples)} rows)"
 
@@ -268,7 +285,13 @@ def _analyze_run(args: argparse.Namespace):
     examples = predict.load_split(restored, split, data_dir=args.data_dir, labelled=True)
     if args.max_examples:
         examples = examples[: args.max_examples]
-    rep = analysis.analyze_run(restored, examples, batch_size=args.batch_size, zeta=args.zeta)
+    train = None
+    if args.outlier_score:
+        train = predict.load_split(restored, "train", data_dir=args.data_dir, labelled=True)
+        train = train[: args.max_train_examples or None]
+    rep = analysis.analyze_run(
+        restored, examples, batch_size=args.batch_size, zeta=args.zeta, train_examples=train
+    )
     title = (
         f"{restored.run_dir} ({restored.checkpoint} checkpoint, step {restored.step}) on "
         f"{task.name} {split} ({len(examples)} rows); the head reads "

@@ -43,6 +43,24 @@ def np_sentence_reference(x):
         "mean_cosine": (cos.sum() - np.trace(cos)) / (n * (n - 1)),
         "std": np.std(x, axis=0, ddof=1),
         "abs_corr": np.abs(np.corrcoef(x, rowvar=False)),
+        **np_geometry_reference(x),
+    }
+
+
+def np_geometry_reference(x):
+    """SPEC.md §10.4 of [n, d] float64 points: effective rank, RankMe, outlier dimensions."""
+
+    def entropy_rank(s, eps=0.0):
+        p = s / s.sum() + eps
+        return np.exp(-np.sum(p * np.log(p)))
+
+    var = np.var(x, axis=0)
+    return {
+        "erank": entropy_rank(np.linalg.svd(x - x.mean(0), compute_uv=False)),
+        "rankme": entropy_rank(np.linalg.svd(x, compute_uv=False), 1e-7),
+        "outliers": np.sum(var >= 5 * var.mean()),
+        "principal_outlier": np.argmax(var),
+        "principal_outlier_share": var.max() / var.sum(),
     }
 
 
@@ -64,7 +82,8 @@ def test_sentence_report_matches_numpy_float64():
     want = np_sentence_reference(x[keep].astype(np.float64))
     assert set(got) == set(want)
     for key, value in want.items():
-        assert got[key].dtype == np.float32, key
+        integer = key in ("outliers", "principal_outlier")
+        assert got[key].dtype == (np.int32 if integer else np.float32), key
         np.testing.assert_allclose(got[key], value, rtol=2e-4, atol=2e-5, err_msg=key)
 
 

@@ -34,6 +34,7 @@ DEV_ROWS = 19
 RTOL = 1e-4
 # analyze's Report keys -> the suffixes of the isotropy keys of the run's dev evaluation.
 KEYS = {"EV_1": "ev1", "EV_3": "ev3", "isoscore": "isoscore", "mean_cosine": "mean_cosine"}
+KEYS |= {key: key for key in analysis.GEOMETRY}  # SPEC.md §10.4
 
 
 def write_rte(root, rows: dict[str, int], seed: int = 0):
@@ -145,6 +146,38 @@ def test_analyze_run_encoder_figures_are_analyze_encoders(isobn_run):
         np.testing.assert_allclose(rep.layers[key], values, rtol=1e-5, atol=1e-6)
 
 
+def test_outlier_score_of_a_run_is_the_brute_force_one(capsys, tmp_path, isobn_run):
+    """`analyze --run --outlier-score`: the head input's principal outlier is the train rows'
+    highest-variance dimension, and its 1-D dev accuracy is a brute-force threshold's."""
+    run_dir, _ = isobn_run
+    code, out, err = run_cli(
+        capsys, ["analyze", "--run", run_dir, "--outlier-score", "--out", tmp_path]
+    )
+    assert code == 0, err
+    scores = json.loads((tmp_path / "summary.json").read_text())["principal_outlier_score"]
+    assert set(scores) == {"cls", "pooled", "pre_logits"}
+    restored = runs.restore(run_dir)
+    train = predict.load_split(restored, "train", labelled=True)
+    dev = predict.load_split(restored, "dev", labelled=True)
+    x_train, _ = run_analysis.head_inputs(restored, train)
+    x_dev, _ = run_analysis.head_inputs(restored, dev)
+    y_train = np.array([e.label for e in train])
+    y_dev = np.array([e.label for e in dev])
+    dim = int(np.argmax(x_train.var(0)))
+    got = scores["pre_logits"]
+    assert got["dimension"] == dim
+    x, best = x_train[:, dim], (-1.0, None)
+    u = np.unique(x)
+    for t in [-np.inf, *((u[:-1] + u[1:]) / 2), np.inf]:
+        for a, b in ((0, 1), (1, 0)):
+            accuracy = np.mean(np.where(x <= t, a, b) == y_train)
+            if accuracy > best[0]:
+                best = (accuracy, np.mean(np.where(x_dev[:, dim] <= t, a, b) == y_dev))
+    np.testing.assert_allclose(got["rule"]["train_accuracy"], best[0], rtol=1e-6)
+    np.testing.assert_allclose(got["score"], best[1], rtol=1e-6)
+    assert f"dimension {dim:>4} (train share {got['train_share']:.3f})" in out
+
+
 def test_analyze_refuses_contradictory_flags(capsys, tmp_path, isobn_run):
     run_dir, _ = isobn_run
     out = tmp_path / "out"
@@ -169,6 +202,9 @@ def test_analyze_refuses_contradictory_flags(capsys, tmp_path, isobn_run):
         (["--run", run_dir, "--zeta", "2"], "--zeta 2.0 not in [0, 1]"),
         (["--run", run_dir, "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
         (["--run", run_dir, "--data-dir", tmp_path], "RTE/dev.tsv"),
+        (["--run", run_dir, "--max-train-examples", "3"], "limits the --posthoc or --outlier"),
+        (["--run", run_dir, "--outlier-score", "--split", "train"], "--split must be dev"),
+        (["--posthoc", "abtt", "--outlier-score"], "--outlier-score is a part of the isotropy"),
     ]
     for flags, message in cases:
         code, stdout, err = run_cli(capsys, ["analyze", *flags, "--out", out])
