@@ -52,14 +52,10 @@ VECTORS = ("cls", "pooled", "mean")
 SIMILAR_CLASS = {"mrpc": "equivalent", "qqp": "duplicate", "rte": "entailment",
                  "qnli": "entailment"}  # fmt: skip
 STAT_KEYS = ("EV_1", "EV_3", "isoscore", "mean_cosine")
-# The linear constraints a sentence vector meets by construction. The [CLS] vector and the token
-# mean are LayerNorm outputs (every family here ends its layers in one): their entries, less the
-# bias and divided by the gain, sum to zero, so their covariance has rank d - 1 at most, whatever
-# the sentences. BERT-whitening "to k = d" keeps k = d - 1 components of them (the table's d).
-NULL_DIRECTIONS = {"cls": 1, "pooled": 0, "mean": 1}
 # A singular value of the centred train vectors (float64) below this fraction of the largest is
-# rounding noise: LayerNorm's null direction sits near 1e-8, repeated sentences' near 1e-16, and
-# the smallest real one of MiniLM-L6's vectors near 1e-3.
+# rounding noise. On 600 RTE train sentences MiniLM-L6's cls and mean vectors have three such
+# (1.3e-10, 8.8e-17, 5.6e-17: three gains of its last LayerNorm are 0 to 1e-9, so three
+# coordinates are constant) and their smallest real one is near 4e-4 (pooled: 3.7e-4).
 RANK_RTOL = 1e-5
 
 
@@ -177,12 +173,44 @@ def check_rank(
         )
 
 
+def check_distinct(names: Sequence[str], sentences: Sequence[str], d: int, where: str) -> None:
+    """Raises `RankDeficient` (before any encoding) when ``names`` holds ``bert-whitening`` and
+    ``sentences`` has too few distinct ones for its ``k = d`` (rank at most distinct - 1)."""
+    distinct = len(set(sentences))
+    if "bert-whitening" in names and distinct - 1 < d:
+        raise RankDeficient(
+            f"{where}: {distinct} distinct sentences among {len(sentences)}, so rank at most "
+            f"{distinct - 1}, fewer than the k = {d} components bert-whitening inverts "
+            "(use more train rows, or drop bert-whitening)"
+        )
+
+
+def encoder_null_directions(names: Sequence[str], train: np.ndarray, where: str) -> int:
+    """The directions of the vectors ``train [n, d]`` of more than ``d`` distinct sentences
+    that stay empty, ``d`` - `numerical_rank`: the encoder's own (MiniLM-L6's cls and mean
+    vectors: 3, a LayerNorm output with gains of 0), which BERT-whitening's full variant leaves
+    out (logged); 0 without ``bert-whitening``."""
+    if "bert-whitening" not in names:
+        return 0
+    d, rank = train.shape[1], numerical_rank(train)
+    if rank < d:
+        logger.info(
+            "post-hoc: %s vectors have numerical rank %d of d = %d (directions the encoder never "
+            "fills): bert-whitening keeps %d components",
+            where,
+            rank,
+            d,
+            rank,
+        )
+    return d - rank
+
+
 def fit_transforms(
     names: Sequence[str], train: np.ndarray, null_directions: int = 0, where: str = "train"
 ) -> dict[str, Callable[[np.ndarray], jax.Array]]:
     """``{label: apply}`` of each transform of ``names`` (`TRANSFORMS`) fitted on ``train
-    [n, d]``, ``bert-whitening`` giving ``k = d - null_directions`` (`NULL_DIRECTIONS`: a
-    constraint the vectors meet by construction) and, for ``d > 256``, ``k = 256``.
+    [n, d]``, ``bert-whitening`` giving ``k = d - null_directions`` (directions the vectors
+    never fill, `encoder_null_directions`) and, for ``d > 256``, ``k = 256``.
 
     Raises:
       ValueError: an unknown name.
@@ -283,16 +311,20 @@ class PosthocReport(NamedTuple):
 
 
 def transform_rows(
-    task, transforms: Sequence[str], train: np.ndarray, dev: np.ndarray, labels, vector: str = ""
+    task,
+    transforms: Sequence[str],
+    train: np.ndarray,
+    dev: np.ndarray,
+    labels,
+    null_directions: int = 0,
+    where: str = "train",
 ) -> tuple[str, dict[str, dict[str, Any]]]:
-    """``(score name, {transform: numbers})`` of one kind of vector (``vector``, a key of
-    `NULL_DIRECTIONS`): ``none`` and each transform of ``transforms`` fitted on ``train
-    [n, d]`` and applied to ``dev [m, d]`` (``m = 2 ×`` pairs for a pair task with gold
-    ``labels [pairs]``, else ``labels`` None)."""
-    task = glue.get_task(task)
+    """``(score name, {transform: numbers})`` of one kind of vector: ``none`` and each
+    transform of ``transforms`` fitted on ``train [n, d]`` (`fit_transforms`, with
+    ``null_directions`` and ``where``) and applied to ``dev [m, d]`` (``m = 2 ×`` pairs for a
+    pair task with gold ``labels [pairs]``, else ``labels`` None)."""
     applies = {"none": lambda x: jnp.asarray(x, jnp.float32)}
-    where = f"{task.name} train" + (f" {vector} vectors" if vector else "")
-    applies.update(fit_transforms(transforms, train, NULL_DIRECTIONS.get(vector, 0), where))
+    applies.update(fit_transforms(transforms, train, null_directions, where))
     rows, score_name = {}, ""
     for label, apply in applies.items():
         out = np.asarray(apply(dev), np.float32)
@@ -346,11 +378,13 @@ def analyze_posthoc(
     fit_sentences = split_sentences(train_examples)
     eval_sentences = split_sentences(eval_examples)
     check_fit_size(transforms, len(fit_sentences), module.config.hidden_size)
+    check_distinct(transforms, fit_sentences, module.config.hidden_size, f"{task.name} train")
     logger.info("post-hoc: encoding %d train sentences", len(fit_sentences))
     train = sentence_vectors(module, params, tokenizer, fit_sentences, **kwargs)
+    nulls = {}
     for name, points in train.items():
-        where = f"{task.name} train {name} vectors"
-        check_rank(transforms, points, NULL_DIRECTIONS[name], where)
+        nulls[name] = encoder_null_directions(transforms, points, f"{task.name} train {name}")
+        check_rank(transforms, points, nulls[name], f"{task.name} train {name} vectors")
     logger.info("post-hoc: encoding %d eval sentences", len(eval_sentences))
     dev = sentence_vectors(module, params, tokenizer, eval_sentences, **kwargs)
     labels = None
@@ -358,8 +392,9 @@ def analyze_posthoc(
         labels = np.asarray([example.label for example in eval_examples])
     rows, score = {}, ""
     for name in train:
+        where = f"{task.name} train {name} vectors"
         score, rows[name] = transform_rows(
-            task, transforms, train[name], dev[name], labels, vector=name
+            task, transforms, train[name], dev[name], labels, nulls[name], where
         )
     return PosthocReport(task.name, len(fit_sentences), len(eval_sentences), score, rows)
 
