@@ -180,13 +180,15 @@ class Rule:
     """What one hyper-parameter takes: `kind` (`float`: a finite real number, an int too;
     `int`: an integer; `bool`; `callable`; a bool is never a number), whether None is allowed,
     the range `checks` (pairs of a test and its message, formatted with `name`, `value` and
-    `MIN_ALPHA`), and whether the value must divide the width `d` of the normaliser's input
-    (`check_width`)."""
+    `MIN_ALPHA`), whether the value must divide the width `d` of the normaliser's input
+    (`check_width`), and `typed_by_range`: a value of the wrong type gets the first check's
+    message (an integer's: "must be an integer >= 0")."""
 
     kind: Any
     checks: tuple[tuple[Callable[[Any], bool], str], ...] = ()
     nullable: bool = False
     divides_width: bool = False
+    typed_by_range: bool = False
 
 
 def _f32_away_from_1(v) -> bool:
@@ -195,7 +197,9 @@ def _f32_away_from_1(v) -> bool:
 
 _FLAG = Rule(bool)
 _EPSILON = Rule(float, ((lambda v: v > 0.0, "{name} must be > 0, got {value}"),))
-_ITERATIONS = Rule(int, ((lambda v: v >= 0, "{name} must be an integer >= 0, got {value!r}"),))
+_ITERATIONS = Rule(
+    int, ((lambda v: v >= 0, "{name} must be an integer >= 0, got {value!r}"),), typed_by_range=True
+)
 # The hyper-parameters by name: every normaliser taking a `momentum` reads it the same way. A
 # name not here is typed by its `HPARAMS` default (a bool, an int, a float, a callable), so a new
 # normaliser's row is type-checked as it is written (`schema`); a None default needs a rule here.
@@ -218,6 +222,7 @@ RULES: dict[str, Rule] = {
         ((lambda v: v >= 1, "{name} must be a positive integer or None, got {value!r}"),),
         nullable=True,
         divides_width=True,
+        typed_by_range=True,
     ),
     "iterations": _ITERATIONS,
     "T": _ITERATIONS,
@@ -261,6 +266,8 @@ def _check_value(field: str, rule: Rule, value: Any) -> None:
     if value is None and rule.nullable:
         return
     if value is None or not _typed(rule, value):
+        if rule.typed_by_range:
+            raise ValueError(rule.checks[0][1].format(name=field, value=value))
         kind = _KIND_NAMES.get(rule.kind, "a callable") + (" or None" if rule.nullable else "")
         raise ValueError(f"{field} must be {kind}, got {value!r}")
     for ok, says in rule.checks:

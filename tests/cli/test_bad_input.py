@@ -253,9 +253,9 @@ REFUSALS = [
      "group_size 5 does not divide the width 32 of whiten's input (the hidden size of model "
      "'tiny-bert')"),
     ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.group_size=16.0"],
-     "group_size must be an integer or None, got 16.0"),
+     "group_size must be a positive integer or None, got 16.0"),
     ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.group_size=True"],
-     "group_size must be an integer or None, got True"),
+     "group_size must be a positive integer or None, got True"),
     ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.keep_scale=maybe"],
      "keep_scale must be True or False, got 'maybe'"),
     ("finetune", ["--normalizer", "isobn", "--set", "normalizer_kwargs.debias=no"],

@@ -14,8 +14,8 @@ from isojax.core import normalizers
         ({"momentum": "abc"}, "momentum must be a finite number, got 'abc'"),
         ({"alpha": "abc"}, "alpha must be a finite number, got 'abc'"),
         ({"epsilon": float("nan")}, "epsilon must be a finite number, got nan"),
-        ({"group_size": 16.0}, "group_size must be an integer or None, got 16.0"),
-        ({"group_size": True}, "group_size must be an integer or None, got True"),
+        ({"group_size": 16.0}, "group_size must be a positive integer or None, got 16.0"),
+        ({"group_size": True}, "group_size must be a positive integer or None, got True"),
         ({"group_size": 0}, "group_size must be a positive integer or None, got 0"),
         ({"keep_scale": "maybe"}, "keep_scale must be True or False, got 'maybe'"),
         ({"keep_scale": 1}, "keep_scale must be True or False, got 1"),
@@ -72,9 +72,9 @@ def new_row(monkeypatch):
         ({"momentum": "x"}, "momentum must be a finite number"),
         ({"momentum": 1.5}, "momentum 1.5 not in (0, 1)"),
         ({"eps": 0.0}, "eps must be > 0, got 0.0"),
-        ({"T": 2.0}, "T must be an integer, got 2.0"),
+        ({"T": 2.0}, "T must be an integer >= 0, got 2.0"),
         ({"T": -1}, "T must be an integer >= 0, got -1"),
-        ({"group_size": True}, "group_size must be an integer or None"),
+        ({"group_size": True}, "group_size must be a positive integer or None"),
         ({"stop_gradient": "no"}, "stop_gradient must be True or False, got 'no'"),
         ({"affine": 0}, "affine must be True or False, got 0"),
         ({"scale": "2"}, "scale must be a finite number, got '2'"),  # typed by its default
@@ -92,3 +92,18 @@ def test_a_none_default_without_a_rule_is_refused(monkeypatch):
     monkeypatch.setitem(normalizers.HPARAMS, "newnorm", {"whatever": None})
     with pytest.raises(TypeError, match="'whatever' .* needs a Rule in RULES"):
         normalizers.schema("newnorm")
+
+
+def test_iternorms_row_is_typed_without_code_of_its_own():
+    """IterNorm's row (added after the schema) is checked from the table alone."""
+    for hparams, message in [
+        ({"momentum": "abc"}, "momentum must be a finite number, got 'abc'"),
+        ({"iterations": 2.5}, "iterations must be an integer >= 0, got 2.5"),
+        ({"stop_gradient": "yes"}, "stop_gradient must be True or False, got 'yes'"),
+        ({"affine": None}, "affine must be True or False, got None"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            normalizers.check_hparams("iternorm", **hparams)
+        assert str(err.value) == message
+    with pytest.raises(ValueError, match="group_size 5 does not divide the width 32"):
+        normalizers.check_width("iternorm", 32, group_size=5)
