@@ -3,10 +3,13 @@ study-style arm labels, the tiny run config, the tiny random encoder configs of 
 their batches, packed and padded batches of the same synthetic examples, and experiments/
 scripts loaded as modules."""
 
+import contextlib
 import functools
 import importlib.util
 import json
+import logging
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -421,3 +424,14 @@ def dev_lines(workdir) -> list[tuple[int, int]]:
     """`(step, epoch)` of each dev line of a run folder's `metrics.jsonl`."""
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     return [(row["step"], row["epoch"]) for row in rows if row["split"] != "train"]
+
+
+@contextlib.contextmanager
+def logged_warning(caplog, match: str):
+    """The block logs a WARNING under the "isojax" logger matching `match` (the library's
+    warnings go through `logging`, never `warnings`)."""
+    with caplog.at_level(logging.WARNING, "isojax"):
+        start = len(caplog.records)
+        yield
+    said = [r.getMessage() for r in caplog.records[start:] if r.levelno == logging.WARNING]
+    assert any(re.search(match, message) for message in said), said

@@ -52,11 +52,23 @@ VECTORS = ("cls", "pooled", "mean")
 SIMILAR_CLASS = {"mrpc": "equivalent", "qqp": "duplicate", "rte": "entailment",
                  "qnli": "entailment"}  # fmt: skip
 STAT_KEYS = ("EV_1", "EV_3", "isoscore", "mean_cosine")
+# A singular value of the centred train vectors (float64) below this fraction of the largest is
+# rounding noise. On 600 RTE train sentences MiniLM-L6's cls and mean vectors have three such
+# (1.3e-10, 8.8e-17, 5.6e-17: three gains of its last LayerNorm are 0 to 1e-9, so three
+# coordinates are constant) and their smallest real one is near 4e-4 (pooled: 3.7e-4).
+RANK_RTOL = 1e-5
 
 
 class TooFewSentences(errors.InputError):
     """BERT-whitening to `k = d` components asked of at most `d` train sentences (a singular
     covariance); `isojax` prints it in one line with exit status 2."""
+
+
+class RankDeficient(errors.InputError):
+    """BERT-whitening to `k` components of train vectors whose covariance has numerical rank
+    below `k` (repeated sentences, or fewer distinct ones than `k`): the missing directions'
+    rounding noise would be scaled up to huge values. One line naming the task, split, vector
+    and rank; `isojax` exits with status 2."""
 
 
 def roc_auc(scores, positives) -> float:
@@ -130,21 +142,88 @@ def check_fit_size(names: Sequence[str], n: int, d: int) -> None:
         )
 
 
+def numerical_rank(points: np.ndarray) -> int:
+    """The rank of the covariance of ``points [n, d]``: its centred singular values (float64)
+    above `RANK_RTOL` of the largest."""
+    x = np.asarray(points, np.float64)
+    s = np.linalg.svd(x - x.mean(axis=0), compute_uv=False)
+    return int(np.sum(s > RANK_RTOL * s[0])) if s.size and s[0] > 0 else 0
+
+
+def whitening_ks(d: int, null_directions: int = 0) -> tuple[int, ...]:
+    """BERT-whitening's components: ``d - null_directions`` (the full variant), and
+    `REDUCED_K` too when ``d > REDUCED_K``."""
+    return (d - null_directions, REDUCED_K) if d > REDUCED_K else (d - null_directions,)
+
+
+def check_rank(
+    names: Sequence[str], train: np.ndarray, null_directions: int = 0, where: str = "train"
+) -> None:
+    """Raises `RankDeficient` (naming ``where``: task, split, vector) when ``names`` holds
+    ``bert-whitening`` and the numerical rank of ``train [n, d]`` is below the largest `k`."""
+    if "bert-whitening" not in names:
+        return
+    k = max(whitening_ks(train.shape[1], null_directions))
+    rank = numerical_rank(train)
+    if rank < k:
+        raise RankDeficient(
+            f"{where}: {len(train)} vectors of numerical rank {rank} (d = {train.shape[1]}), "
+            f"fewer than the k = {k} components bert-whitening inverts: repeated or too few "
+            "distinct sentences (use more train rows, or drop bert-whitening)"
+        )
+
+
+def check_distinct(names: Sequence[str], sentences: Sequence[str], d: int, where: str) -> None:
+    """Raises `RankDeficient` (before any encoding) when ``names`` holds ``bert-whitening`` and
+    ``sentences`` has too few distinct ones for its ``k = d`` (rank at most distinct - 1)."""
+    distinct = len(set(sentences))
+    if "bert-whitening" in names and distinct - 1 < d:
+        raise RankDeficient(
+            f"{where}: {distinct} distinct sentences among {len(sentences)}, so rank at most "
+            f"{distinct - 1}, fewer than the k = {d} components bert-whitening inverts "
+            "(use more train rows, or drop bert-whitening)"
+        )
+
+
+def encoder_null_directions(names: Sequence[str], train: np.ndarray, where: str) -> int:
+    """The directions of the vectors ``train [n, d]`` of more than ``d`` distinct sentences
+    that stay empty, ``d`` - `numerical_rank`: the encoder's own (MiniLM-L6's cls and mean
+    vectors: 3, a LayerNorm output with gains of 0), which BERT-whitening's full variant leaves
+    out (logged); 0 without ``bert-whitening``."""
+    if "bert-whitening" not in names:
+        return 0
+    d, rank = train.shape[1], numerical_rank(train)
+    if rank < d:
+        logger.info(
+            "post-hoc: %s vectors have numerical rank %d of d = %d (directions the encoder never "
+            "fills): bert-whitening keeps %d components",
+            where,
+            rank,
+            d,
+            rank,
+        )
+    return d - rank
+
+
 def fit_transforms(
-    names: Sequence[str], train: np.ndarray
+    names: Sequence[str], train: np.ndarray, null_directions: int = 0, where: str = "train"
 ) -> dict[str, Callable[[np.ndarray], jax.Array]]:
     """``{label: apply}`` of each transform of ``names`` (`TRANSFORMS`) fitted on ``train
-    [n, d]``, ``bert-whitening`` giving ``k = d`` and, for ``d > 256``, ``k = 256``.
+    [n, d]``, ``bert-whitening`` giving ``k = d - null_directions`` (directions the vectors
+    never fill, `encoder_null_directions`) and, for ``d > 256``, ``k = 256``.
 
     Raises:
       ValueError: an unknown name.
       TooFewSentences: ``bert-whitening`` on ``n <= d`` vectors (a singular covariance:
         whitening to ``d`` components needs at least ``d + 1``).
+      RankDeficient: ``bert-whitening`` on vectors of numerical rank below its ``k``
+        (`check_rank`, the message naming ``where``).
     """
     unknown = [name for name in names if name not in TRANSFORMS]
     if unknown:
         raise ValueError(f"unknown post-hoc transform {unknown[0]!r}; choose from {TRANSFORMS}")
     check_fit_size(names, *train.shape)
+    check_rank(names, train, null_directions, where)
     d = train.shape[1]
     out = {}
     for name in names:
@@ -155,9 +234,9 @@ def fit_transforms(
             fit = core_posthoc.fit_abtt(train)
             out[name] = lambda x, fit=fit: core_posthoc.apply_abtt(fit, x)
         else:
-            for k in (d, REDUCED_K) if d > REDUCED_K else (d,):
+            for k in whitening_ks(d, null_directions):
                 fit = core_posthoc.fit_bert_whitening(train, k=k)
-                label = name if k == d else f"{name}-{k}"
+                label = name if k == d - null_directions else f"{name}-{k}"
                 out[label] = lambda x, fit=fit: core_posthoc.apply_bert_whitening(fit, x)
     return out
 
@@ -232,13 +311,20 @@ class PosthocReport(NamedTuple):
 
 
 def transform_rows(
-    task, transforms: Sequence[str], train: np.ndarray, dev: np.ndarray, labels
+    task,
+    transforms: Sequence[str],
+    train: np.ndarray,
+    dev: np.ndarray,
+    labels,
+    null_directions: int = 0,
+    where: str = "train",
 ) -> tuple[str, dict[str, dict[str, Any]]]:
     """``(score name, {transform: numbers})`` of one kind of vector: ``none`` and each
-    transform of ``transforms`` fitted on ``train [n, d]`` and applied to ``dev [m, d]``
-    (``m = 2 ×`` pairs for a pair task with gold ``labels [pairs]``, else ``labels`` None)."""
+    transform of ``transforms`` fitted on ``train [n, d]`` (`fit_transforms`, with
+    ``null_directions`` and ``where``) and applied to ``dev [m, d]`` (``m = 2 ×`` pairs for a
+    pair task with gold ``labels [pairs]``, else ``labels`` None)."""
     applies = {"none": lambda x: jnp.asarray(x, jnp.float32)}
-    applies.update(fit_transforms(transforms, train))
+    applies.update(fit_transforms(transforms, train, null_directions, where))
     rows, score_name = {}, ""
     for label, apply in applies.items():
         out = np.asarray(apply(dev), np.float32)
@@ -278,17 +364,27 @@ def analyze_posthoc(
 
     Raises:
       TooFewSentences: ``bert-whitening`` asked of at most ``d`` train sentences (checked
-        before anything is encoded).
+        before anything is encoded), or fewer than 2 train or eval rows.
+      RankDeficient: ``bert-whitening`` of train vectors of numerical rank below its ``k``
+        (checked before the eval sentences are encoded).
     """
     task = glue.get_task(task)
-    if not train_examples or not eval_examples:
-        raise ValueError("analyze_posthoc needs train and eval examples")
+    for split, examples in (("train", train_examples), ("eval", eval_examples)):
+        if len(examples) < 2:
+            raise TooFewSentences(
+                f"{task.name}: analyze_posthoc needs at least 2 {split} rows, got {len(examples)}"
+            )
     kwargs = {"max_length": max_length, "batch_size": batch_size, "buckets": buckets}
     fit_sentences = split_sentences(train_examples)
     eval_sentences = split_sentences(eval_examples)
     check_fit_size(transforms, len(fit_sentences), module.config.hidden_size)
+    check_distinct(transforms, fit_sentences, module.config.hidden_size, f"{task.name} train")
     logger.info("post-hoc: encoding %d train sentences", len(fit_sentences))
     train = sentence_vectors(module, params, tokenizer, fit_sentences, **kwargs)
+    nulls = {}
+    for name, points in train.items():
+        nulls[name] = encoder_null_directions(transforms, points, f"{task.name} train {name}")
+        check_rank(transforms, points, nulls[name], f"{task.name} train {name} vectors")
     logger.info("post-hoc: encoding %d eval sentences", len(eval_sentences))
     dev = sentence_vectors(module, params, tokenizer, eval_sentences, **kwargs)
     labels = None
@@ -296,7 +392,10 @@ def analyze_posthoc(
         labels = np.asarray([example.label for example in eval_examples])
     rows, score = {}, ""
     for name in train:
-        score, rows[name] = transform_rows(task, transforms, train[name], dev[name], labels)
+        where = f"{task.name} train {name} vectors"
+        score, rows[name] = transform_rows(
+            task, transforms, train[name], dev[name], labels, nulls[name], where
+        )
     return PosthocReport(task.name, len(fit_sentences), len(eval_sentences), score, rows)
 
 

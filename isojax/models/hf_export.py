@@ -7,14 +7,14 @@ Export writes `config.json` + `model.safetensors`, which transformers' `AutoMode
 `Auto*ForSequenceClassification` load as they are; the names come from the same tables as
 loading (`hf_import.state_dict_from_params`). A classifier head that transformers' classes
 cannot reproduce (a layer-norm normaliser, or one that reads the raw [CLS] vector) exports its
-encoder alone, with an `EncoderOnlyExport` warning.
+encoder alone, and says why in a warning of the "isojax" logger (`encoder_only_reason`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,13 +24,21 @@ import numpy as np
 from isojax.models import config as config_lib
 from isojax.models import heads, hf_import
 
+logger = logging.getLogger(__name__)
+
 
 class UnservableHead(ValueError):
     """A classifier head that transformers' `<Family>ForSequenceClassification` cannot compute."""
 
 
-class EncoderOnlyExport(UserWarning):
-    """`export_pretrained` wrote a classifier's encoder alone: its head is not servable."""
+def encoder_only_reason(head: heads.SequenceClassifier, variables: Mapping) -> str | None:
+    """Why `export_pretrained` writes this classifier's encoder alone (`UnservableHead`'s
+    message), or None when transformers' classes compute its head."""
+    try:
+        classifier_state_dict(head, variables)
+    except UnservableHead as why:
+        return str(why)
+    return None
 
 
 def classifier_state_dict(head: heads.SequenceClassifier, variables: Mapping) -> tuple[dict, str]:
@@ -89,7 +97,7 @@ def export_pretrained(
         `SequenceClassifier` (written as `<Family>ForSequenceClassification`, see
         `classifier_state_dict`; a head those classes cannot compute, with a layer-norm
         normaliser or reading raw [CLS], writes its encoder alone as `<Family>Model` and
-        warns `EncoderOnlyExport`, naming the reason).
+        logs a warning naming the reason, `encoder_only_reason`).
       params: the `'params'` tree of that module (for a `SequenceClassifier` whose normaliser
         keeps running statistics, its whole variables `{'params', 'batch_stats'}`).
       tokenizer: a transformers tokenizer to save beside the weights, so the folder serves.
@@ -98,9 +106,6 @@ def export_pretrained(
 
     Returns:
       The folder.
-
-    Warns:
-      EncoderOnlyExport: the head was left out (see `module_or_config`).
     """
     from safetensors import numpy as safetensors_numpy
 
@@ -137,7 +142,7 @@ def _classifier_export(
     folder: pathlib.Path,
 ) -> tuple[dict, dict]:
     """A classifier's state dict and `config.json` as `<Family>ForSequenceClassification`, or
-    its encoder's as `<Family>Model` (warning `EncoderOnlyExport`) when the head is not servable.
+    its encoder's as `<Family>Model` (a logged warning) when the head is not servable.
     """
     cfg = head.encoder.config
     try:
@@ -145,12 +150,11 @@ def _classifier_export(
     except UnservableHead as why:
         tree = variables["params"] if "params" in variables else variables
         state_dict, hf = _encoder_export(cfg, tree["encoder"])
-        warnings.warn(
-            EncoderOnlyExport(
-                f"{folder}: exported the encoder alone ({hf['architectures'][0]}), without the "
-                f"classifier head: {why}"
-            ),
-            stacklevel=3,
+        logger.warning(
+            "%s: exported the encoder alone (%s), without the classifier head: %s",
+            folder,
+            hf["architectures"][0],
+            why,
         )
         return state_dict, hf
     if label_names is not None and len(label_names) != head.num_labels:

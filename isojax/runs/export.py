@@ -23,16 +23,16 @@ the new `model.safetensors`), and a failed export leaves the destination as it w
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import shutil
-import warnings
 from typing import NamedTuple
 
 import jax
 
 import isojax
-from isojax import models, runs
+from isojax import logs, models, runs
 from isojax.models import hf_export, hf_import
 from isojax.runs import predict
 
@@ -161,8 +161,9 @@ def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> E
     """The export itself, into `folder` (created)."""
     task = restored.task
     variables = jax.device_get(restored.variables)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", hf_export.EncoderOnlyExport)
+    # The reason, said once by the caller (`isojax export` prints it): not logged again.
+    encoder_only = hf_export.encoder_only_reason(restored.module, variables)
+    with logs.quieted(hf_export.__name__, logging.ERROR):
         models.export_pretrained(
             folder,
             restored.module,
@@ -170,14 +171,6 @@ def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> E
             tokenizer=hf_tokenizer(restored.config),
             label_names=None if task.is_regression else task.label_names,
         )
-    encoder_only = None
-    for warning in caught:
-        if issubclass(warning.category, hf_export.EncoderOnlyExport):
-            encoder_only = str(warning.message).split(": ", 1)[1]
-        else:
-            warnings.warn_explicit(
-                warning.message, warning.category, warning.filename, warning.lineno
-            )
     architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
     card = model_card(restored, evaluation, architecture, encoder_only)
     (folder / "README.md").write_text(card)

@@ -17,7 +17,7 @@ here.
 compared with the one saved inside the checkpoint (`resume.check_stamp`), so an edit that
 changes the run (`sentence` pooled -> cls, `max_length`, ...) is refused with the field named
 instead of moving the scores silently. A checkpoint written before isojax saved its config
-there is restored with a `RuntimeWarning` that nothing could be compared. A restore only reads:
+there is restored with a logged warning that nothing could be compared. A restore only reads:
 a damaged newest checkpoint is skipped for the one before it, and no file of the run folder is
 renamed or written (`checkpointing.Checkpointer(read_only=True)`).
 """
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pathlib
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +38,8 @@ from isojax import models
 from isojax.data import glue
 from isojax.training import build, checkpointing, distributed, precision, resume, steps
 from isojax.training import config as config_lib
+
+logger = logging.getLogger(__name__)
 
 
 class RunNotRestorable(ValueError):
@@ -238,11 +240,10 @@ def restore(
     except resume.ConfigChanged as err:
         raise RunNotRestorable(str(err)) from None
     if not stamped:
-        warnings.warn(
-            f"{where} was saved without its config (isojax before config stamps): "
-            f"{run_dir / 'config.json'} is trusted as it is",
-            RuntimeWarning,
-            stacklevel=2,
+        logger.warning(
+            "%s was saved without its config (isojax before config stamps): %s is trusted as it is",
+            where,
+            run_dir / "config.json",
         )
     _, eval_fn, _ = steps.jit_steps(state, mesh, fsdp=config.fsdp)
     return Restored(

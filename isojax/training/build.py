@@ -19,6 +19,7 @@ import optax
 import tokenizers
 
 from isojax import models
+from isojax.core import normalizers
 from isojax.data import glue
 from isojax.training import config as config_lib
 from isojax.training import distributed, optim, precision, steps
@@ -98,20 +99,53 @@ def load_encoder(
     return pretrained.module, pretrained.params, tok
 
 
-def check_max_length(config: ml_collections.ConfigDict) -> None:
+def _encoder_config(config: ml_collections.ConfigDict) -> models.EncoderConfig:
+    """The encoder's sizes from its config.json, read before any weights (tiny-bert's own)."""
+    if config.model == TINY_MODEL:
+        return models.VARIANTS["tiny"]
+    checkpoints = models.hf_import
+    return checkpoints.load_config(checkpoints.resolve_folder(config.model))
+
+
+def check_max_length(
+    config: ml_collections.ConfigDict, *, field: str = "config: max_length"
+) -> None:
     """`ConfigError` unless the model's position table (its config.json, read before any
-    weights) covers `config.max_length` tokens; tiny-bert's table is sized to fit."""
+    weights) covers `config.max_length` tokens; tiny-bert's table is sized to fit. `config`
+    needs only `model` and `max_length` (`isojax analyze` passes its arguments, `field` naming
+    its flag)."""
     if config.model == TINY_MODEL:
         return
-    checkpoints = models.hf_import
-    enc = checkpoints.load_config(checkpoints.resolve_folder(config.model))
+    enc = _encoder_config(config)
     positions = enc.max_position_embeddings - enc.position_offset
     if config.max_length > positions:
         raise config_lib.ConfigError(
-            f"config: max_length {config.max_length} exceeds the {positions} positions of model "
+            f"{field} {config.max_length} exceeds the {positions} positions of model "
             f"{config.model!r} (max_position_embeddings {enc.max_position_embeddings}, position "
             f"offset {enc.position_offset})"
         )
+
+
+def check_head_width(config: ml_collections.ConfigDict) -> None:
+    """`ConfigError` (before any weights are read) when a hyper-parameter of the head's
+    normaliser that must divide its width (`group_size`) does not divide the model's
+    hidden size."""
+    name, kwargs = config_lib.normalizer_of(config)
+    hidden = _encoder_config(config).hidden_size
+    try:
+        normalizers.check_width(name, hidden, **kwargs)
+    except ValueError as err:
+        raise config_lib.ConfigError(
+            f"config: normalizer_kwargs: {err} (the hidden size of model {config.model!r})"
+        ) from None
+
+
+def check_model(config: ml_collections.ConfigDict) -> None:
+    """The checks of `config` against the model's config.json (`check_max_length`,
+    `check_head_width`), before any weights are read; the loop runs them before it touches the
+    run folder."""
+    check_max_length(config)
+    check_head_width(config)
 
 
 def build_model(
@@ -119,7 +153,7 @@ def build_model(
 ) -> tuple[models.SequenceClassifier, dict | None, Any, int]:
     """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
     and the hidden size."""
-    check_max_length(config)
+    check_model(config)
     encoder, encoder_params, tokenizer = load_encoder(
         config.model,
         config.tokenizer,

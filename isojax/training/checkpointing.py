@@ -7,7 +7,7 @@
 Atomic: orbax's `CheckpointManager` writes each step into a temporary folder and renames it
 once complete (`commit_success`), so a run killed while saving leaves the previous checkpoint
 as the newest one. A newest checkpoint that exists but cannot be read (a truncated file, a
-disk error) is reported with a `RuntimeWarning` and renamed `<step>.unreadable` (orbax then
+disk error) is reported in a logged warning and renamed `<step>.unreadable` (orbax then
 ignores it), and the one before it is used. A reader (`read_only=True`: `isojax predict`,
 `export`, `analyze --run`) falls back the same way but renames, creates and deletes nothing.
 
@@ -42,7 +42,6 @@ import shutil
 import sys
 import threading
 import time
-import warnings
 from typing import Any
 
 import jax
@@ -385,11 +384,12 @@ class Checkpointer:
         """Warns that the `i`-th newest step cannot be read, and sets it aside."""
         step = steps[-1 - i]
         older = steps[-2 - i] if i + 1 < len(steps) else None
-        warnings.warn(
-            f"checkpoint step {step} in {self.directory} cannot be restored ({_one_line(err)}); "
-            + (f"falling back to step {older}" if older is not None else "none left"),
-            RuntimeWarning,
-            stacklevel=3,
+        logger.warning(
+            "checkpoint step %d in %s cannot be restored (%s); %s",
+            step,
+            self.directory,
+            _one_line(err),
+            f"falling back to step {older}" if older is not None else "none left",
         )
         if not self.read_only:
             self._set_aside(step)

@@ -14,14 +14,19 @@ field's path to that module's message, and raises `ConfigError` (a `ValueError`)
 not be None (except `optimizer.clip_norm`, None: no clipping, and `max_nonfinite_steps`,
 None: never stop). `normalizer_kwargs` is the one
 open field: its keys are the normaliser's hyper-parameters (`--set
-normalizer_kwargs.epsilon=1e-5`), checked by `normalizers.check_hparams`.
+normalizer_kwargs.epsilon=1e-5`), each typed and checked by its row of `normalizers.schema`
+(`normalizers.check_hparams`); every other field must have its default's type. That a
+`group_size` divides the model's hidden size is checked from the model's config.json before any
+weights are read (`build.check_head_width`).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import pathlib
+from collections.abc import Callable
 
 import ml_collections
 from flax import traverse_util
@@ -241,11 +246,39 @@ def _check_known(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config: unknown field {key!r}")
 
 
+def _kind(default) -> tuple[str, Callable[[object], bool]]:
+    """The type of a field with this default: its name and its test (an int is a float; a
+    bool is neither a number nor a string)."""
+    if isinstance(default, bool):
+        return "True or False", lambda v: isinstance(v, bool)
+    if isinstance(default, int):
+        return "an integer", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    if isinstance(default, float):
+        return "a number", lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)
+    if isinstance(default, (tuple, list)):
+        return "a tuple", lambda v: isinstance(v, (tuple, list))
+    return type(default).__name__, lambda v: isinstance(v, type(default))
+
+
+def _check_types(config: ml_collections.ConfigDict) -> None:
+    """Every set field has its default's type: the typed schema of the fixed fields, the
+    penalties' sections (`istar`, `cosreg`) and IsoBN's included (a whole section replaced by a
+    `ConfigDict` of other types bypasses ConfigDict's own check). The normaliser's open
+    `normalizer_kwargs` are typed by its row of `normalizers.schema` (`check_hparams`)."""
+    for key, default in flatten(default_config().to_dict()).items():
+        value = _lookup(config, key)
+        if default is None or value is None or isinstance(default, dict):
+            continue
+        kind, test = _kind(default)
+        _check(test(value), f"{key} must be {kind}, got {value!r}")
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
     """Raises `ConfigError` (a ValueError) with one line naming the first bad field of
     `config`."""
     _check_known(config)
     _check_present(config)
+    _check_types(config)
     _check_objective(config)
     _check_loop(config)
     _check_numerics(config)

@@ -444,6 +444,7 @@ def train_and_evaluate(
     config. The profiler window and the writers are closed on every way out.
     """
     config_lib.validate_config(config)
+    build.check_model(config)  # the model's sizes: refused before the folder is touched
     distributed.initialize_distributed()
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,6 @@ import logging
 import os
 import pathlib
 import socket
-import warnings
 from collections.abc import Iterator
 
 import jax.numpy as jnp
@@ -250,7 +249,7 @@ def hold_run_folder(workdir: pathlib.Path, lead: bool = True) -> Iterator[None]:
 
 def metrics_lines(path: pathlib.Path) -> list[tuple[str, dict]]:
     """`(line, record)` of each line of a `metrics.jsonl`. A torn last line (no newline, or not
-    JSON: a kill mid-write) is left out with a `RuntimeWarning`; a bad line before the last
+    JSON: a kill mid-write) is left out with a logged warning; a bad line before the last
     raises ValueError naming the file and line."""
     text = path.read_text() if path.exists() else ""
     lines = text.splitlines(keepends=True)
@@ -263,11 +262,11 @@ def metrics_lines(path: pathlib.Path) -> list[tuple[str, dict]]:
         except json.JSONDecodeError:
             record = None
         if record is None and number == len(lines):
-            warnings.warn(
-                f"{path}:{number}: dropped a torn last line (a run killed while writing it): "
-                f"{line[:60]!r}",
-                RuntimeWarning,
-                stacklevel=2,
+            logger.warning(
+                "%s:%d: dropped a torn last line (a run killed while writing it): %r",
+                path,
+                number,
+                line[:60],
             )
             continue
         if not isinstance(record, dict) or "step" not in record:

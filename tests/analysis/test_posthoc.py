@@ -123,6 +123,86 @@ def test_fit_transforms_refuses_unknown_names_and_too_few_sentences():
     assert list(posthoc.fit_transforms(["abtt", "whiten"], train)) == ["abtt", "whiten"]
 
 
+def test_bert_whitening_refuses_a_rank_deficient_set():
+    """Finding 6: 200 distinct vectors repeated 3 times (n = 600 > d = 384, rank 199) passed the
+    n > d guard, and the k = d transform gave max |y| = 3.6e4 from rounding noise. Refused in
+    one line naming where and the rank; whiten and abtt (no inverse of the covariance) fit."""
+    rng = np.random.default_rng(0)
+    distinct = anisotropic(rng, 200, 384).astype(np.float32)
+    train = np.concatenate([distinct] * 3)
+    assert posthoc.numerical_rank(train) == 199
+    with pytest.raises(posthoc.RankDeficient) as err:
+        posthoc.fit_transforms(["abtt", "bert-whitening"], train, where="rte train cls vectors")
+    assert str(err.value).startswith(
+        "rte train cls vectors: 600 vectors of numerical rank 199 (d = 384), fewer than the "
+        "k = 384 components"
+    )
+    constant = anisotropic(rng, 600, 384).astype(np.float32)
+    constant[:, 7] = 1.5  # one constant column: rank 383
+    with pytest.raises(posthoc.RankDeficient, match="numerical rank 383"):
+        posthoc.fit_transforms(["bert-whitening"], constant)
+    fits = posthoc.fit_transforms(["whiten", "abtt"], train)
+    assert all(np.abs(np.asarray(apply(distinct))).max() < 100 for apply in fits.values())
+
+
+def test_layernorm_vectors_are_whitened_to_d_minus_1_components():
+    """Finding 6: a LayerNorm's outputs meet one linear constraint, whatever the sentences
+    (MiniLM-L6's cls and mean vectors have three empty directions: three gains of its last
+    LayerNorm are 0 to 1e-9). `analyze_posthoc` measures them (`encoder_null_directions`) and
+    the full variant keeps the rest: here d - 1 components, labelled as the full variant,
+    equal to a float64 reference; asking for all d is refused."""
+    rng = np.random.default_rng(1)
+    x = anisotropic(rng, 600, 64)
+    z = (x - x.mean(1, keepdims=True)) / x.std(1, keepdims=True)
+    gain, bias = rng.uniform(0.5, 2.0, 64), rng.normal(size=64)
+    ln = (z * gain + bias).astype(np.float32)  # a LayerNorm's output: sum((y - b) / g) = 0
+    assert posthoc.numerical_rank(ln) == 63
+    assert posthoc.encoder_null_directions(["bert-whitening"], ln, "here") == 1
+    assert posthoc.encoder_null_directions(["whiten", "abtt"], ln, "here") == 0
+    with pytest.raises(posthoc.RankDeficient, match="numerical rank 63 .* k = 64"):
+        posthoc.fit_transforms(["bert-whitening"], ln)
+    fits = posthoc.fit_transforms(["bert-whitening"], ln, null_directions=1)
+    y = np.asarray(fits["bert-whitening"](ln), np.float64)
+    assert y.shape == (600, 63)
+    # The float64 reference: the top 63 principal axes, each scaled to unit variance.
+    centred = ln.astype(np.float64) - ln.mean(0, dtype=np.float64)
+    u, s, _ = np.linalg.svd(np.cov(centred, rowvar=False))
+    want = centred @ (u[:, :63] / np.sqrt(s[:63]))
+    assert np.allclose(np.abs(y), np.abs(want), atol=2e-3 * np.abs(want).max())
+    assert np.allclose(np.cov(y, rowvar=False), np.eye(63), atol=5e-3)
+
+
+def test_analyze_posthoc_refuses_repeated_train_sentences(capsys, tmp_path, minilm_dir):
+    """Finding 6 (the CLI probe): a train TSV of 60 copies of one pair (120 sentences, 2
+    distinct, d = 32) printed a full table of bert-whitening rows; one line before any
+    encoding, exit 2, nothing written."""
+    header = "index\tsentence1\tsentence2\tlabel\n"
+    rows = [f"{i}\tA man walks.\tA person moves.\tentailment\n" for i in range(60)]
+    dev = [f"{i}\tA dog {i} runs.\tAn animal moves.\tnot_entailment\n" for i in range(4)]
+    folder = tmp_path / "glue" / "RTE"
+    folder.mkdir(parents=True)
+    (folder / "train.tsv").write_text(header + "".join(rows))
+    (folder / "dev.tsv").write_text(header + "".join(dev))
+    argv = ["analyze", "--model", "tiny-bert", "--tokenizer", str(minilm_dir), "--task", "rte"]
+    argv += [
+        "--data-dir",
+        str(tmp_path / "glue"),
+        "--max-length",
+        "32",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    code, out, err = run(capsys, [*argv, "--posthoc", "bert-whitening,whiten,abtt"])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert (
+        "error: rte train: 2 distinct sentences among 120, so rank at most 1, fewer than the "
+        "k = 32 components bert-whitening inverts" in err
+    ), err
+    assert not (tmp_path / "o").exists()
+    code, out, err = run(capsys, [*argv, "--posthoc", "whiten,abtt"])  # no inverse: runs
+    assert code == 0, err
+
+
 def test_analyze_posthoc_flag_end_to_end(capsys, tmp_path, glue_dir, minilm_dir):
     argv = ["analyze", "--model", "tiny-bert", "--tokenizer", str(minilm_dir), "--task", "rte"]
     argv += ["--data-dir", str(glue_dir), "--max-length", "32", "--out", str(tmp_path)]
@@ -133,14 +213,16 @@ def test_analyze_posthoc_flag_end_to_end(capsys, tmp_path, glue_dir, minilm_dir)
     assert (summary["task"], summary["score"]) == ("rte", "roc_auc")
     assert (summary["fit_sentences"], summary["eval_sentences"]) == (40, 48)
     assert list(summary["rows"]) == ["cls", "pooled", "mean"]
-    for rows in summary["rows"].values():
+    for vector, rows in summary["rows"].items():
         assert list(rows) == ["none", "whiten", "abtt", "bert-whitening"]  # d = 32: no k = 256
-        for row in rows.values():
-            assert row["d"] == 32 and 0.0 <= row["score"] <= 1.0 and 0 < row["EV_3"] <= 1
+        for transform, row in rows.items():
+            # cls and mean are LayerNorm outputs: BERT-whitening keeps d - 1 = 31 components.
+            dropped = transform == "bert-whitening" and vector != "pooled"
+            assert row["d"] == 32 - dropped and 0.0 <= row["score"] <= 1.0 and 0 < row["EV_3"] <= 1
     table = (tmp_path / "posthoc.md").read_text()
     assert table in out
     row = summary["rows"]["mean"]["bert-whitening"]
-    assert f"| mean | bert-whitening | 32 | {row['EV_1']:.4f} |" in table
+    assert f"| mean | bert-whitening | 31 | {row['EV_1']:.4f} |" in table
     assert "dev ROC AUC of cos" in table
 
 

@@ -192,3 +192,126 @@ def test_cli_refuses_infinite_weight_decay_and_a_tokenizer_larger_than_the_vocab
     err = capsys.readouterr().err
     assert code == 2 and one_line(err), err
     assert "30522 token ids, more than model" in err and "vocab_size 1000" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Every command's refusals beside a run folder: one line on stderr, exit status 2, the folder
+# byte for byte as it was (issue 50).
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def run_folder(tmp_path):
+    """A run folder's own files as `train_and_evaluate` leaves them (no weights: each refusal
+    comes before any restore or build)."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "4").mkdir(parents=True)
+    (run / "checkpoints" / "4" / "x.bin").write_bytes(b"\x00\x01")
+    (run / "best_checkpoint").mkdir()
+    (run / "config.json").write_text(json.dumps({"task": "rte", "normalizer": "whiten"}))
+    (run / "metrics.jsonl").write_text('{"step": 1, "epoch": 0, "split": "train"}\n')
+    (run / "results.json").write_text("{}\n")
+    return run
+
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+            for p in sorted(folder.rglob("*"))}  # fmt: skip
+
+
+def _data(tmp_path):
+    """GLUE-style folders: RTE with 8 rows, RTE with a header-only dev, CoLA and STS-B with one
+    dev row, RTE with a 700-word dev row."""
+    roots = {}
+    for name, dev in (("rte", 8), ("empty", 0), ("one", 1)):
+        rows = _rte_rows(8)
+        roots[name] = _glue_dir(tmp_path / name, "rte", _text(RTE_HEADER, rows),
+                                _text(RTE_HEADER, rows[:dev]))  # fmt: skip
+    roots["stsb1"] = _glue_dir(
+        tmp_path / "stsb1", "stsb", _text(STSB_HEADER, _stsb_rows(8)),
+        _text(STSB_HEADER, _stsb_rows(1)),
+    )  # fmt: skip
+    long_row = "0\t" + " ".join(["word"] * 700) + "\tA person.\tentailment"
+    roots["long"] = _glue_dir(tmp_path / "long", "rte", _text(RTE_HEADER, _rte_rows(8)),
+                              _text(RTE_HEADER, [long_row, *_rte_rows(3)[1:]]))  # fmt: skip
+    cola = tmp_path / "cola" / "glue" / "CoLA"
+    cola.mkdir(parents=True)
+    (cola / "train.tsv").write_text("".join(f"s\t{i % 2}\t\tA cat {i} sat.\n" for i in range(8)))
+    (cola / "dev.tsv").write_text("s\t1\t\tOne sentence.\n")
+    roots["cola1"] = cola.parent
+    return roots
+
+
+TINY = ["--model", "tiny-bert", "--tokenizer", "{tok}", "--max-length", "32"]
+REFUSALS = [
+    # finetune (finding 2): every normalizer_kwargs value typed before the build.
+    ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.momentum=abc"],
+     "normalizer_kwargs: momentum must be a finite number, got 'abc'"),
+    ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.alpha=abc"],
+     "normalizer_kwargs: alpha must be a finite number, got 'abc'"),
+    ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.group_size=5"],
+     "group_size 5 does not divide the width 32 of whiten's input (the hidden size of model "
+     "'tiny-bert')"),
+    ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.group_size=16.0"],
+     "group_size must be a positive integer or None, got 16.0"),
+    ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.group_size=True"],
+     "group_size must be a positive integer or None, got True"),
+    ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.keep_scale=maybe"],
+     "keep_scale must be True or False, got 'maybe'"),
+    ("finetune", ["--normalizer", "isobn", "--set", "normalizer_kwargs.debias=no"],
+     "debias must be True or False, got 'no'"),
+    ("finetune", ["--set", "max_length=100000", "--model", "{tok}"],
+     "max_length 100000 exceeds the 512 positions"),
+    # analyze (finding 7).
+    ("analyze", [*TINY, "--data-dir", "{rte}", "--out", "{run}/results.json"],
+     "--out {run}/results.json is a file"),
+    ("analyze", [*TINY, "--data-dir", "{rte}", "--posthoc", "whiten,abtt", "--out",
+                 "{run}/config.json/report"], "lies under the file {run}/config.json"),
+    ("analyze", [*TINY, "--data-dir", "{empty}", "--posthoc", "whiten", "--out", "{run}/a"],
+     "rte dev: 0 row(s); the report needs at least 2 (pairs)"),
+    ("analyze", [*TINY, "--data-dir", "{empty}", "--out", "{run}/a"], "rte dev: 0 row(s)"),
+    ("analyze", [*TINY, "--data-dir", "{one}", "--out", "{run}/a"], "rte dev: 1 row(s)"),
+    ("analyze", [*TINY, "--task", "cola", "--data-dir", "{cola1}"],
+     "cola dev: 1 row(s); the report needs at least 2 (sentences)"),
+    ("analyze", [*TINY, "--task", "stsb", "--data-dir", "{stsb1}", "--posthoc", "whiten"],
+     "stsb dev: 1 row(s)"),
+    ("analyze", ["--model", "{tok}", "--data-dir", "{long}", "--max-length", "1024"],
+     "--max-length 1024 exceeds the 512 positions of model"),
+    ("analyze", ["--run", "{run}", "--model", "x"], "--model contradicts --run"),
+    # export, predict (destinations refused before the restore), bench.
+    ("export", ["{run}", "{run}/checkpoints/hf"], "own files"),
+    ("export", ["{run}", "{run}/config.json/hf"], "is a file, not a folder"),
+    ("predict", ["{run}", "--split", "dev", "--out", "{run}/metrics.jsonl"], "own files"),
+    ("predict", ["{run}", "--split", "test", "--glue-submission", "{run}/best_checkpoint"],
+     "own files"),
+    ("bench", ["no_such_benchmark"], "unknown benchmark 'no_such_benchmark'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command, argv, message", REFUSALS)
+def test_every_commands_refusal_is_one_line_and_leaves_the_run_folder(
+    capsys, monkeypatch, tmp_path, minilm_dir, run_folder, command, argv, message
+):
+    """Findings 2 and 7 of the turn-5 audit, and the table of refusals it held: `momentum=abc`
+    was a TypeError traceback, `group_size=5` one after the model was built, 16.0 a shape
+    error, True and 'maybe' accepted; `analyze --out FILE` a FileExistsError after the
+    encoding, an empty dev split a ValueError, `--max-length 1024` one from the trace, one
+    sentence or pair definite-looking numbers. Each is one line, exit status 2, before any
+    weights are read, and the run folder is byte for byte as it was."""
+    names = {"run": run_folder, "tok": minilm_dir, **_data(tmp_path)}
+    argv = [a.format(**names) for a in argv]
+    if command == "finetune":
+        argv = ["--workdir", str(run_folder), "--model", "tiny-bert", "--task", "rte",
+                "--set", f"tokenizer={minilm_dir}", "--set", "progress=false", *argv]  # fmt: skip
+    monkeypatch.setattr(build, "load_encoder", _no_weights)
+    before = _snapshot(run_folder)
+    code = cli.main([command, *argv])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", (out, err)
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"isojax {command}: error: ") and message.format(**names) in err, err
+    assert _snapshot(run_folder) == before
+
+
+def _no_weights(*args, **kwargs):
+    raise AssertionError("a weights file or encoder was loaded before the refusal")

@@ -49,3 +49,23 @@ def test_an_embedded_run_is_silent_and_a_handler_shows_its_lines(tmp_path, glue_
         minilm_dir,
     )
     assert "isojax: " in shown and "rte from the TSVs in" in shown  # the run's first line
+
+
+def test_a_torn_metrics_line_is_logged_and_silenced_with_the_logger(tmp_path, glue_dir, minilm_dir):
+    """Issue 50, finding 9: the torn-line drop of `resume.py` was a `warnings.warn`, written to
+    stderr by a rerun whose "isojax" logger was at ERROR. Now a logged warning: nothing at
+    ERROR, the line with the command's handler."""
+    quiet = 'logging.getLogger("isojax").setLevel(logging.ERROR)'
+    assert _run(quiet, tmp_path / "a", glue_dir, minilm_dir) == ""
+    run = tmp_path / "a" / "run"
+    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 9, "ep')
+    assert _run(quiet, tmp_path / "a", glue_dir, minilm_dir) == ""  # the finished run, reread
+    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 9, "ep')
+    shown = _run(
+        "from isojax.cli.common import install_log_handler; install_log_handler()",
+        tmp_path / "a",
+        glue_dir,
+        minilm_dir,
+    )
+    assert "metrics.jsonl" in shown and "dropped a torn last line" in shown, shown
+    assert "Warning" not in shown, shown

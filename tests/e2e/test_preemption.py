@@ -42,8 +42,9 @@ _CHILD = textwrap.dedent(
                 os.kill(os.getpid(), signal.SIGINT)
             save(self, step, state, position)
         checkpointing.Checkpointer.save = signal_during_save
+    arm = os.environ.get("ISOJAX_TEST_ARM", "--normalizer isobn").split()
     sys.exit(cli.main([
-        "finetune", "--task", "rte", "--normalizer", "isobn", "--model", "tiny-bert",
+        "finetune", "--task", "rte", *arm, "--model", "tiny-bert",
         "--data-dir", glue_dir, "--workdir", workdir,
         "--set", f"tokenizer={tokenizer}", "--set", "max_train_examples=48",
         "--set", "max_eval_examples=8", "--set", "batch_size=8", "--set", "eval_batch_size=8",
@@ -156,3 +157,37 @@ def test_two_processes_save_the_same_step(tmp_path, glue_dir, minilm_dir):
         (tmp_path / "two" / "checkpoints" / str(step) / "position" / "metadata").read_text()
     )
     assert position["epoch"] * 6 + position["batch"] == step  # 6 steps an epoch
+
+
+@pytest.mark.parametrize(
+    "arm",
+    ["--normalizer whiten", "--normalizer isobn --penalty istar"],
+    ids=["whiten", "isobn+istar"],
+)
+def test_sigterm_and_resume_end_identical_for_whiten_and_isobn_istar(
+    tmp_path, glue_dir, minilm_dir, arm
+):
+    """Held probe of the turn-5 audit (issue 50): the same SIGTERM at step 3 and restart for
+    `whiten` (its running mean, covariance and counters) and `isobn + istar` (two kinds of
+    running state): the restart's results.json, metrics and final state are the uninterrupted
+    run's, bit for bit."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    env = {"ISOJAX_TEST_ARM": arm}
+    children = [
+        _start(tmp_path, full, glue_dir, minilm_dir, **env),
+        _start(tmp_path, cut, glue_dir, minilm_dir, stop_at=3, **env),
+    ]
+    done, stopped = (finish(child) for child in children)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert stopped.returncode == preemption.EXIT_PREEMPTED, stopped.stderr[-3000:]
+    assert _steps(cut) == [3]
+    resumed = finish(_start(tmp_path, cut, glue_dir, minilm_dir, **env))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    want, got = _state(full, 12), _state(cut, 12)
+    assert "batch_stats" in want and jax.tree.structure(want) == jax.tree.structure(got)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), want, got
+    )
+    results = json.loads((full / "results.json").read_text())
+    assert results == json.loads((cut / "results.json").read_text())
+    assert _untimed(full / "metrics.jsonl") == _untimed(cut / "metrics.jsonl")

@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 from children import child_env
-from helpers import finetune_args, one_line
+from helpers import finetune_args, logged_warning, one_line
 
 from isojax import cli, runs
 from isojax.training import checkpointing, nonfinite, resume
@@ -221,7 +221,7 @@ def test_an_edited_config_json_is_refused_naming_the_field(
     assert not (tmp_path / "p").exists()
 
 
-def test_a_checkpoint_without_a_stamp_restores_with_a_warning(killed_twice, tmp_path):
+def test_a_checkpoint_without_a_stamp_restores_with_a_warning(caplog, killed_twice, tmp_path):
     """A run folder of an older isojax: its checkpoint's position has no config."""
     run_dir = tmp_path / "run"
     shutil.copytree(killed_twice[1], run_dir, ignore=shutil.ignore_patterns("best_checkpoint"))
@@ -231,7 +231,7 @@ def test_a_checkpoint_without_a_stamp_restores_with_a_warning(killed_twice, tmp_
     position = dict(restored.position)
     with checkpointing.Checkpointer(run_dir / "checkpoints", max_to_keep=3) as ckpt:
         ckpt.save(5, restored.state, position)  # saved as before: no "config" key
-    with pytest.warns(RuntimeWarning, match="saved without its config"):
+    with logged_warning(caplog, "saved without its config"):
         runs.restore(run_dir)
 
 
@@ -289,7 +289,7 @@ def test_predict_and_export_refuse_a_destination_of_the_wrong_kind(killed_twice,
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_read_only_commands_fall_back_past_a_damaged_checkpoint_without_touching_the_run(
-    killed_twice, tmp_path, capsys
+    caplog, killed_twice, tmp_path, capsys
 ):
     run_dir = tmp_path / "run"
     shutil.copytree(killed_twice[1], run_dir)
@@ -298,7 +298,7 @@ def test_read_only_commands_fall_back_past_a_damaged_checkpoint_without_touching
         if path.is_file() and path.parent.name == "d":
             path.write_bytes(b"")  # a damaged newest checkpoint
     before = tree(run_dir)
-    with pytest.warns(RuntimeWarning, match="step 4 .* cannot be restored.*back to step 2"):
+    with logged_warning(caplog, "step 4 .* cannot be restored.*back to step 2"):
         code = cli.main(["predict", str(run_dir), "--split", "dev", "--out", str(tmp_path / "p")])
     assert code == 0, capsys.readouterr().err
     assert tree(run_dir) == before  # nothing renamed (no 4.unreadable), written or removed

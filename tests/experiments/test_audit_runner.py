@@ -6,9 +6,9 @@ import importlib.util
 import json
 import pathlib
 import sys
-import warnings
 
 import pytest
+from helpers import logged_warning
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "experiments"))
@@ -45,11 +45,11 @@ def get_config(arg=None):
 TORN = '{"step": 1, "epoch": 0, "split": "train", "loss": 0.7}\n{"step": 2, "ep'
 
 
-def test_read_run_drops_a_torn_last_line(tmp_path):
+def test_read_run_drops_a_torn_last_line(caplog, tmp_path):
     """Finding 3: `read_run` reads `metrics.jsonl` as the loop does, a torn last line dropped."""
     study_cell = _load("study_cell")
     (tmp_path / "metrics.jsonl").write_text(TORN)
-    with pytest.warns(RuntimeWarning, match="torn last line"):
+    with logged_warning(caplog, "torn last line"):
         run = study_cell.read_run(tmp_path)
     assert run["steps"] == 1 and run["eval"] == []
 
@@ -65,10 +65,8 @@ def test_dry_run_over_a_torn_cell_prints_its_estimate(tmp_path, glue_dir, minilm
     cell.mkdir(parents=True)
     (cell / "metrics.jsonl").write_text(TORN)
     lines = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        study.run_grid(str(grid), runs_dir=tmp_path / "runs", results=tmp_path / "r.jsonl",
-                       dry_run=True, log=lines.append)  # fmt: skip
+    study.run_grid(str(grid), runs_dir=tmp_path / "runs", results=tmp_path / "r.jsonl",
+                   dry_run=True, log=lines.append)  # fmt: skip
     assert "estimate" in lines[0] and "rte-none-s1: time unknown" in lines[1]
     assert "no estimate" not in caplog.text  # the torn line dropped, the folder read
     (cell / "metrics.jsonl").write_text("not json\n" + TORN + "\n")

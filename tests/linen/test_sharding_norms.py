@@ -135,3 +135,45 @@ def test_istar_and_stabilizer_on_a_sharded_batch(mesh):
     )
     got = penalties.c0_pass_finalize(mapped(state, hidden, mask))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_shard_map_whiten_with_a_fully_masked_shard(mesh):
+    """Held probe of the turn-5 audit (issue 50): `whiten` under `shard_map` with unequal masks
+    and one shard fully masked equals the unsharded step: the masked shard adds nothing to the
+    pooled moments, and its rows are still transformed."""
+    rng = np.random.default_rng(1)
+    mixing = rng.normal(size=(D, D)) * np.geomspace(3.0, 0.2, D)[:, None]
+    data = []
+    for step in range(STEPS):
+        x = jnp.asarray(rng.normal(size=(BATCH, D)) @ mixing + 2.0, jnp.float32)
+        mask = np.ones(BATCH, np.float32)
+        mask[12:] = 0.0  # the last shard: no row
+        mask[: step + 1] = 0.0  # the first: 1..3 rows fewer
+        data.append((x, jnp.asarray(mask)))
+
+    def steps(model, step_fn):
+        variables = model.init(jax.random.key(0), data[0][0], use_running_average=True)
+        ys = []
+        for x, mask in data:
+            y, updates = step_fn(variables, x, mask)
+            variables = {**variables, **updates}
+            ys.append(np.asarray(y))
+        return variables["batch_stats"], ys
+
+    model = norms.make_normalizer("whiten")
+    single, single_ys = steps(model, jax.jit(train_step(model)))
+    assert int(single["count"]) == STEPS and int(single["skipped"]) == 0
+    mapped_model = norms.make_normalizer("whiten", axis_name="data")
+    mapped = jax.jit(
+        jax.shard_map(
+            train_step(mapped_model),
+            mesh=mesh,
+            in_specs=(P(), P("data"), P("data")),
+            out_specs=(P("data"), P()),
+        )
+    )
+    got, ys = steps(mapped_model, mapped)
+    assert_stats_close(got, single)
+    for y, want in zip(ys, single_ys, strict=True):
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    assert np.all(np.isfinite(ys[-1][12:]))

@@ -1,7 +1,9 @@
 """Loading and exporting Hugging Face checkpoints: real MiniLM-L6 weights, round trips, errors."""
 
 import json
+import logging
 import pathlib
+import re
 import shutil
 
 import jax
@@ -154,14 +156,20 @@ def test_fine_tuned_classifier_served_by_transformers(family, normalizer, tmp_pa
     "normalizer, sentence, reason",
     [("layernorm", "pooled", r"'layernorm' is not affine"), ("none", "cls", r"sentence='cls'")],
 )
-def test_unservable_heads_export_their_encoder_and_say_so(tmp_path, normalizer, sentence, reason):
+def test_unservable_heads_export_their_encoder_and_say_so(
+    tmp_path, caplog, normalizer, sentence, reason
+):
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF["bert"])
     head = models.SequenceClassifier(
         models.Encoder(cfg), num_labels=2, normalizer=normalizer, sentence=sentence
     )
     variables = heads.init_variables(head, jax.random.key(0))
-    with pytest.warns(hf_export.EncoderOnlyExport, match=rf"encoder alone \(BertModel\).*{reason}"):
+    assert re.search(reason, hf_export.encoder_only_reason(head, variables))
+    with caplog.at_level(logging.WARNING, "isojax"):
         folder = models.export_pretrained(tmp_path / "enc", head, variables)
+    (record,) = [r for r in caplog.records if r.name == hf_export.__name__]
+    assert record.levelno == logging.WARNING
+    assert re.search(rf"encoder alone \(BertModel\).*{reason}", record.getMessage())
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["BertModel"] and "num_labels" not in config
     reference = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()

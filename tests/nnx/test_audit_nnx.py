@@ -27,9 +27,10 @@ def _head(normalizer: str, dtype=jnp.float32, remat: bool = False):
     )
 
 
-@pytest.mark.parametrize("normalizer", ["isobn", "batchnorm"])
+@pytest.mark.parametrize("normalizer", ["isobn", "batchnorm", "whiten"])
 def test_a_deterministic_view_freezes_the_running_statistics(normalizer):
-    """Finding 10: a view giving only `deterministic` sets the normaliser's mode to it."""
+    """Finding 10: a view giving only `deterministic` sets the normaliser's mode to it; and
+    `.eval()` freezes them too (`whiten`: a held probe of the turn-5 audit, issue 50)."""
     head, mask = _head(normalizer), jnp.ones_like(IDS)
     head.train()
     before = nnx.state(head, nnx.BatchStat)
@@ -41,6 +42,10 @@ def test_a_deterministic_view_freezes_the_running_statistics(normalizer):
     # An explicit use_running_average still wins over deterministic.
     nnx.view(head, deterministic=True, use_running_average=False)(IDS, mask)
     assert int(head.norm.count[...]) == 2
+    moved = nnx.state(head, nnx.BatchStat)
+    head.eval()
+    head(IDS, mask)
+    jax.tree.map(np.testing.assert_array_equal, nnx.state(head, nnx.BatchStat), moved)
 
 
 def _batch(kind: str) -> tuple[jax.Array, dict]:

@@ -52,6 +52,8 @@ def roberta_dir(tmp_path_factory, minilm_dir):
 TRAINED = {  # name: (model, method, task)
     "bert-isobn": ("tiny-bert", "isobn", "rte"),
     "roberta-batchnorm": ("roberta", "batchnorm", "mrpc"),
+    # A held probe of the turn-5 audit (issue 50): the ZCA whitening folded into the classifier.
+    "bert-whiten": ("tiny-bert", "whiten", "rte"),
 }
 
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import logged_warning
 
 from isojax.training import checkpointing
 
@@ -64,11 +65,11 @@ def test_changed_train_state_is_named_and_no_file_moves(tmp_path, changes, named
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]
 
 
-def test_damaged_metadata_falls_back_and_sets_the_step_aside(tmp_path):
+def test_damaged_metadata_falls_back_and_sets_the_step_aside(caplog, tmp_path):
     _saved(tmp_path)
     (tmp_path / "2" / "state" / "_METADATA").write_bytes(b"{not json")
     with checkpointing.Checkpointer(tmp_path) as ckpt:
-        with pytest.warns(RuntimeWarning, match=r"step 2 .* cannot be restored.*back to step 1"):
+        with logged_warning(caplog, r"step 2 .* cannot be restored.*back to step 1"):
             state, position = ckpt.restore(_state(0.0))
         assert ckpt.all_steps() == [1]
     assert (tmp_path / "2.unreadable").is_dir()
@@ -76,11 +77,11 @@ def test_damaged_metadata_falls_back_and_sets_the_step_aside(tmp_path):
     assert position == {"epoch": 0, "batch": 1}
 
 
-def test_damaged_position_file_falls_back(tmp_path):
+def test_damaged_position_file_falls_back(caplog, tmp_path):
     _saved(tmp_path)
     (tmp_path / "2" / "position" / "metadata").write_text("][")
     with checkpointing.Checkpointer(tmp_path) as ckpt:
-        with pytest.warns(RuntimeWarning, match=r"step 2 .* cannot be restored.*back to step 1"):
+        with logged_warning(caplog, r"step 2 .* cannot be restored.*back to step 1"):
             _, position = ckpt.restore(_state(0.0))
     assert position == {"epoch": 0, "batch": 1}
 
@@ -104,7 +105,7 @@ _ORBAX_LATE_CALLBACK = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisab
 
 
 @_ORBAX_LATE_CALLBACK
-def test_truncated_newest_checkpoint_falls_back_with_a_warning(tmp_path):
+def test_truncated_newest_checkpoint_falls_back_with_a_warning(caplog, tmp_path):
     with checkpointing.Checkpointer(tmp_path, max_to_keep=2) as ckpt:
         for step in (1, 2, 3):
             ckpt.save(step, _plain_state(float(step)), {"epoch": 0, "batch": step})
@@ -117,7 +118,7 @@ def test_truncated_newest_checkpoint_falls_back_with_a_warning(tmp_path):
         with open(path, "r+b") as f:
             f.truncate(os.path.getsize(path) // 2)
     with checkpointing.Checkpointer(tmp_path) as ckpt:
-        with pytest.warns(RuntimeWarning, match="step 3 .* cannot be restored.*back to step 2"):
+        with logged_warning(caplog, "step 3 .* cannot be restored.*back to step 2"):
             state, position = ckpt.restore(_plain_state(0.0))
         assert ckpt.all_steps() == [2]  # the bad one is set aside, and may be written again
         ckpt.save(3, _plain_state(3.0), {"epoch": 0, "batch": 3})
@@ -141,7 +142,7 @@ def test_unfinished_save_is_ignored(tmp_path):
 
 
 @_ORBAX_LATE_CALLBACK
-def test_no_checkpoint_restores_none_and_unreadable_only_raises(tmp_path):
+def test_no_checkpoint_restores_none_and_unreadable_only_raises(caplog, tmp_path):
     with checkpointing.Checkpointer(tmp_path / "a") as ckpt:
         assert ckpt.restore(_plain_state(0.0)) is None
     with checkpointing.Checkpointer(tmp_path / "b") as ckpt:
@@ -150,7 +151,7 @@ def test_no_checkpoint_restores_none_and_unreadable_only_raises(tmp_path):
         if path.is_file() and path.parent.name == "d":
             path.write_bytes(b"")
     with checkpointing.Checkpointer(tmp_path / "b") as ckpt:
-        with pytest.warns(RuntimeWarning, match="none left"), pytest.raises(RuntimeError):
+        with logged_warning(caplog, "none left"), pytest.raises(RuntimeError):
             ckpt.restore(_plain_state(0.0))
 
 

@@ -1,0 +1,109 @@
+"""The normalisers' typed hyper-parameter schema (`normalizers.schema`, `check_hparams`,
+`check_width`): every value typed and ranged from the `HPARAMS` table, so a new row is checked
+without code of its own (issue 50, finding 2)."""
+
+import numpy as np
+import pytest
+
+from isojax.core import normalizers
+
+
+@pytest.mark.parametrize(
+    "hparams, message",
+    [
+        ({"momentum": "abc"}, "momentum must be a finite number, got 'abc'"),
+        ({"alpha": "abc"}, "alpha must be a finite number, got 'abc'"),
+        ({"epsilon": float("nan")}, "epsilon must be a finite number, got nan"),
+        ({"group_size": 16.0}, "group_size must be a positive integer or None, got 16.0"),
+        ({"group_size": True}, "group_size must be a positive integer or None, got True"),
+        ({"group_size": 0}, "group_size must be a positive integer or None, got 0"),
+        ({"keep_scale": "maybe"}, "keep_scale must be True or False, got 'maybe'"),
+        ({"keep_scale": 1}, "keep_scale must be True or False, got 1"),
+        ({"momentum": True}, "momentum must be a finite number, got True"),
+        ({"momentum": 1.0}, "momentum 1.0 not in (0, 1)"),
+    ],
+)
+def test_whiten_values_are_typed_before_any_comparison(hparams, message):
+    """Finding 2: `momentum=abc` raised TypeError from `<`; 16.0, True and 'maybe' passed."""
+    with pytest.raises(ValueError) as err:
+        normalizers.check_hparams("whiten", **hparams)
+    assert str(err.value) == message
+
+
+def test_good_values_pass_numpy_scalars_included():
+    normalizers.check_hparams(
+        "whiten", momentum=np.float32(0.9), alpha=0, epsilon=1e-5, group_size=np.int64(16),
+        keep_scale=np.bool_(False),
+    )  # fmt: skip
+    normalizers.check_hparams("whiten", group_size=None)
+    normalizers.check_hparams("batchnorm", bias_init=lambda *a: 0.0)
+    with pytest.raises(ValueError, match="bias_init must be a callable, got 'zeros'"):
+        normalizers.check_hparams("batchnorm", bias_init="zeros")
+
+
+def test_group_size_must_divide_the_width_naming_both_numbers():
+    normalizers.check_width("whiten", 32, group_size=16)
+    normalizers.check_width("whiten", 32, group_size=None)
+    normalizers.check_width("isobn", 32, momentum=0.9)
+    with pytest.raises(ValueError) as err:
+        normalizers.check_width("whiten", 32, group_size=5)
+    assert str(err.value) == "group_size 5 does not divide the width 32 of whiten's input"
+
+
+def test_every_row_of_the_table_has_a_schema():
+    for name in normalizers.NORMALIZERS:
+        assert set(normalizers.schema(name)) == set(normalizers.HPARAMS[name])
+        normalizers.check_hparams(name, **normalizers.HPARAMS[name])  # the defaults pass
+
+
+@pytest.fixture
+def new_row(monkeypatch):
+    """A normaliser row as a new method adds it (IterNorm's fields), with no code of its own."""
+    row = {"momentum": 0.1, "eps": 1e-5, "T": 5, "group_size": None, "stop_gradient": False,
+           "affine": True, "scale": 2.0}  # fmt: skip
+    monkeypatch.setitem(normalizers.HPARAMS, "newnorm", row)
+    monkeypatch.setitem(normalizers.STRUCTURAL, "newnorm", ("dtype",))
+    return row
+
+
+@pytest.mark.parametrize(
+    "hparams, message",
+    [
+        ({"momentum": "x"}, "momentum must be a finite number"),
+        ({"momentum": 1.5}, "momentum 1.5 not in (0, 1)"),
+        ({"eps": 0.0}, "eps must be > 0, got 0.0"),
+        ({"T": 2.0}, "T must be an integer >= 0, got 2.0"),
+        ({"T": -1}, "T must be an integer >= 0, got -1"),
+        ({"group_size": True}, "group_size must be a positive integer or None"),
+        ({"stop_gradient": "no"}, "stop_gradient must be True or False, got 'no'"),
+        ({"affine": 0}, "affine must be True or False, got 0"),
+        ({"scale": "2"}, "scale must be a finite number, got '2'"),  # typed by its default
+    ],
+)
+def test_a_new_row_is_typed_from_the_table(new_row, hparams, message):
+    normalizers.check_hparams("newnorm", **new_row)
+    with pytest.raises(ValueError, match=f"^{__import__('re').escape(message)}"):
+        normalizers.check_hparams("newnorm", **hparams)
+    with pytest.raises(ValueError, match="group_size 3 does not divide the width 32"):
+        normalizers.check_width("newnorm", 32, group_size=3)
+
+
+def test_a_none_default_without_a_rule_is_refused(monkeypatch):
+    monkeypatch.setitem(normalizers.HPARAMS, "newnorm", {"whatever": None})
+    with pytest.raises(TypeError, match="'whatever' .* needs a Rule in RULES"):
+        normalizers.schema("newnorm")
+
+
+def test_iternorms_row_is_typed_without_code_of_its_own():
+    """IterNorm's row (added after the schema) is checked from the table alone."""
+    for hparams, message in [
+        ({"momentum": "abc"}, "momentum must be a finite number, got 'abc'"),
+        ({"iterations": 2.5}, "iterations must be an integer >= 0, got 2.5"),
+        ({"stop_gradient": "yes"}, "stop_gradient must be True or False, got 'yes'"),
+        ({"affine": None}, "affine must be True or False, got None"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            normalizers.check_hparams("iternorm", **hparams)
+        assert str(err.value) == message
+    with pytest.raises(ValueError, match="group_size 5 does not divide the width 32"):
+        normalizers.check_width("iternorm", 32, group_size=5)
