@@ -315,7 +315,7 @@ def build_page(results: pathlib.Path = RESULTS, forest: pathlib.Path | None = No
 
         fig = report_figures.draw_forest(plt, rows, "every study")
         fig.tight_layout()
-        fig.savefig(forest, dpi=110, metadata={"Software": None})
+        fig.savefig(forest, dpi=110, bbox_inches="tight")
         plt.close(fig)
     return render(lines_by_study, refused, FOREST.name if rows else "")
 

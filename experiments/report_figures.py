@@ -57,7 +57,8 @@ def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str)
         draw = draws[name]
         fig = draw(plt, runs, data)
         fig.tight_layout()
-        fig.savefig(out / f"{stem}_{name}.png", dpi=110)
+        tight = "tight" if name == "forest" else None  # its long labels and outer legend
+        fig.savefig(out / f"{stem}_{name}.png", dpi=110, bbox_inches=tight)
         plt.close(fig)
         files[name] = f"{stem}_{name}.png"
     return files

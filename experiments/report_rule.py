@@ -220,7 +220,8 @@ class Family:
         out = []
         for line, t, p_adj, b, e in zip(self.lines, ts, adjusted, below, equiv, strict=True):
             if self.kind == "no change":
-                v = no_change_verdict(t, p_adj) | {"size_excluded": None}
+                v = no_change_verdict(t, p_adj)
+                v |= {"size_excluded": None, "below": math.nan, "equiv": math.nan}
             else:
                 v = difference_verdict(t, p_adj, line[4], self.size, b, self.margin, e)
             out.append((line, p_adj, v | {"below_holm": b, "equiv_holm": e}))
