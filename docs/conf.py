@@ -168,13 +168,16 @@ REPORTS = pathlib.Path(__file__).resolve().parent / "study" / "reports"
 def _copy_reports(app, config):
     shutil.rmtree(REPORTS, ignore_errors=True)
     REPORTS.mkdir(parents=True)
-    for jsonl in RESULTS.glob("*.jsonl"):  # a study's report and its figures
+    # A study's report and its figures; GPU records' (results/gpu/) into reports/gpu/.
+    for jsonl in [*RESULTS.glob("*.jsonl"), *RESULTS.glob("gpu/*.jsonl")]:
         report = jsonl.with_suffix(".md")
         if report.exists():
+            out = REPORTS / jsonl.parent.relative_to(RESULTS)
+            out.mkdir(parents=True, exist_ok=True)
             text = report.read_text()
-            (REPORTS / report.name).write_text("---\norphan: true\n---\n\n" + text)
-            for png in RESULTS.glob(f"{jsonl.stem}_*.png"):
-                shutil.copy(png, REPORTS / png.name)
+            (out / report.name).write_text("---\norphan: true\n---\n\n" + text)
+            for png in jsonl.parent.glob(f"{jsonl.stem}_*.png"):
+                shutil.copy(png, out / png.name)
 
 
 def _findings_links(app, docname, source):

@@ -3,8 +3,13 @@ JSONLs alone, with the report's own functions (`report_numbers.build`,
 `report_verdicts.verdict_lines`): one table of every SPEC.md §9 claim, each with the verdict
 lines the records give (verdict, interval, p values, n), or the reason none is possible here.
 
-    python experiments/findings.py                 # writes docs/study/findings.md
+    python experiments/findings.py                 # writes docs/study/findings.md and its
+                                                   # forest plot, docs/study/findings_forest.png
     python experiments/findings.py --check         # exit 1 if the page is stale
+
+A study is read from `experiments/results/<study>.jsonl` and, for the GPU records,
+`experiments/results/gpu/<study>.jsonl` (experiments/device/README.md), each where it exists;
+a study with neither gets its claims' "no records yet" rows.
 
 Nothing is copied by hand: run it after `experiments/report.py` regenerates a report (and
 `bash experiments/docs.sh` runs it before every build).
@@ -31,7 +36,8 @@ import report_verdicts as verdicts  # noqa: E402
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 PAGE = ROOT / "docs" / "study" / "findings.md"
-STUDIES = ("normalizers", "istar_lambda", "istar_zeta", "cosreg", "whitening")
+FOREST = PAGE.with_name("findings_forest.png")
+STUDIES = ("normalizers", "istar_lambda", "istar_zeta", "cosreg", "whitening", "whitening_why")
 
 # Why some of what SPEC.md §9 claims cannot be measured here.
 ONLY_MINILM = (
@@ -159,7 +165,23 @@ CLAIMS = (
         f"on other encoders: {ONLY_MINILM}",
         "whitening",
     ),
-)
+    # The causal grid of issue 47: why running whitening breaks fine-tuning, one mechanism each.
+    *(
+        Claim(text, (prefix,), f"on other encoders: {ONLY_MINILM}", "whitening_why")
+        for text, prefix in (
+            ("[Whitening why] the gradient through the batch statistics helps (iternorm against "
+             "iternorm with its statistics detached)", "[Whitening why] the gradient"),
+            ("[Whitening why] whitening in groups of 16 helps (iternorm-g16 against iternorm)",
+             "[Whitening why] groups"),
+            ("[Whitening why] the head's dropout noise hurts whiten (whiten without dropout "
+             "against whiten)", "[Whitening why] the head's dropout"),
+            ("[Whitening why] shrinkage helps whiten (α = 0.5 against the default 0.1)",
+             "[Whitening why] shrinkage"),
+            ("[Whitening why] iternorm trains as well as none (equivalent within ±0.010)",
+             "[Whitening why] iternorm trains as well"),
+        )
+    ),
+)  # fmt: skip
 
 LINE = re.compile(r"^- (?P<head>.*?): \*\*(?P<verdict>[^*]+)\*\*(?: \((?P<details>.*)\))?$")
 
@@ -167,19 +189,24 @@ LINE = re.compile(r"^- (?P<head>.*?): \*\*(?P<verdict>[^*]+)\*\*(?: \((?P<detail
 def study_verdicts(jsonl: str | pathlib.Path) -> list[str]:
     """The verdict lines ("- claim, where: **verdict** (...)") of the report of `jsonl`, as
     `experiments/report.py` writes them into its "Verdicts" section, figure links included."""
+    return study(jsonl)[0]
+
+
+def study(jsonl: str | pathlib.Path) -> tuple[list[str], list[dict]]:
+    """(the verdict lines of `jsonl`'s report, its forest plot's rows)."""
     records = records_io.load(pathlib.Path(jsonl))
     data = numbers.build(records)
     stem = pathlib.Path(jsonl).stem
     files = {name: f"{stem}_{name}.png" for name in report_figures.figure_names(data)}
-    return [line for line in verdicts.verdict_lines(data, files) if line.startswith("- ")]
+    lines = [line for line in verdicts.verdict_lines(data, files) if line.startswith("- ")]
+    return lines, verdicts.forest_rows(data)
 
 
 def _cell(text: str, study: str = "") -> str:
     """A table cell: the report's links (figure names beside the JSONL) made relative to the
     page, and no `|` left to split the row."""
-    text = re.sub(
-        r"\]\((?P<file>[^)/]+\.(?:png|md))\)", r"](../../experiments/results/\g<file>)", text
-    )
+    where = "../../experiments/results/" + (study.rsplit("/", 1)[0] + "/" if "/" in study else "")
+    text = re.sub(r"\]\((?P<file>[^)/]+\.(?:png|md))\)", rf"]({where}\g<file>)", text)
     return text.replace("|", "\\|")
 
 
@@ -197,10 +224,11 @@ def rows(lines_by_study: dict[str, list[str]], claim: Claim) -> list[str]:
                 f"**{m['verdict']}** | {_cell(m['details'] or '', study)} |"
             )
     if not out:
+        studies = {name.rsplit("/", 1)[-1] for name in lines_by_study}
         reason = (
             f"no verdict line: the `{claim.study}` grid has no records yet "
             f"(`experiments/configs/study_{claim.study}.py`)"
-            if claim.study not in lines_by_study
+            if claim.study not in studies
             else "no verdict line in these records"
         )
         if not claim.prefixes:
@@ -210,7 +238,7 @@ def rows(lines_by_study: dict[str, list[str]], claim: Claim) -> list[str]:
     return out
 
 
-def render(lines_by_study: dict[str, list[str]], refused: dict[str, str]) -> str:
+def render(lines_by_study: dict[str, list[str]], refused: dict[str, str], forest: str = "") -> str:
     studies = ", ".join(
         f"[{s}](../../experiments/results/{s}.md) ({len(v)} verdict lines)"
         for s, v in lines_by_study.items()
@@ -229,7 +257,21 @@ def render(lines_by_study: dict[str, list[str]], refused: dict[str, str]) -> str
         + (studies or "none yet")
         + ".",
         "",
+        *(
+            [
+                "Every fine-tuning verdict line and pooled line at a glance: the difference, its "
+                "95 % interval and the paper's size (a black tick), coloured by verdict; an open "
+                "marker is an epoch-sensitive verdict.",
+                "",
+                f"![forest plot of the fine-tuning verdict lines]({forest})",
+                "",
+            ]
+            if forest
+            else []
+        ),
         rule.RULE,
+        "",
+        rule.POOLED_RULE,
         "",
         "| claim (SPEC.md §9) | report: line | verdict | difference, t 95 % interval, p, n |",
         "|---|---|---|---|",
@@ -243,29 +285,53 @@ def render(lines_by_study: dict[str, list[str]], refused: dict[str, str]) -> str
     return "\n".join(md) + "\n"
 
 
-def build_page(results: pathlib.Path = RESULTS) -> str:
-    lines_by_study, refused = {}, {}
-    for study in STUDIES:
-        path = results / f"{study}.jsonl"
-        if not path.exists():
-            continue
+def jsonls(results: pathlib.Path = RESULTS) -> dict[str, pathlib.Path]:
+    """Report name ("whitening", "gpu/whitening_why") -> its JSONL, for every study of
+    `STUDIES` whose CPU or GPU JSONL exists."""
+    out = {}
+    for name in STUDIES:
+        for key, path in ((name, results / f"{name}.jsonl"),
+                          (f"gpu/{name}", results / "gpu" / f"{name}.jsonl")):  # fmt: skip
+            if path.exists():
+                out[key] = path
+    return out
+
+
+def build_page(results: pathlib.Path = RESULTS, forest: pathlib.Path | None = None) -> str:
+    """The page's Markdown; with `forest`, its forest plot is drawn there (and linked)."""
+    lines_by_study, refused, rows = {}, {}, []
+    for name, path in jsonls(results).items():
         try:
-            lines_by_study[study] = study_verdicts(path)
+            lines_by_study[name], study_rows = study(path)
         except records_io.RecordsError as err:
-            refused[study] = str(err)
-    return render(lines_by_study, refused)
+            refused[name] = str(err)
+            continue
+        rows += [r | {"label": f"{name}: {r['label']}"} for r in study_rows]
+    if forest is not None and rows:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig = report_figures.draw_forest(plt, rows, "every study")
+        fig.tight_layout()
+        fig.savefig(forest, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+    return render(lines_by_study, refused, FOREST.name if rows else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
     args = parser.parse_args(argv)
-    page = build_page()
     if args.check:
+        page = build_page()
         stale = not PAGE.exists() or PAGE.read_text() != page
+        stale = stale or (FOREST.name in page and not FOREST.exists())
         print(f"{PAGE}: {'stale' if stale else 'up to date'}")
         return int(stale)
     PAGE.parent.mkdir(parents=True, exist_ok=True)
+    page = build_page(forest=FOREST)
     PAGE.write_text(page)
     print(PAGE)
     return 0

@@ -29,6 +29,7 @@ gives one line on stderr and exit status 2, and writes nothing.
 from __future__ import annotations
 
 import argparse
+import math
 import pathlib
 import sys
 
@@ -86,7 +87,8 @@ def _header(records: list[dict], data: dict, stem: str) -> list[str]:
         f"{len(records)} records: {len(ok)} finished runs, {len(failed)} failed, "
         f"{len(records) - len(runs)} pre-trained evaluations; {hours:.1f} h of runs. "
         f"Code: {', '.join(f'{c} x{n}' for c, n in commits.items())}; device: "
-        f"{', '.join(f'{d} x{n}' for d, n in devices.items())}."
+        f"{', '.join(f'{d} x{n}' for d, n in devices.items())}; host: "
+        f"{', '.join(f'{h} x{n}' for h, n in records_io.host_counts(records).items())}."
     )
     if len({r.get("device") for r in records}) > 1:
         md += [
@@ -178,12 +180,30 @@ def _paired(data: dict, files: dict) -> list[str]:
         f"Mean of (arm − {data['baseline']}) over the seeds both have, its paired t 95 % "
         "interval and two-sided t-test p (the verdicts' statistics), and for the best epoch "
         f"the percentile bootstrap 95 % interval ({stats.RESAMPLES} resamples of the seeds, "
-        f"NumPy `default_rng({stats.BOOTSTRAP_SEED})`), a figure only: with n = 3 seeds the "
-        "resampled mean takes 10 values and the interval excludes 0 whenever the three "
-        "differences share a sign." + _figure(files, "paired"),
+        f"NumPy `default_rng({stats.BOOTSTRAP_SEED})`), a figure only: {_bootstrap_note(data)}"
+        + _figure(files, "paired"),
         "",
         *tables.paired_table(data),
     ]
+
+
+def _bootstrap_note(data: dict) -> str:
+    """Why the bootstrap interval is a figure, at the table's numbers of seeds: with n seeds the
+    resampled mean takes at most C(2n − 1, n) values, and the interval excludes 0 whenever the
+    n differences share a sign."""
+    ns = sorted(
+        {p["best"]["n"] for t in data["tasks"] for p in data["per_task"][t]["paired"].values()}
+        | {a["best"]["n"] for a in data["task_average"].values()}
+    )
+    ns = [n for n in ns if n >= 2]
+    if not ns:
+        return "no arm shares two seeds with the baseline yet."
+    values = ", ".join(f"{math.comb(2 * n - 1, n)} at n = {n}" for n in ns)
+    return (
+        f"with n = {' to '.join(map(str, dict.fromkeys((ns[0], ns[-1]))))} seeds the resampled "
+        f"mean takes at most C(2n − 1, n) values ({values}) and the interval excludes 0 "
+        "whenever the n differences share a sign."
+    )
 
 
 def _figure(files: dict, *names: str) -> str:

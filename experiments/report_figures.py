@@ -11,7 +11,12 @@
   circled, Pearson r in the titles;
 - `<stem>_profile.png` (pooled over tasks): the performance profile of each arm, the fraction
   of runs of the normalised tasks whose normalised score exceeds τ (1 at the baseline's median,
-  0 at a constant prediction's score).
+  0 at a constant prediction's score);
+- `<stem>_forest.png` (issue 48): one row per fine-tuning verdict line and pooled line
+  (`report_verdicts.forest_rows`): the difference in the claim's frame, its 95 % interval (t,
+  or the pooled line's stratified bootstrap), the paper's size as a vertical mark, coloured by
+  verdict, an open marker where the verdict is epoch-sensitive (`draw_forest`, which the
+  findings page's figure shares).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import pathlib
 
 import numpy as np
 import report_pooled as pool
+import report_verdicts as verdicts
 from report_records import CHANCE, METRIC_NAMES, PRETRAINED, arm_label, dev_rows, last_value
 from report_tables import fp
 
@@ -32,7 +38,8 @@ def figure_names(data: dict) -> list[str]:
     names = ["scores", "curves"] + ["paired"] * bool(data["baseline"]) + ["isotropy"]
     names += ["sweep"] * bool(data["sweep"])
     arms = data.get("pooled", {}).get("arms", {})
-    return names + ["profile"] * any(c["normalised"] for c in arms.values())
+    names += ["profile"] * any(c["normalised"] for c in arms.values())
+    return names + ["forest"] * bool(verdicts.forest_rows(data))
 
 
 def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str) -> dict:
@@ -44,13 +51,14 @@ def write_figures(records: list[dict], data: dict, out: pathlib.Path, stem: str)
 
     runs = [r for r in records if r["kind"] == "run" and r["status"] == "ok"]
     draws = {"scores": _scores, "curves": _curves, "paired": _paired, "isotropy": _isotropy}
-    draws |= {"sweep": _sweep, "profile": _profile}
+    draws |= {"sweep": _sweep, "profile": _profile, "forest": _forest}
     files = {}
     for name in figure_names(data):
         draw = draws[name]
         fig = draw(plt, runs, data)
         fig.tight_layout()
-        fig.savefig(out / f"{stem}_{name}.png", dpi=110)
+        tight = "tight" if name == "forest" else None  # its long labels and outer legend
+        fig.savefig(out / f"{stem}_{name}.png", dpi=110, bbox_inches=tight)
         plt.close(fig)
         files[name] = f"{stem}_{name}.png"
     return files
@@ -209,6 +217,57 @@ def _profile(plt, runs: list[dict], data: dict):
     ax.set_title(f"tasks {', '.join(pooled['normalised_tasks'])}{excluded}", fontsize=8)
     ax.legend(fontsize=7)
     return fig
+
+
+def _forest(plt, runs: list[dict], data: dict):
+    return draw_forest(plt, verdicts.forest_rows(data), f"{data['baseline']} as the baseline")
+
+
+# Verdict (its first words) -> colour of the forest plot.
+VERDICT_COLOURS = (
+    ("confirmed", "tab:green"),
+    ("reversed", "tab:red"),
+    ("smaller than claimed", "tab:orange"),
+    ("equivalent", "tab:blue"),
+    ("not detected", "tab:grey"),
+    ("not tested", "lightgrey"),
+)
+
+
+def verdict_colour(verdict: str) -> str:
+    return next((c for word, c in VERDICT_COLOURS if verdict.startswith(word)), "black")
+
+
+def draw_forest(plt, rows: list[dict], title: str):
+    """The forest plot of `rows` (`report_rule.Family.forest`), top to bottom in order: the
+    difference and its 95 % interval, a vertical tick at the paper's size, 0 as a grey line."""
+    height = 1.2 + 0.19 * len(rows)
+    fig, ax = plt.subplots(figsize=(13, height))
+    y = np.arange(len(rows))[::-1]
+    for yi, r in zip(y, rows, strict=True):
+        colour = verdict_colour(r["verdict"])
+        if math.isfinite(r["lo"]):
+            ax.hlines(yi, r["lo"], r["hi"], color=colour, lw=1.6)
+        face = "white" if r["epoch_sensitive"] else colour
+        ax.plot(r["mean"], yi, "o", ms=4.5, mfc=face, mec=colour)
+        if r["size"] is not None:
+            ax.plot(r["size"], yi, "|", ms=10, mew=1.6, color="black")
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_yticks(y, [_short(r["label"]) for r in rows], fontsize=6)
+    ax.set_ylim(-0.8, len(rows) - 0.2)
+    ax.set_xlabel("difference on the 0–1 score, in the claim's frame (95 % interval)", fontsize=8)
+    handles = [ax.plot([], [], "o", color=c, label=w)[0] for w, c in VERDICT_COLOURS]
+    handles.append(ax.plot([], [], "o", mfc="white", mec="black", label="epoch-sensitive")[0])
+    handles.append(ax.plot([], [], "|", ms=10, mew=1.6, color="black", label="paper's size")[0])
+    ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(f"fine-tuning verdict lines ({title})", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    return fig
+
+
+def _short(label: str, width: int = 80) -> str:
+    """A row label cut to `width` characters."""
+    return label if len(label) <= width else label[: width - 1] + "…"
 
 
 def _task(r: dict) -> str:

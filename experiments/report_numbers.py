@@ -104,7 +104,9 @@ def build(records: list[dict]) -> dict:
         out["per_task"][task] = _task(task, arms[task], baseline_label, pre.get(task), sweep)
     out["task_average"] = _task_average(out, arms)
     if baseline_label and len(tasks) > 1:
-        out["pooled"] = pooled(out, "last" if sweep else "best")
+        kind, other = ("last", "best") if sweep else ("best", "last")
+        out["pooled"] = pooled(out, kind)
+        out["pooled_other"] = pooled(out, other, with_iqm=False)
     return out
 
 
@@ -139,7 +141,11 @@ def _task(task: str, arms: dict, baseline: str | None, pre: dict | None, sweep: 
     for a, b in CONTRASTS:
         la, lb = arm_of(labels, a), arm_of(labels, b)
         if la and lb:
-            for key, fn in (("ev3", _metric("pre_logits_ev3")), ("score", best_score)):
+            for key, fn in (
+                ("ev3", _metric("pre_logits_ev3")),
+                ("score", best_score),
+                ("score_last", last_value),
+            ):
                 t[f"{key}_{a}_vs_{b}"] = paired(_by_seed(arms[la], fn), _by_seed(arms[lb], fn))
     if sweep:
         base_median = t["arms"][baseline]["last"]["median"] if base_rows else math.nan
@@ -176,12 +182,12 @@ def _task_average(out: dict, arms: dict) -> dict:
     return average
 
 
-def pooled(data: dict, kind: str) -> dict:
+def pooled(data: dict, kind: str, with_iqm: bool = True) -> dict:
     """The pooled statistics (`report_pooled`) of every arm against the baseline over the tasks
     where both have runs, on the `kind` score ("best": the [IsoBN] protocol; "last": a sweep).
-    The IQM is of the normalised scores (score − chance) / (baseline median − chance), over the
-    tasks whose baseline median beats chance by 1/√n_dev (`beats_chance`); the others are
-    named in "excluded" (task -> baseline median)."""
+    The IQM (`with_iqm`) is of the normalised scores (score − chance) / (baseline median −
+    chance), over the tasks whose baseline median beats chance by 1/√n_dev (`beats_chance`);
+    the others are named in "excluded" (task -> baseline median)."""
     base, per_task = data["baseline"], data["per_task"]
     out = {"kind": kind, "arms": {}, "excluded": {}, "normalised_tasks": []}
     reference = {}
@@ -192,17 +198,6 @@ def pooled(data: dict, kind: str) -> dict:
             out["normalised_tasks"].append(task)
         else:
             out["excluded"][task] = b[kind]["median"] if b else math.nan
-
-    def runs(task, label):
-        return per_task[task]["arms"][label]["runs"][kind]
-
-    def normalised(label, tasks):
-        return [
-            pool.normalise(runs(t, label), CHANCE.get(t, 0.0), reference[t])
-            for t in tasks
-            if t in reference
-        ]
-
     labels = dict.fromkeys(a for t in data["tasks"] for a in per_task[t]["arms"])
     for label in labels:
         tasks = [t for t in data["tasks"] if {label, base} <= set(per_task[t]["arms"])]
@@ -210,13 +205,47 @@ def pooled(data: dict, kind: str) -> dict:
             continue
         entry = {"tasks": tasks}
         if label != base:
-            entry |= pool.compare([runs(t, label) for t in tasks], [runs(t, base) for t in tasks])
-        entry["normalised"] = [x.tolist() for x in normalised(label, tasks)]
+            entry |= pooled_pair(data, label, base, kind)
+        runs = [per_task[t]["arms"][label]["runs"][kind] for t in tasks if t in reference]
         entry["normalised_tasks"] = [t for t in tasks if t in reference]
-        if entry["normalised"]:
+        entry["normalised"] = [
+            pool.normalise(r, CHANCE.get(t, 0.0), reference[t]).tolist()
+            for r, t in zip(runs, entry["normalised_tasks"], strict=True)
+        ]
+        if entry["normalised"] and with_iqm:
             entry["iqm"] = pool.iqm_interval(entry["normalised"])
         out["arms"][label] = entry
     return out
+
+
+def pooled_pair(data: dict, label: str, base: str, kind: str) -> dict:
+    """`report_pooled.compare` of arm `label` against arm `base` on the `kind` score over the
+    tasks where both have runs, with the paired test (issue 48): "paired_n" (task, seed) pairs,
+    "flip_toward" / "flip_against" (the one-sided sign-flip p that `label` is above / below
+    `base`) and "flip_method"; {"tasks": []} where fewer than 2 tasks have both."""
+    arms = {t: data["per_task"][t]["arms"] for t in data["tasks"]}
+    tasks = [t for t in data["tasks"] if {label, base} <= set(arms[t])]
+    if len(tasks) < 2:
+        return {"tasks": tasks}
+
+    def runs(name: str) -> list[list[float]]:
+        return [arms[t][name]["runs"][kind] for t in tasks]
+
+    def by_seed(name: str) -> list[dict]:
+        return [
+            dict(zip(arms[t][name]["seeds"], arms[t][name]["runs"][kind], strict=True))
+            for t in tasks
+        ]
+
+    out = {"tasks": tasks, **pool.compare(runs(label), runs(base))}
+    diffs = pool.paired_differences(by_seed(label), by_seed(base))
+    toward, against = stats.sign_flip_p(diffs, +1), stats.sign_flip_p(diffs, -1)
+    return out | {
+        "paired_n": len(diffs),
+        "flip_toward": toward["p"],
+        "flip_against": against["p"],
+        "flip_method": toward["method"],
+    }
 
 
 def _sweep(runs: list[dict], sweep: str, base_median: float) -> dict:
@@ -238,6 +267,7 @@ def _sweep(runs: list[dict], sweep: str, base_median: float) -> dict:
                 "value": r["fields"].get(sweep),
                 "seed": r["seed"],
                 "score": last_value(r),
+                "best": best_score(r),
                 "tokens_isoscore": last_value(r, "tokens_isoscore"),
                 "tokens_isoscore_star": last_value(r, "tokens_isoscore_star"),
                 "collapsed": flag,

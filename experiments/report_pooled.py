@@ -22,9 +22,15 @@ tests/experiments/test_report_pooled.py checks them:
   (1 ± level)/2 percentiles (NumPy's linear interpolation, as arch's `conf_int`);
 - `profile`: the performance profile, the fraction of runs scoring above each τ.
 
-`pooled_verdict` reads a comparison: P(improvement)'s interval entirely above 0.5 confirms,
-entirely below reverses; otherwise an interval of the task-averaged difference below the
-paper's size is "smaller than claimed", else "not detected with these runs".
+`pooled_verdict` reads a comparison (issue 48): P(improvement)'s interval entirely above 0.5
+and the one-sided sign-flip p of the (task, seed) differences paired by seed below 0.05 confirm
+(`paired_differences`; `report_stats.sign_flip_p`); both the other way reverse; otherwise an
+interval of the task-averaged difference below the paper's size is "smaller than claimed", else
+"not detected with these runs". With an equivalence margin m, an interval of the task-averaged
+difference inside ±m comes first: "equivalent within ±m".
+
+Every function refuses a non-finite score (`ValueError`, naming the task and run): NumPy's
+comparisons would count a NaN run as a loss on both sides (AUDIT.md, turn 5, finding 10).
 
 [rliable]: https://github.com/google-research/rliable
 """
@@ -45,7 +51,27 @@ Runs = Sequence[Sequence[float]]  # one sequence of run scores per task
 
 
 def _arrays(runs: Runs) -> list[np.ndarray]:
-    return [np.asarray(r, np.float64) for r in runs]
+    out = [np.asarray(r, np.float64) for r in runs]
+    for task, x in enumerate(out):
+        if not np.all(np.isfinite(x)):
+            run = int(np.flatnonzero(~np.isfinite(x))[0])
+            raise ValueError(
+                f"pooled statistics: task {task}, run {run} has the non-finite score {x[run]}"
+            )
+    return out
+
+
+def paired_differences(arm: Sequence[dict], base: Sequence[dict]) -> list[float]:
+    """arm − baseline over every (task, seed) both have: per task (in order) the shared seeds
+    in increasing order; `arm[j]` and `base[j]` map seed -> score on task j. The raw score, as
+    the task-averaged difference and the per-task lines (not normalised: the normalisation
+    needs a baseline median above chance and would leave RTE out)."""
+    out = []
+    for a, b in zip(arm, base, strict=True):
+        seeds = sorted(set(a) & set(b))
+        out += [float(a[s]) - float(b[s]) for s in seeds]
+    _arrays([out])
+    return out
 
 
 def probability_of_improvement(arm: Runs, base: Runs) -> float:
@@ -141,14 +167,20 @@ def profile(runs: Runs, taus: Sequence[float]) -> np.ndarray:
     return np.array([np.mean(x > tau) for tau in taus])
 
 
-def pooled_verdict(c: dict, size: float | None) -> str:
+def pooled_verdict(
+    c: dict, size: float | None, margin: float | None = None, alpha: float = 0.05
+) -> str:
     """The pooled rule for a claim that the arm improves on the baseline, `c` a `compare`
-    dict and `size` the paper's effect size on the raw scale (> 0) or None."""
+    dict with the paired sign-flip p values "flip_toward" (arm > baseline) and
+    "flip_against" (one-sided, over the (task, seed) pairs), `size` the paper's effect size on
+    the raw scale (> 0) or None, `margin` an equivalence margin or None."""
     if not math.isfinite(c["p_lo"]):
         return "not tested (fewer than 2 tasks, or a task with fewer than 2 runs of an arm)"
-    if c["p_lo"] > 0.5:
+    if margin is not None and -margin < c["diff_lo"] and c["diff_hi"] < margin:
+        return f"equivalent within ±{margin:.3f}"
+    if c["p_lo"] > 0.5 and c.get("flip_toward", math.nan) < alpha:
         return "confirmed"
-    if c["p_hi"] < 0.5:
+    if c["p_hi"] < 0.5 and c.get("flip_against", math.nan) < alpha:
         return "reversed"
     if size is not None and c["diff_hi"] < size:
         return "smaller than claimed"

@@ -4,6 +4,8 @@ A JSONL holds one line per cell (`experiments/study.py` writes it so: a failed l
 never repeated). `load` refuses, each with one line naming the file:
 
 - a line that is not JSON, or a file without records;
+- a finished run without a dev evaluation, or with a score that is not a finite number (a NaN
+  would count as a loss on both sides of the pooled P: AUDIT.md, turn 5, finding 10);
 - a cell recorded twice (a JSONL concatenated with itself would turn n = 3 seeds into 6 and
   shrink the std);
 - records of several devices (`device`: "cpu cpu x1", "gpu NVIDIA H200 x1"), unless
@@ -97,6 +99,29 @@ def _not_a_record(record) -> str | None:
         missing = _missing(row, REQUIRED_EVAL)
         if missing:
             return f"its eval row {index} has no {', '.join(map(repr, missing))}"
+    return _not_a_score(record)
+
+
+def _not_a_score(record: dict) -> str | None:
+    """Why a finished run's dev scores cannot enter the statistics (None: they can): no
+    evaluation, or a score that is not a finite number. A NaN would count as a loss on both
+    sides of the pooled P and sort anywhere in a `max` (AUDIT.md, turn 5, finding 10)."""
+    if record["kind"] != "run" or record["status"] != "ok":
+        return None
+    if not record["eval"]:
+        return "a finished run without a dev evaluation"
+    for index, row in enumerate(record["eval"]):
+        score = row["score"]
+        if (
+            isinstance(score, bool)
+            or not isinstance(score, int | float)
+            or not math.isfinite(score)
+        ):
+            return (
+                f"cell {record['cell']!r}, eval row {index} (epoch {row['epoch']}): the score "
+                f"{score!r} is not a finite number; the statistics refuse it (mark the cell failed "
+                "to rerun it, or remove its line)"
+            )
     return None
 
 
@@ -136,6 +161,19 @@ def device_counts(records: list[dict]) -> collections.Counter:
         )
         for r in records
     )
+
+
+def host_counts(records: list[dict]) -> collections.Counter:
+    """`"<CPU model>, <n> cores"` (the records' `host`, issue 48) -> number of records; "CPU
+    model and cores not recorded" for records written before the field existed."""
+
+    def name(r: dict) -> str:
+        host = r.get("host") or {}
+        if not host.get("cpu"):
+            return "CPU model and cores not recorded"
+        return f"{host['cpu']}, {host.get('cores', '?')} cores"
+
+    return collections.Counter(name(r) for r in records)
 
 
 def commit_counts(records: list[dict]) -> collections.Counter:

@@ -9,7 +9,11 @@ For a paired difference d_i = arm_i − baseline_i over the n seeds both arms ha
   (direction +1; ≤ for −1), exact over all 2ⁿ patterns up to n = `EXACT_MAX_N`, above it
   (1 + #hits) / (1 + `MC_DRAWS`) over `MC_DRAWS` random patterns from
   `numpy.random.default_rng(MC_SEED)`;
-- the smallest sign-flip p that n allows, 2⁻ⁿ (three seeds cannot go below 0.125);
+- the smallest sign-flip p that n allows, 2⁻ⁿ (three seeds cannot go below 0.125); with
+  direction 0, the two-sided sign-flip p: #{ε : |Σ ε_i |d_i|| ≥ |Σ d_i|} / 2ⁿ (the pooled
+  test paired by seed, issue 48);
+- the one-sided t-test p against a bound (`t_below`): "the mean lies below `bound`", the test
+  of "smaller than claimed" (bound: the paper's size) and of equivalence (two bounds);
 - the percentile bootstrap interval (`bootstrap_ci`), kept as a figure: no verdict rests on it.
 
 `holm` adjusts the p values of one family of lines (Holm 1979, step-down Bonferroni). For a
@@ -79,34 +83,51 @@ def t_test(diffs: list[float], level: float = LEVEL) -> dict:
 def sign_flip_p(
     diffs: list[float], direction: int, *, draws: int = MC_DRAWS, seed: int = MC_SEED
 ) -> dict:
-    """One-sided sign-flip p of Σ d_i in `direction` (+1: the claim says > 0, −1: < 0).
+    """One-sided sign-flip p of Σ d_i in `direction` (+1: the claim says > 0, −1: < 0); with
+    `direction` 0 the two-sided p, the patterns whose |flipped sum| is at least |Σ d_i|.
 
-    {"p", "min_p" (2⁻ⁿ), "method" ("exact, 2ⁿ patterns" or "Monte Carlo, N draws")}. Exact
-    up to n = `EXACT_MAX_N`: the fraction of the 2ⁿ patterns whose flipped sum is at least the
-    observed one (in `direction`), the identity included, so p ≥ 2⁻ⁿ. Above it, `draws`
-    uniform patterns from `default_rng(seed)` and p = (1 + hits) / (1 + draws). A relative
-    tolerance of 1e-12 counts float ties as ties. NaN for n = 0."""
-    d = direction * np.asarray(diffs, np.float64)
+    {"p", "min_p" (2⁻ⁿ, two-sided 2¹⁻ⁿ), "method" ("exact, 2ⁿ patterns" or "Monte Carlo, N
+    draws")}. Exact up to n = `EXACT_MAX_N`: the fraction of the 2ⁿ patterns whose flipped sum
+    is at least the observed one (in `direction`), the identity included, so p ≥ 2⁻ⁿ. Above
+    it, `draws` uniform patterns from `default_rng(seed)` and p = (1 + hits) / (1 + draws). A
+    relative tolerance of 1e-12 counts float ties as ties. NaN for n = 0."""
+    d = (direction or 1) * np.asarray(diffs, np.float64)
     n = len(d)
     if n == 0:
         return {"p": math.nan, "min_p": math.nan, "method": "none"}
-    observed = float(d.sum())
+    observed = float(d.sum()) if direction else abs(float(d.sum()))
     tol = 1e-12 * max(float(np.abs(d).sum()), 1e-300)
+
+    def hits(signs: np.ndarray) -> int:
+        flipped = signs @ np.abs(d)
+        return int(np.sum((flipped if direction else np.abs(flipped)) >= observed - tol))
+
     if n <= EXACT_MAX_N:
         bits = (np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1
-        signs = 1.0 - 2.0 * bits
-        flipped = signs @ np.abs(d)
-        p = float(np.mean(flipped >= observed - tol))
+        p = hits(1.0 - 2.0 * bits) / 2**n
         method = f"exact, 2^{n} patterns"
     else:
         rng = np.random.default_rng(seed)
-        hits = 0
+        count = 0
         for start in range(0, draws, 10_000):
-            signs = rng.choice((-1.0, 1.0), size=(min(10_000, draws - start), n))
-            hits += int(np.sum(signs @ np.abs(d) >= observed - tol))
-        p = (1 + hits) / (1 + draws)
+            count += hits(rng.choice((-1.0, 1.0), size=(min(10_000, draws - start), n)))
+        p = (1 + count) / (1 + draws)
         method = f"Monte Carlo, {draws} draws, default_rng({seed})"
-    return {"p": p, "min_p": 2.0**-n, "method": method}
+    floor = 2.0 ** -(n - (direction == 0)) if n else math.nan
+    return {"p": min(p, 1.0), "min_p": floor, "method": method}
+
+
+def t_below(diffs: list[float], bound: float) -> float:
+    """The one-sided t-test p of "the mean difference lies below `bound`": P(T_{n−1} ≤ (d̄ −
+    bound) / (s / √n)), as `scipy.stats.ttest_1samp(diffs, bound, alternative="less")`. NaN
+    for n < 2; with every difference equal (s = 0), 0 if it is below the bound, else 1."""
+    d = np.asarray(diffs, np.float64)
+    if len(d) < 2:
+        return math.nan
+    se = float(d.std(ddof=1)) / math.sqrt(len(d))
+    if se == 0.0:
+        return 0.0 if float(d.mean()) < bound else 1.0
+    return float(scipy.stats.t.cdf((float(d.mean()) - bound) / se, len(d) - 1))
 
 
 def holm(pvalues: list[float]) -> list[float]:

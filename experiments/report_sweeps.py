@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import report_stats as stats
 from report_numbers import paired
-from report_rule import NO_SIZE, Family, correlation_verdict, figure_ref, pooled_line
+from report_rule import NO_SIZE, Family, correlation_verdict, figure_ref, pooled_entry
 from report_tables import f, fp, signed
 
 
@@ -42,23 +42,41 @@ def istar_lambda_lines(data: dict, fig: dict) -> list[str]:
             )
             + f"{figure_ref(fig, 'sweep')})"
         )
-    helps = Family("[I-STAR] λ < 0 helps", +1)
-    helps.size_note = NO_SIZE + " (the gain is 'modest')"
-    for task in tasks:
-        for label, p in per_task[task]["paired"].items():
-            if (v := _sweep_value(label)) is not None and v < 0:
-                median = per_task[task]["arms"][label]["last"]["median"]
-                helps.add(f"{task}, {label}", p["last"], "vs λ = 0", f"median {f(median)}")
-    for label in data.get("pooled", {}).get("arms", {}):
-        if (v := _sweep_value(label)) is not None and v < 0:
-            helps.pooled += pooled_line(data, label, f"[I-STAR] λ < 0 helps, {label}", None)
-    lines += helps.render()
+    lines += _helps_family(data).render()
     lines += [
         "",
         "- [I-STAR] the best ζ lies in [0.2, 0.8]: **not tested here** (ζ = 0.2 only; the "
         "`istar_zeta` study sweeps ζ)",
     ]
     return lines
+
+
+def _helps_family(data: dict) -> Family:
+    """[I-STAR] λ < 0 helps: each λ < 0 against λ = 0 per task at the last epoch (the sweep's
+    protocol; and again at the best dev epoch), and its pooled line."""
+    per_task = data["per_task"]
+    helps = Family("[I-STAR] λ < 0 helps", +1, epochs=("last", "best"))
+    helps.size_note = NO_SIZE + " (the gain is 'modest')"
+    for task in data["tasks"]:
+        for label, p in per_task[task]["paired"].items():
+            if (v := _sweep_value(label)) is not None and v < 0:
+                median = per_task[task]["arms"][label]["last"]["median"]
+                helps.add(f"{task}, {label}", p["last"], "vs λ = 0", f"median {f(median)}",
+                          other=p["best"])  # fmt: skip
+    for label in data.get("pooled", {}).get("arms", {}):
+        if (v := _sweep_value(label)) is not None and v < 0:
+            helps.pooled += pooled_entry(data, label, f"[I-STAR] λ < 0 helps, {label}", None)
+    return helps
+
+
+def score_families(data: dict) -> list[Family]:
+    """The sweep's families about the fine-tuning score (for the forest plot)."""
+    if data["sweep"] == "istar.weight":
+        return [_helps_family(data)]
+    if data["sweep"] == "istar.zeta":
+        ends, best, _, _ = _zeta_families(data)
+        return [*ends.values(), best]
+    return []
 
 
 # SPEC.md §9, [I-STAR]: the best ζ lies in [0.2, 0.8].
@@ -74,31 +92,12 @@ def istar_zeta_lines(data: dict) -> list[str]:
     both ends are confirmed worse; reversed where one end is confirmed better than every ζ
     inside; the highest mean is printed beside it, not tested."""
     lo, hi = ZETA_OPTIMUM
-    ends = {
-        0.0: Family("[I-STAR] ζ = 0 (plain IsoScore of the batch as the penalty) hurts", -1),
-        1.0: Family(
-            "[I-STAR] ζ = 1 (C₀ alone: the penalty has no gradient, SPEC.md §4) is slightly "
-            "worse than the optimum",
-            -1,
-        ),
-    }
-    scores, means = {}, {}  # task -> zeta -> seed -> last-epoch score; task -> zeta -> mean
-    for task in data["tasks"]:
-        by_value = scores[task] = {}
-        for point in data["per_task"][task]["sweep"]["points"]:
-            by_value.setdefault(point["value"], {})[point["seed"]] = point["score"]
-        means[task] = {z: float(sum(s.values()) / len(s)) for z, s in sorted(by_value.items())}
-        best = max(means[task], key=means[task].get)
-        for end, fam in ends.items():
-            for z in sorted(v for v in by_value if lo <= v <= hi and end in by_value):
-                where, what = f"{task}, against ζ = {z:g}", f"ζ = {end:g} − ζ = {z:g}"
-                extra = "against the best ζ (the highest mean)" if z == best else ""
-                fam.add(where, paired(by_value[end], by_value[z]), what, extra)
+    ends, best_family, scores, means = _zeta_families(data)
     lines, said = [], {}  # said: end -> where -> verdict
     for end, fam in ends.items():
         lines += fam.render()
         said[end] = {line[0]: v["verdict"] for line, _, v in fam.judged()}
-    lines += _best_zeta_family(scores, means).render()
+    lines += best_family.render()
     lines.append("")
     for task, by_value in scores.items():
         inside = sorted(v for v in by_value if lo <= v <= hi)
@@ -118,7 +117,37 @@ def istar_zeta_lines(data: dict) -> list[str]:
     return lines
 
 
-def _best_zeta_family(scores: dict, means: dict) -> Family:
+def _zeta_families(data: dict) -> tuple[dict, Family, dict, dict]:
+    """(the two ends' families, the best ζ's family, the last-epoch scores task -> ζ -> seed ->
+    score, their means task -> ζ -> mean); each line also at the best dev epoch."""
+    lo, hi = ZETA_OPTIMUM
+    ends = {
+        0.0: Family("[I-STAR] ζ = 0 (plain IsoScore of the batch as the penalty) hurts", -1),
+        1.0: Family(
+            "[I-STAR] ζ = 1 (C₀ alone: the penalty has no gradient, SPEC.md §4) is slightly "
+            "worse than the optimum",
+            -1,
+        ),
+    }
+    scores, best_scores, means = {}, {}, {}
+    for task in data["tasks"]:
+        by_value, by_best = scores[task], best_scores[task] = {}, {}
+        for point in data["per_task"][task]["sweep"]["points"]:
+            by_value.setdefault(point["value"], {})[point["seed"]] = point["score"]
+            by_best.setdefault(point["value"], {})[point["seed"]] = point["best"]
+        means[task] = {z: float(sum(s.values()) / len(s)) for z, s in sorted(by_value.items())}
+        best = max(means[task], key=means[task].get)
+        for end, fam in ends.items():
+            fam.epochs = ("last", "best")
+            for z in sorted(v for v in by_value if lo <= v <= hi and end in by_value):
+                where, what = f"{task}, against ζ = {z:g}", f"ζ = {end:g} − ζ = {z:g}"
+                extra = "against the best ζ (the highest mean)" if z == best else ""
+                fam.add(where, paired(by_value[end], by_value[z]), what, extra,
+                        other=paired(by_best[end], by_best[z]))  # fmt: skip
+    return ends, _best_zeta_family(scores, best_scores, means), scores, means
+
+
+def _best_zeta_family(scores: dict, best_scores: dict, means: dict) -> Family:
     """Per task, the ζ of the highest mean last-epoch score (picked on these runs, which favours
     it) against each other swept ζ in [0.2, 0.8], paired by seed; no line where the best is an
     end (its lines against every ζ inside are its end's family, with the other sign)."""
@@ -127,6 +156,7 @@ def _best_zeta_family(scores: dict, means: dict) -> Family:
         "[I-STAR] the best ζ (the highest mean, picked on these runs) beats the other ζ in "
         f"[{lo:g}, {hi:g}]",
         +1,
+        epochs=("last", "best"),
     )
     fam.size_note = (
         "not a claim of the paper but how sharp the optimum is, so no size; ζ = 0 and ζ = 1 "
@@ -141,6 +171,7 @@ def _best_zeta_family(scores: dict, means: dict) -> Family:
                 f"{task}, ζ = {best:g} against ζ = {z:g}",
                 paired(by_value[best], by_value[z]),
                 f"ζ = {best:g} − ζ = {z:g}",
+                other=paired(best_scores[task][best], best_scores[task][z]),
             )
     return fam
 

@@ -1,26 +1,33 @@
 """The verdict lines of a study report: one per SPEC.md §9 claim and task the records can test,
-judged by the rule of `report_rule` (issue 22): the normalisers' claims against `none` and the
-contrasts between two arms here, the sweeps' claims in `report_sweeps`.
+judged by the rule of `report_rule` (issue 22): the normalisers' claims against `none`, the
+contrasts between two arms, the mechanism families of the `whitening_why` grid (issue 47) here,
+the sweeps' claims in `report_sweeps`. `forest_rows` gives every fine-tuning line's difference
+and interval for the forest plot (issue 48).
 """
 
 from __future__ import annotations
 
 import report_sweeps as sweeps
-from report_numbers import arm_of
+from report_numbers import arm_of, paired
 from report_records import PRETRAINED
-from report_rule import ISOBN_SIZE, Family, figure_ref, pooled_line
+from report_rule import EQUIVALENCE_MARGIN, ISOBN_SIZE, MODEL, Family, figure_ref, pooled_entry
 from report_tables import f
+
+
+def families(data: dict, fig: dict) -> list[Family]:
+    """The families of the difference claims (not the sweeps'), in the report's order."""
+    out = []
+    if data["baseline"] == "none":
+        out += _score_families(data, fig) + _ev3_families(data, fig)
+    out += _contrasts(data, fig) + _why_families(data)
+    return out
 
 
 def verdict_lines(data: dict, files: dict) -> list[str]:
     """The verdict section's lines: per claim of SPEC.md §9 these records can test, its family
     header and one line per task (and the task average where the claim is about it)."""
     fig = {k: f"[{v}]({v})" for k, v in files.items()}
-    families = []
-    if data["baseline"] == "none":
-        families += _score_families(data, fig) + _ev3_families(data, fig)
-    families += _contrasts(data["per_task"], data["tasks"])
-    lines = [line for fam in families for line in fam.render()]
+    lines = [line for fam in families(data, fig) for line in fam.render()]
     lines += _anisotropy_line(data, fig)
     if data["sweep"] == "istar.weight":
         lines += sweeps.istar_lambda_lines(data, fig)
@@ -29,6 +36,18 @@ def verdict_lines(data: dict, files: dict) -> list[str]:
     elif data["sweep"] == "cosreg.weight":
         lines += sweeps.cosreg_lines(data)
     return lines
+
+
+def forest_rows(data: dict) -> list[dict]:
+    """Every fine-tuning verdict line and pooled line (`Family.forest`): the families judged on
+    the score at two epochs, the sweeps' included."""
+    fams = families(data, {}) + sweeps.score_families(data)
+    return [row for fam in fams if fam.epochs for row in fam.forest()]
+
+
+def _epochs(data: dict) -> tuple[str, str]:
+    """(the verdict's epoch, the other): the protocol's best dev epoch; a sweep's last."""
+    return ("last", "best") if data["sweep"] else ("best", "last")
 
 
 def _methods(data: dict) -> set[str]:
@@ -56,21 +75,22 @@ def _score_families(data: dict, fig: dict) -> list[Family]:
     ):
         if method not in _methods(data):
             continue
-        fam = Family(claim, +1)
+        fam = Family(claim, +1, epochs=_epochs(data))
         if sized:
             fam.size = ISOBN_SIZE
             fam.size_note = (
                 "+0.010 on a 0–1 score per task and on the average (about +1.0 GLUE point "
                 "on the average of seven tasks, larger on the small ones)"
             )
+        best, last = fam.epochs
         for task in data["tasks"]:
             if p := _paired_with_none(data, method, task):
-                fam.add(task, p["best"], f"{method} − none", fig.get("paired", ""))
+                fam.add(task, p[best], f"{method} − none", fig.get("paired", ""), other=p[last])
         avg = next((v for k, v in data["task_average"].items() if k.split()[0] == method), None)
         if avg:
-            fam.add("average of the tasks", avg["best"], f"{method} − none")
+            fam.add("average of the tasks", avg[best], f"{method} − none", other=avg[last])
         label = arm_of(data.get("pooled", {}).get("arms", {}), method)
-        fam.pooled = pooled_line(data, label, claim, fam.size)
+        fam.pooled = pooled_entry(data, label, claim, fam.size)
         families.append(fam)
     return families
 
@@ -97,8 +117,9 @@ def _ev3_families(data: dict, fig: dict) -> list[Family]:
     return families
 
 
-def _contrasts(per_task: dict, tasks: list) -> list[Family]:
+def _contrasts(data: dict, fig: dict) -> list[Family]:
     """The families that compare two arms directly (`report_numbers.CONTRASTS`)."""
+    per_task, tasks = data["per_task"], data["tasks"]
     out = []
     for key, a, b, claim, sign, size in (
         ("ev3", "isobn", "batchnorm", "[IsoBN] IsoBN lowers EV3 of the classifier input more "
@@ -111,6 +132,7 @@ def _contrasts(per_task: dict, tasks: list) -> list[Family]:
         fam = Family(claim, sign)
         if size is not None:
             fam.size, fam.size_note = size, "+0.010 on a 0–1 score per task, as for IsoBN"
+            fam.epochs = ("best", "last")
         for task in tasks:
             if d := per_task[task].get(f"{key}_{a}_vs_{b}"):
                 iso = per_task[task]["isotropy"]
@@ -119,9 +141,57 @@ def _contrasts(per_task: dict, tasks: list) -> list[Family]:
                     for m in ("none", b, a)
                     if (label := arm_of(iso, m))
                 )
-                fam.add(task, d, f"{key.upper()} {a} − {b}", f"EV3 medians {medians}")
+                other = per_task[task].get(f"{key}_last_{a}_vs_{b}") if fam.epochs else None
+                fam.add(task, d, f"{key.upper()} {a} − {b}", f"EV3 medians {medians}",
+                        other=other)  # fmt: skip
         out.append(fam)
     return out
+
+
+# The causal grid of issue 47 (`whitening_why`): per mechanism, arm a − arm b, the claim that
+# it helps (+1) or, with a margin, that a trains as well as b.
+WHY = (
+    ("iternorm", "iternorm-sg", "[Whitening why] the gradient through the batch statistics "
+     "helps: iternorm − iternorm-sg", None),
+    ("iternorm-g16", "iternorm", "[Whitening why] groups of 16 help: iternorm-g16 − iternorm",
+     None),
+    ("whiten-nodrop", "whiten", "[Whitening why] the head's dropout noise hurts whiten: "
+     "whiten-nodrop − whiten", None),
+    ("whiten-a05", "whiten", "[Whitening why] shrinkage (α = 0.5) helps whiten: whiten-a05 − "
+     "whiten", None),
+    ("iternorm", "none", "[Whitening why] iternorm trains as well as none: iternorm − none",
+     EQUIVALENCE_MARGIN),
+)  # fmt: skip
+
+
+def _why_families(data: dict) -> list[Family]:
+    """Per pair of `WHY` whose arms the study has: a − b paired by seed per task at the best
+    dev epoch (and the last), Holm within the family, and the pooled line over the tasks."""
+    out = []
+    for a, b, claim, margin in WHY:
+        if not {a, b} <= _methods(data):
+            continue
+        fam = Family(claim, +1, margin=margin, epochs=_epochs(data))
+        if margin is not None:
+            fam.size_note = f"no size; equivalence margin ±{margin:.3f} on a 0–1 score (issue 47)"
+        best, last = fam.epochs
+        for task in data["tasks"]:
+            arms = data["per_task"][task]["arms"]
+            la, lb = arm_of(arms, a), arm_of(arms, b)
+            if la and lb:
+                pair = [_paired_arms(arms[la], arms[lb], k) for k in (best, last)]
+                fam.add(task, pair[0], f"{a} − {b}", other=pair[1])
+        label = arm_of(data.get("pooled", {}).get("arms", {}), a)
+        base = arm_of(data.get("pooled", {}).get("arms", {}), b)
+        fam.pooled = pooled_entry(data, label, claim, None, base=base, margin=margin)
+        out.append(fam)
+    return out
+
+
+def _paired_arms(arm: dict, base: dict, kind: str) -> dict:
+    """`report_numbers.paired` of two arms' `kind` scores by seed."""
+    a = dict(zip(arm["seeds"], arm["runs"][kind], strict=True))
+    return paired(a, dict(zip(base["seeds"], base["runs"][kind], strict=True)))
 
 
 def _anisotropy_line(data: dict, fig: dict) -> list[str]:
@@ -136,14 +206,15 @@ def _anisotropy_line(data: dict, fig: dict) -> list[str]:
         return []
     ev = ", ".join(f"{t} {f(e)}" for t, e in pre)
     if all(e > 0.5 for _, e in pre):
-        v = "confirmed"
+        v = f"holds for {MODEL}"
     elif all(e < 0.5 for _, e in pre):
-        v = "reversed"
+        v = f"does not hold for {MODEL}"
     else:
-        v = "not detected (mixed)"
+        v = f"mixed for {MODEL}"
     return [
         "",
-        f"- [IsoBN] pre-trained sentence vectors are anisotropic (BERT-base EV3 ≈ 0.86; rule: "
-        f"EV3 > 0.5 on every task confirms, < 0.5 on every task reverses; one step-0 model, no "
-        f"seeds to test over): **{v}** (pooled EV3 {ev}{figure_ref(fig, 'isotropy')})",
+        f"- [IsoBN] pre-trained sentence vectors are anisotropic (a BERT-base claim, EV3 ≈ 0.86, "
+        f"tested on {MODEL}; rule: EV3 > 0.5 on every task holds, < 0.5 on every task does not "
+        f"hold; one step-0 model, no seeds to test over): **{v}** (pooled EV3 {ev}"
+        f"{figure_ref(fig, 'isotropy')})",
     ]

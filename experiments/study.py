@@ -41,12 +41,12 @@ clean commit other than HEAD (`study_commit`: a worktree detached at the commit,
 Each line (`record`): study, cell, tier, kind ("run" | "pretrained"), status ("ok" | "failed",
 with `error`), fields (every grid axis's value, plus task/method/seed), seed, config_hash
 (SHA-256 of the config without `study_recipe.NON_RUN_FIELDS`), config, git_commit, git_dirty
-(tracked changes outside experiments/results/), device (`device_name`), jax_version, sweep,
-baseline, metric (the task's `score`: the GLUE metric, or the mean of two), eval (one dict per
-dev evaluation, from `metrics.jsonl`: epoch, step, split and every metric/isotropy key the loop
-records), train_loss ([last step, epoch, mean loss] over chunks of 10 steps within an epoch),
-train_loss_epoch (the mean training loss of each epoch, see `read_run`), steps, wall_minutes
-(all attempts of the cell), finished (UTC time).
+(tracked changes outside experiments/results/), device (`device_name`), host (`host_name`: CPU
+model and cores), jax_version, sweep, baseline, metric (the task's `score`: the GLUE metric, or
+the mean of two), eval (one dict per dev evaluation, from `metrics.jsonl`: epoch, step, split
+and every metric/isotropy key the loop records), train_loss ([last step, epoch, mean loss] over
+chunks of 10 steps within an epoch), train_loss_epoch (the mean training loss of each epoch, see
+`read_run`), steps, wall_minutes (all attempts of the cell), finished (UTC time).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ from study_cell import (  # noqa: E402, F401  (re-exported)
     device_name,
     folder_config_matches,
     git_state,
+    host_name,
     read_run,
     run_cell,
     wall_seconds,
@@ -163,6 +164,7 @@ class _Plan:
         self.hashes = {n: config_hash(c, self.recipe) for n, c in self.configs.items()}
         check_hashes(self.results, self.records, self.hashes)
         self.device = device_name()
+        self.host = host_name()
 
     def todo(self, cell: Cell) -> bool:
         old = self.by_cell.get(cell.name)
@@ -206,6 +208,7 @@ class _Plan:
             "git_commit": commit,
             "git_dirty": dirty,
             "device": self.device,
+            "host": self.host,
             "jax_version": jax.__version__,
             "sweep": self.grid.get("sweep", ""),
             "baseline": dict(self.grid.get("baseline", ())),

@@ -58,6 +58,23 @@ def device_name() -> str:
     return f"{jax.default_backend()} {devices[0].device_kind} x{len(devices)}"
 
 
+def host_name() -> dict:
+    """{"cpu": the CPU model (Linux's /proc/cpuinfo "model name", else `platform.processor()`,
+    else "unknown"), "cores": `os.cpu_count()`}: the machine behind `device_name`'s "cpu cpu
+    x1", which names only the backend."""
+    import platform
+
+    model = ""
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model or platform.processor() or "unknown", "cores": os.cpu_count()}
+
+
 # ----------------------------------------------------------------------------------------------
 # One cell.
 # ----------------------------------------------------------------------------------------------

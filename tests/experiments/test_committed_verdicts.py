@@ -56,7 +56,7 @@ def test_every_verdict_line_matches_scipy(study, monkeypatch):
     families = _judged_families(study, monkeypatch)
     assert families, f"{study}: no verdict family"
     checked = 0
-    for _, judged, rendered in families:
+    for fam, judged, rendered in families:
         tested = [(line, v) for line, _, v in judged if line[1]["n"] >= 2]
         p_values = []
         for (where, t, _, _, direction, claim), v in tested:
@@ -79,6 +79,13 @@ def test_every_verdict_line_matches_scipy(study, monkeypatch):
             text = next(x for x in rendered if x.startswith(f"- {claim}, {where}: "))
             assert f"n = {t['n']}" in text
             checked += 1
+            if math.isfinite(v["below"]):  # "smaller than claimed": one-sided t against the size
+                ref = scipy.stats.ttest_1samp(direction * diffs, fam.size, alternative="less")
+                assert v["below"] == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-300)
+        below = [v["below"] for _, _, v in judged]
+        if all(math.isfinite(p) for p in below) and below:
+            want = _holm(np.asarray(below))
+            assert [v["below_holm"] for _, _, v in judged] == pytest.approx(list(want), rel=1e-9)
         all_p = [line[1]["p"] for line, _, _ in judged]
         finite = [p for p in all_p if math.isfinite(p)]
         if finite and len(finite) == len(all_p):
@@ -86,3 +93,41 @@ def test_every_verdict_line_matches_scipy(study, monkeypatch):
             got = [p_adj for _, p_adj, _ in judged]
             assert got == pytest.approx(list(want), rel=1e-9)
     assert checked >= 6
+
+
+def _exact_flip(diffs, direction) -> float:
+    """The one-sided sign-flip p over every pattern, enumerated in chunks of 2^14 (n ≤ 24)."""
+    d = direction * np.asarray(diffs, np.float64)
+    n, observed, hits = len(d), d.sum(), 0
+    for start in range(0, 2**n, 2**14):
+        codes = np.arange(start, min(start + 2**14, 2**n))
+        signs = 1.0 - 2.0 * ((codes[:, None] >> np.arange(n)) & 1)
+        hits += int(np.sum(signs @ np.abs(d) >= observed - 1e-12 * np.abs(d).sum()))
+    return hits / 2**n
+
+
+def test_every_pooled_line_s_paired_test_matches_an_enumeration(monkeypatch):
+    """The pooled lines' sign-flip p over the (task, seed) pairs, recomputed from the records
+    (best dev epoch: the max over each run's dev scores), against every pattern enumerated:
+    equal where the report enumerates (n ≤ 16), within Monte-Carlo error where it samples."""
+    report = load_experiment("report.py", "report_pooled_check")
+    records = report.records_io.load(REPO / "experiments" / "results" / "normalizers.jsonl")
+    best = {}
+    for r in records:
+        if r["kind"] == "run" and r["status"] == "ok":
+            key = (r["fields"]["task"], r["fields"]["method"], r["seed"])
+            best[key] = max(e["score"] for e in r["eval"])
+    entries = [e for fam, _, _ in _judged_families("normalizers", monkeypatch) for e in fam.pooled]
+    assert len(entries) >= 4
+    for e in entries:
+        c = e["c"]
+        diffs = [best[t, e["label"], s] - best[t, e["base"], s]
+                 for t in c["tasks"] for s in range(1, 11)
+                 if (t, e["label"], s) in best and (t, e["base"], s) in best]  # fmt: skip
+        assert c["paired_n"] == len(diffs)
+        for key, direction in (("flip_toward", 1), ("flip_against", -1)):
+            want = _exact_flip(diffs, direction)
+            if len(diffs) <= 16:
+                assert c[key] == pytest.approx(want, abs=1e-12)
+            else:  # 100000 Monte Carlo patterns: within 5 standard errors
+                assert abs(c[key] - want) < 5 * math.sqrt(want * (1 - want) / 1e5) + 2e-5

@@ -161,7 +161,10 @@ def test_normalizers_report_gives_numpy_statistics_and_verdicts(tmp_path):
     # STS-B: +0.03 on four seeds, t-test p = 0.005 (Holm over stsb, rte, average: 0.016), but
     # the sign-flip p cannot go below 2^-4 = 0.0625 with four seeds.
     claim = "IsoBN improves fine-tuning (best dev epoch, as the protocol)"
-    assert f"{claim}**: a family of 3 lines, Holm-adjusted over 3; the paper's size: +0.010" in md
+    assert (
+        f"{claim}**: a family of 3 lines, Holm-adjusted over 3 (and again at the last epoch); "
+        "the paper's size: +0.010" in md
+    )
     assert f"{claim}, stsb: **confirmed (parametric only)** (isobn − none +0.0300, t 95 % [" in md
     assert "Holm p = 0.016; sign-flip p = 0.062 (one-sided, toward the claim; floor 2^-4" in md
     assert f"{claim}, rte: **not detected at this n**" in md
@@ -404,8 +407,12 @@ def test_stsb_isobn_differences_are_smaller_than_claimed_not_confirmed(tmp_path)
     assert f"{CLAIM}: **smaller than claimed** (isobn − none +0.0030, t 95 % " in line
     assert "t 95 % [-0.0017, +0.0077]; " in line
     assert "t-test p = 0.113, Holm p = 0.113; sign-flip p = 0.125 (one-sided, toward" in line
-    assert "floor 2^-3 = 0.125); n = 3; the interval excludes the paper's +0.010" in line
-    assert "a family of 1 line, Holm-adjusted over 1; the paper's size: +0.010" in md
+    below = scipy.stats.ttest_1samp([0.0046, 0.0009, 0.0034], 0.010, alternative="less").pvalue
+    assert (
+        f"floor 2^-3 = 0.125); n = 3; below the paper's +0.010: one-sided t-test p = "
+        f"{below:.3f}, Holm p = {below:.3f}; the interval excludes it; last epoch: " in line
+    )
+    assert "a family of 1 line, Holm-adjusted over 1 (and again at the last epoch); the " in md
 
 
 def test_near_equal_differences_are_parametric_only_at_three_seeds_confirmed_at_six(tmp_path):
@@ -489,7 +496,12 @@ def test_header_names_devices_and_a_mixed_jsonl_is_refused_unless_allowed(tmp_pa
     for r in records:
         r |= {"device": "cpu cpu x1", "jax_version": "0.10.2"}
     md = report.render(records, report.build(records), {}, "one")
-    assert f"device: cpu cpu x1 (jax 0.10.2) x{len(records)}." in md
+    n = len(records)
+    unknown = "CPU model and cores not recorded"
+    assert f"device: cpu cpu x1 (jax 0.10.2) x{n}; host: {unknown} x{n}." in md
+    records[0]["host"] = {"cpu": "AMD EPYC", "cores": 2}
+    md = report.render(records, report.build(records), {}, "one")
+    assert f"host: AMD EPYC, 2 cores x1, CPU model and cores not recorded x{n - 1}." in md
     assert "Mixed devices" not in md and "Mixed commits" not in md
 
     # One GPU line among CPU lines: refused with one line, naming the file and both devices.
@@ -544,7 +556,7 @@ def test_zeta_sweep_tests_both_ends_against_every_zeta_inside(tmp_path):
     data = report.build(records)
     assert data["baseline"] == "istar zeta=0.2" and data["sweep"] == "istar.zeta"
     hurts = "[I-STAR] ζ = 0 (plain IsoScore of the batch as the penalty) hurts"
-    assert f"**{hurts}**: a family of 3 lines, Holm-adjusted over 3;" in md
+    assert f"**{hurts}**: a family of 3 lines, Holm-adjusted over 3 (and again at the best" in md
     # One line against SciPy: ζ = 0 − ζ = 0.5, paired by seed.
     by = {(r["fields"]["istar.zeta"], r["seed"]): r["eval"][-1]["score"] for r in records}
     diffs = [by[0.0, s] - by[0.5, s] for s in (1, 2, 3)]
@@ -696,7 +708,9 @@ def test_pooled_rule_gives_each_verdict_on_a_constructed_jsonl(tmp_path, isobn, 
     md = _markdown(_write(tmp_path, "rule", records))
     line = next(x for x in md.splitlines() if x.startswith(f"- {POOLED_CLAIM}"))
     assert f"pooled over 2 tasks (cola, stsb): **{expected}** (P(isobn > none) = " in line
-    assert "n = 3 isobn / 3 none runs on each of 2 tasks; 2000 draws, RandomState(0))" in line
+    assert "n = 3 isobn / 3 none runs on each of 2 tasks; 2000 draws, RandomState(0); " in line
+    # The paired test: 6 (task, seed) pairs, exact, its floor 2^-6 = 0.016 below 0.05.
+    assert "(one-sided, 6 (task, seed) pairs, exact, 2^6 patterns)" in line
     assert "pooling treats the tasks named on the line as a sample of the benchmark" in md
 
 
@@ -733,7 +747,7 @@ def test_zeta_best_is_tested_against_the_other_zetas_inside(tmp_path):
     records = _zeta_records(offsets, 3)
     md = _markdown(_write(tmp_path, "zeta", records))
     best = "[I-STAR] the best ζ (the highest mean, picked on these runs) beats the other ζ in"
-    assert f"**{best} [0.2, 0.8]**: a family of 2 lines, Holm-adjusted over 2;" in md
+    assert f"**{best} [0.2, 0.8]**: a family of 2 lines, Holm-adjusted over 2 (and again" in md
     by = {(r["fields"]["istar.zeta"], r["seed"]): r["eval"][-1]["score"] for r in records}
     for z in (0.2, 0.8):
         diffs = [by[0.5, s] - by[z, s] for s in (1, 2, 3)]

@@ -3,6 +3,7 @@ of 2 steps) is run, killed mid-cell, resumed, skipped when finished, and recorde
 with every field of issue 14."""
 
 import json
+import os
 import sys
 
 import helpers
@@ -18,8 +19,8 @@ study_analyze = helpers.load_experiment("study_analyze.py")
 
 RECORD_KEYS = {
     "study", "cell", "tier", "kind", "status", "error", "fields", "seed", "config_hash", "config",
-    "git_commit", "git_dirty", "device", "jax_version", "sweep", "baseline", "metric", "eval",
-    "train_loss", "train_loss_epoch", "steps", "wall_minutes", "finished",
+    "git_commit", "git_dirty", "device", "host", "jax_version", "sweep", "baseline", "metric",
+    "eval", "train_loss", "train_loss_epoch", "steps", "wall_minutes", "finished",
 }  # fmt: skip
 ISOTROPY_KEYS = {
     "sentence_ev1", "sentence_ev3", "sentence_isoscore", "sentence_mean_cosine",
@@ -122,6 +123,7 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
         assert record["study"] == "tiny" and record["seed"] == 1
         assert record["baseline"] == {"method": "none"} and len(record["git_commit"]) == 40
         assert record["jax_version"] == jax.__version__
+        assert record["host"]["cores"] == os.cpu_count() and record["host"]["cpu"]
         assert set(record["fields"]) == {"task", "method", "seed", "lr"}
     for name in ("rte-none-s1", "rte-isobn-s1"):
         record = records[name]
