@@ -58,6 +58,11 @@ _ACTIVATIONS = {
 }
 
 
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+    """The activation a Hugging Face config names ("gelu" is the exact erf form)."""
+    return _ACTIVATIONS[name]
+
+
 @flax.struct.dataclass
 class EncoderOutput:
     """What every encoder returns.
@@ -87,9 +92,9 @@ def segment_attention_mask(segment_ids: jax.Array) -> jax.Array:
     return (same & (segment_ids[:, None, :] != 0))[:, None]
 
 
-def _pairwise_mask(mask: jax.Array) -> jax.Array:
-    """A `[batch, k_len]` key mask -> `[batch, 1, 1, k_len]` bool; a `[batch, 1, q_len, k_len]`
-    pairwise mask stays as it is (as bool)."""
+def pairwise_mask(mask: jax.Array) -> jax.Array:
+    """The encoder's attention mask as bool: a `[batch, k_len]` key mask -> `[batch, 1, 1,
+    k_len]`; a `[batch, 1, q_len, k_len]` pairwise mask stays as it is."""
     keep = mask.astype(bool)
     return keep[:, None, None, :] if keep.ndim == 2 else keep
 
@@ -115,7 +120,7 @@ def attention_probs(query: jax.Array, key: jax.Array, mask: jax.Array) -> jax.Ar
     scale = query.shape[-1] ** -0.5
     scores = jnp.einsum("bqnd,bknd->bnqk", query, key, preferred_element_type=jnp.float32)
     scores = scores.astype(jnp.float32) * scale
-    keep = _pairwise_mask(mask)  # [batch, 1, 1 or q_len, k_len]
+    keep = pairwise_mask(mask)  # [batch, 1, 1 or q_len, k_len]
     scores = jnp.where(keep, scores, jnp.finfo(jnp.float32).min)
     return jax.nn.softmax(scores, axis=-1)
 
@@ -163,7 +168,7 @@ def attention_context(
       x: `[batch, len, hidden]`.
       kernels, biases: the query, key and value projections' `[hidden, hidden]` kernels and
         `[hidden]` biases.
-      mask: the encoder's `[batch, 1, 1 or len, len]` bool mask (`_pairwise_mask`).
+      mask: the encoder's `[batch, 1, 1 or len, len]` bool mask (`pairwise_mask`).
       num_heads: attention heads (hidden is a multiple).
       dtype: compute dtype of the projections.
       dropout: applied to the `[batch, heads, queries, len]` float32 probabilities.
@@ -189,10 +194,39 @@ def attention_context(
             mask = mask[cls_index[:, 0], :, at][:, :, None]
         k, v = (kv[..., i * h : (i + 1) * h].reshape(*kv.shape[:2], *split) for i in range(2))
     # q: [batch or m, queries, heads, head_dim]; k, v: [batch or m, len, heads, head_dim]
-    probs = attention_probs(q, k, mask)  # [batch or m, heads, queries, len] float32
-    probs = dropout(probs)
-    context = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
-    return context.reshape(*q.shape[:2], h)
+    return attend(q, k, v, mask, dropout).reshape(*q.shape[:2], h)
+
+
+def window_mask(q_len: int, k_len: int, half: int) -> jax.Array:
+    """`[1, 1, q_len, k_len]` bool: query q sees key k iff |q - k| <= `half` (a sliding window
+    of 2 half + 1 tokens, ModernBERT's local layers: transformers'
+    `sliding_window_bidirectional_overlay(local_attention // 2)`)."""
+    distance = jnp.arange(q_len)[:, None] - jnp.arange(k_len)[None, :]
+    return (jnp.abs(distance) <= half)[None, None]
+
+
+def attend(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array,
+    dropout: Callable[[jax.Array], jax.Array],
+    window: int | None = None,
+) -> jax.Array:
+    """`softmax(Q K^T / sqrt(d) + M) V`: `[batch, q_len, heads, head_dim]` in `value`'s dtype,
+    the softmax in float32 (`attention_probs`), `dropout` on the probabilities.
+
+    Args:
+      query: `[batch, q_len, heads, head_dim]`; key, value: `[batch, k_len, heads, head_dim]`.
+      mask: `[batch, k_len]` or pairwise `[batch, 1, 1 or q_len, k_len]`, nonzero where seen.
+      window: a query sees only keys within `window` positions of its own (`window_mask`);
+        None: every allowed key.
+    """
+    mask = pairwise_mask(mask)
+    if window is not None:
+        mask = mask & window_mask(query.shape[1], key.shape[1], window)
+    probs = dropout(attention_probs(query, key, mask))  # [batch, heads, q_len, k_len] float32
+    return jnp.einsum("bnqk,bknd->bqnd", probs.astype(value.dtype), value)
 
 
 def transformer_layer(
@@ -344,7 +378,7 @@ def encode(
       pooler: the pooler's dense layer (None: no pooler).
       cls_only, cls_index: as `Encoder`'s.
     """
-    mask = _pairwise_mask(attention_mask)  # [b, 1, 1 or t, t] bool, for every layer
+    mask = pairwise_mask(attention_mask)  # [b, 1, 1 or t, t] bool, for every layer
     hidden_states = []
     for layer in stack[:-1] if cls_only else stack:
         x = layer(x, mask, False, None)
