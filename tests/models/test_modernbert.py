@@ -300,3 +300,63 @@ def test_rope_needs_no_restart_but_positions_are_restarted():
     rows = jnp.broadcast_to(jnp.arange(packed["input_ids"].shape[1]), packed["input_ids"].shape)
     shifted, _ = _logits_and_loss(head, variables, packed, position_ids=rows)
     np.testing.assert_allclose(shifted, want, rtol=0, atol=1e-4)
+
+
+def tiny_modernbert_folder(folder, glue_dir):
+    """A random tiny `ModernBertForMaskedLM` (the form of the published checkpoints) with a
+    WordPiece `tokenizer.json` trained here, with the `tokenizers` library, on RTE's train
+    sentences: [CLS] a [SEP] b [SEP]."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import models as tok_models
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    lines = (glue_dir / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:400]
+    tok = Tokenizer(tok_models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(
+        (part for line in lines for part in line.split("\t")[1:3]),
+        trainers.WordPieceTrainer(vocab_size=600, special_tokens=specials),
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
+    )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]",
+    )  # fmt: skip
+    fast.save_pretrained(folder)
+    hf = transformers.ModernBertConfig(
+        **{**TINY, "vocab_size": tok.get_vocab_size(), "cls_token_id": 2, "sep_token_id": 3,
+           "bos_token_id": 2, "eos_token_id": 3}
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.ModernBertForMaskedLM(hf).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.e2e
+def test_finetune_tiny_modernbert_with_isobn_and_istar(tmp_path, glue_dir):
+    """`isojax finetune --model <tiny ModernBERT folder> --normalizer isobn --penalty istar`
+    on RTE: exit 0, a dev accuracy, and the training loss is CE + weight x I-STAR."""
+    from isojax import cli
+
+    folder = tiny_modernbert_folder(tmp_path / "tiny-modernbert", glue_dir)
+    workdir = tmp_path / "run"
+    argv = ["finetune", "--task", "rte", "--model", str(folder), "--data-dir", str(glue_dir)]
+    argv += ["--normalizer", "isobn", "--penalty", "istar", "--workdir", str(workdir)]
+    sets = (
+        "max_train_examples=16", "max_eval_examples=8", "batch_size=8", "eval_batch_size=8",
+        "max_length=32", "buckets=()", "num_epochs=1", "log_every=1", "progress=False",
+        "tensorboard=False", "istar.stabilizer.tokens=200",
+    )  # fmt: skip
+    for item in sets:
+        argv += ["--set", item]
+    assert cli.main(argv) == 0
+    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    dev = [x for x in lines if x["split"] == "dev"]
+    train = [x for x in lines if x["split"] == "train"]
+    assert dev and 0.0 <= dev[-1]["accuracy"] <= 1.0
+    assert train and all(np.isfinite(x["penalty"]) and x["penalty"] > 0 for x in train)
