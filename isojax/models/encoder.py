@@ -105,6 +105,14 @@ def _layer_norm(cfg: config_lib.EncoderConfig, name: str, dtype, param_dtype):
     )
 
 
+def _probs_dropout(drop: Dropout, rate: float, deterministic: bool):
+    """The attention probabilities' dropout, or None when it is the identity (evaluation, or
+    rate 0): `transformer.attend` then takes `jax.nn.dot_product_attention`."""
+    if deterministic or rate == 0.0:
+        return None
+    return lambda p: drop(p, deterministic=False)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention: query/key/value/out projections, `[batch, len, hidden]`
     (`attention_context`, then the `out` projection).
@@ -142,7 +150,7 @@ class SelfAttention(nn.Module):
             mask,
             cfg.num_heads,
             self.dtype,
-            lambda p: drop(p, deterministic=deterministic),
+            _probs_dropout(drop, cfg.attention_dropout, deterministic),
             cls_only,
             cls_index,
         )
@@ -274,7 +282,7 @@ class ModernBertAttention(nn.Module):
             rope,
             window,
             cfg.num_heads,
-            lambda p: drop(p, deterministic=deterministic),
+            _probs_dropout(drop, cfg.attention_dropout, deterministic),
         )
         return drop(dense(h, cfg.attention_bias, "out")(context), deterministic=deterministic)
 

@@ -151,7 +151,7 @@ def attention_context(
     mask: jax.Array,
     num_heads: int,
     dtype: Any,
-    dropout: Callable[[jax.Array], jax.Array],
+    dropout: Callable[[jax.Array], jax.Array] | None,
     cls_only: bool = False,
     cls_index: jax.Array | None = None,
 ) -> jax.Array:
@@ -171,7 +171,8 @@ def attention_context(
       mask: the encoder's `[batch, 1, 1 or len, len]` bool mask (`pairwise_mask`).
       num_heads: attention heads (hidden is a multiple).
       dtype: compute dtype of the projections.
-      dropout: applied to the `[batch, heads, queries, len]` float32 probabilities.
+      dropout: applied to the `[batch, heads, queries, len]` float32 probabilities; None:
+        none (`attend`'s fused path).
       cls_only, cls_index: as `Encoder`'s.
     """
     b, t, h = x.shape
@@ -205,28 +206,61 @@ def window_mask(q_len: int, k_len: int, half: int) -> jax.Array:
     return (jnp.abs(distance) <= half)[None, None]
 
 
+def attend_reference(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array,
+    dropout: Callable[[jax.Array], jax.Array] | None = None,
+    window: int | None = None,
+) -> jax.Array:
+    """`attend` written out: the einsum scores, the float32 softmax (`attention_probs`),
+    `dropout` on the probabilities, the einsum with the values. The path of a training step
+    with attention dropout (`jax.nn.dot_product_attention` has none), and the tests'
+    reference for `attend`."""
+    mask = pairwise_mask(mask)
+    if window is not None:
+        mask = mask & window_mask(query.shape[1], key.shape[1], window)
+    probs = attention_probs(query, key, mask)  # [batch, heads, q_len, k_len] float32
+    if dropout is not None:
+        probs = dropout(probs)
+    return jnp.einsum("bnqk,bknd->bqnd", probs.astype(value.dtype), value)
+
+
 def attend(
     query: jax.Array,
     key: jax.Array,
     value: jax.Array,
     mask: jax.Array,
-    dropout: Callable[[jax.Array], jax.Array],
+    dropout: Callable[[jax.Array], jax.Array] | None = None,
     window: int | None = None,
 ) -> jax.Array:
-    """`softmax(Q K^T / sqrt(d) + M) V`: `[batch, q_len, heads, head_dim]` in `value`'s dtype,
-    the softmax in float32 (`attention_probs`), `dropout` on the probabilities.
+    """`softmax(Q K^T / sqrt(d) + M) V`: `[batch, q_len, heads, head_dim]` in `value`'s dtype.
+
+    Without `dropout`, `jax.nn.dot_product_attention(implementation=None)`: XLA's
+    scores-softmax-values on CPU and TPU, cuDNN's fused kernel where the GPU and shapes allow
+    it; scores and softmax in float32 whatever the compute dtype (as `attention_probs`), and
+    a query that may see no key gets uniform weights (finite, never read) in both. With
+    `dropout` (training with attention dropout, which the fused call has not),
+    `attend_reference`.
 
     Args:
       query: `[batch, q_len, heads, head_dim]`; key, value: `[batch, k_len, heads, head_dim]`.
       mask: `[batch, k_len]` or pairwise `[batch, 1, 1 or q_len, k_len]`, nonzero where seen.
-      window: a query sees only keys within `window` positions of its own (`window_mask`);
-        None: every allowed key.
+      dropout: applied to the float32 `[batch, heads, q_len, k_len]` probabilities; None: none.
+      window: a query sees only keys within `window` positions of its own (`window_mask`;
+        the call's `local_window_size=(window, window)`); None: every allowed key.
     """
-    mask = pairwise_mask(mask)
-    if window is not None:
-        mask = mask & window_mask(query.shape[1], key.shape[1], window)
-    probs = dropout(attention_probs(query, key, mask))  # [batch, heads, q_len, k_len] float32
-    return jnp.einsum("bnqk,bknd->bqnd", probs.astype(value.dtype), value)
+    if dropout is not None:
+        return attend_reference(query, key, value, mask, dropout, window)
+    return jax.nn.dot_product_attention(
+        query,
+        key,
+        value,
+        mask=pairwise_mask(mask),
+        local_window_size=None if window is None else (window, window),
+        implementation=None,
+    ).astype(value.dtype)
 
 
 def transformer_layer(

@@ -84,6 +84,16 @@ class Dropout(nnx.Module):
             self.deterministic = deterministic
 
 
+def _probs_dropout(dropout: Dropout, deterministic: bool | None):
+    """The attention probabilities' dropout, or None when it is the identity (evaluation, or
+    rate 0): `transformer.attend` then takes `jax.nn.dot_product_attention`. An unresolved
+    mode keeps the call, which raises as every dropout does."""
+    mode = dropout.deterministic if deterministic is None else deterministic
+    if mode or dropout.rate == 0.0:
+        return None
+    return lambda p: dropout(p, deterministic=deterministic)
+
+
 def _sharding(shape: tuple[int, ...], fsdp: bool) -> dict:
     """`out_sharding` metadata of linen's FSDP rule over the current mesh's data axis."""
     if not fsdp:
@@ -168,7 +178,7 @@ class SelfAttention(nnx.Module):
             mask,
             self.num_heads,
             self.dtype,
-            lambda p: self.dropout(p, deterministic=deterministic),
+            _probs_dropout(self.dropout, deterministic),
             cls_only,
             cls_index,
         )
@@ -250,7 +260,13 @@ class ModernBertAttention(nnx.Module):
             return self.dropout(y, deterministic=deterministic)
 
         context = modernbert.attention_context(
-            x, self.qkv, mask, rope, window, self.num_heads, drop
+            x,
+            self.qkv,
+            mask,
+            rope,
+            window,
+            self.num_heads,
+            _probs_dropout(self.dropout, deterministic),
         )
         return drop(self.out(context))
 
