@@ -21,7 +21,10 @@ from typing import Any
 
 from isojax import errors
 
-FAMILIES = ("bert", "roberta", "distilbert", "albert")
+# The post-LayerNorm BERT family (one layer, `transformer.transformer_layer`), and ModernBERT
+# (pre-LN, RoPE, GeGLU, local/global attention: `isojax.models.modernbert`).
+BERT_FAMILIES = ("bert", "roberta", "distilbert", "albert")
+FAMILIES = (*BERT_FAMILIES, "modernbert")
 
 # field -> (HF key, HF default) per family; a None HF key means the family has no such setting.
 _COMMON = {
@@ -76,7 +79,36 @@ HF_KEYS: dict[str, dict[str, tuple[str, Any]]] = {
         "num_hidden_groups": ("num_hidden_groups", 1),
         "inner_group_num": ("inner_group_num", 1),
     },
+    # transformers' ModernBertConfig (Warner et al. 2024); `layer_types` and the two RoPE bases
+    # (`rope_parameters`) are read by `_modernbert_fields`.
+    "modernbert": {
+        "vocab_size": ("vocab_size", 50368),
+        "hidden_size": ("hidden_size", 768),
+        "num_layers": ("num_hidden_layers", 22),
+        "num_heads": ("num_attention_heads", 12),
+        "intermediate_size": ("intermediate_size", 1152),
+        "hidden_act": ("hidden_activation", "gelu"),
+        "hidden_dropout": ("embedding_dropout", 0.0),
+        "attention_dropout": ("attention_dropout", 0.0),
+        "max_position_embeddings": ("max_position_embeddings", 8192),
+        "layer_norm_eps": ("norm_eps", 1e-5),
+        "pad_token_id": ("pad_token_id", 50283),
+        "initializer_range": ("initializer_range", 0.02),
+        "classifier_dropout": ("classifier_dropout", 0.0),
+        "local_attention": ("local_attention", 128),
+        "mlp_dropout": ("mlp_dropout", 0.0),
+        "norm_bias": ("norm_bias", False),
+        "attention_bias": ("attention_bias", False),
+        "mlp_bias": ("mlp_bias", False),
+        "classifier_pooling": ("classifier_pooling", "cls"),
+        "classifier_bias": ("classifier_bias", False),
+        "classifier_activation": ("classifier_activation", "gelu"),
+    },
 }
+LAYER_TYPES = ("full_attention", "sliding_attention")
+POOLINGS = ("cls", "mean")
+# ModernBertConfig.default_theta: RoPE base of the global and of the local (sliding) layers.
+DEFAULT_ROPE_THETA = {"full_attention": 160_000.0, "sliding_attention": 10_000.0}
 # HF keys that describe the PyTorch runtime or class, not the network: dropped on read (export
 # writes `architectures` for the class it exports).
 _RUNTIME_KEYS = {
@@ -104,6 +136,7 @@ SIZE_BOUNDS = {
     "embedding_size": (1, 2**15),
     "num_hidden_groups": (1, 128),
     "inner_group_num": (1, 128),
+    "local_attention": (2, 2**16),
 }
 MAX_LAYER_CALLS = 128
 
@@ -165,6 +198,21 @@ class EncoderConfig:
     num_hidden_groups: int = 1
     inner_group_num: int = 1
     sinusoidal_pos_embds: bool = False
+    # ModernBERT only (`isojax.models.modernbert`): the attention window (a token sees the
+    # tokens within local_attention // 2 positions on a sliding layer), each layer's type
+    # (LAYER_TYPES), the RoPE bases of the full and the sliding layers, the biases, the MLP
+    # dropout and the classifier head's pooling, bias and activation.
+    local_attention: int = 128
+    layer_types: tuple[str, ...] = ()
+    rope_theta: float = 160_000.0
+    local_rope_theta: float = 10_000.0
+    norm_bias: bool = True
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    mlp_dropout: float = 0.0
+    classifier_pooling: str = "cls"
+    classifier_bias: bool = True
+    classifier_activation: str = "gelu"
     extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
@@ -179,12 +227,39 @@ class EncoderConfig:
             raise ValueError(f"hidden_act {self.hidden_act!r} not supported; one of {ACTIVATIONS}")
         if self.family == "distilbert" and self.type_vocab_size:
             raise ValueError("DistilBERT has no token type embeddings: type_vocab_size must be 0")
+        if self.family == "modernbert":
+            self._check_modernbert()
+        elif self.layer_types:
+            raise ValueError("layer_types is a ModernBERT setting")
         if self.family != "albert" and (
             self.embedding_size is not None
             or self.num_hidden_groups != 1
             or self.inner_group_num != 1
         ):
             raise ValueError("embedding_size and layer groups are ALBERT settings")
+
+    def _check_modernbert(self) -> None:
+        if self.type_vocab_size:
+            raise ValueError("ModernBERT has no token type embeddings: type_vocab_size must be 0")
+        if len(self.layer_types) != self.num_layers:
+            raise ValueError(
+                f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers"
+            )
+        if not set(self.layer_types) <= set(LAYER_TYPES):
+            raise ValueError(f"layer_types {self.layer_types} must be each one of {LAYER_TYPES}")
+        if self.classifier_pooling not in POOLINGS:
+            raise ValueError(
+                f"classifier_pooling {self.classifier_pooling!r} not one of {POOLINGS}"
+            )
+        if self.classifier_activation not in ACTIVATIONS:
+            raise ValueError(
+                f"classifier_activation {self.classifier_activation!r} not supported; one of "
+                f"{ACTIVATIONS}"
+            )
+        if self.hidden_size // self.num_heads % 2:
+            raise ValueError(
+                f"RoPE needs an even head size, got {self.hidden_size // self.num_heads}"
+            )
 
     # Family switches, read by the layers (each mirrors the transformers PyTorch code).
     @property
@@ -239,13 +314,16 @@ class EncoderConfig:
             )
         table = HF_KEYS[family]
         fields = {name: hf.get(key, default) for name, (key, default) in table.items()}
-        if family == "distilbert":
+        if family in ("distilbert", "modernbert"):
             fields["type_vocab_size"] = 0
         try:
             check_sizes(fields, {name: key for name, (key, _) in table.items()})
+            if family == "modernbert":
+                fields.update(_modernbert_fields(hf, fields["num_layers"]))
         except ValueError as err:
             raise ModelNotLoadable(f"{source}: {err}") from None
         used = {key for key, _ in table.values()} | _RUNTIME_KEYS | {"position_embedding_type"}
+        used |= _MODERNBERT_KEYS if family == "modernbert" else set()
         extra = tuple(sorted((k, json.dumps(v)) for k, v in hf.items() if k not in used))
         try:
             return cls(family=family, extra=extra, **fields)
@@ -258,7 +336,61 @@ class EncoderConfig:
         out.update({k: json.loads(v) for k, v in self.extra})
         for name, (key, _) in HF_KEYS[self.family].items():
             out[key] = getattr(self, name)
+        if self.family == "modernbert":
+            out["layer_types"] = list(self.layer_types)
+            thetas = {"full_attention": self.rope_theta, "sliding_attention": self.local_rope_theta}
+            out["rope_parameters"] = {
+                kind: {"rope_theta": theta, "rope_type": "default"}
+                for kind, theta in thetas.items()
+            }
         return out
+
+
+# ModernBERT keys read by `_modernbert_fields` (transformers 5.x writes `layer_types` and
+# `rope_parameters`; older files `global_attn_every_n_layers` and the two `*_rope_theta`).
+_MODERNBERT_KEYS = {
+    "layer_types", "rope_parameters", "global_attn_every_n_layers", "global_rope_theta",
+    "local_rope_theta", "rope_scaling",
+}  # fmt: skip
+
+
+def _modernbert_fields(hf: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """`layer_types`, `rope_theta` and `local_rope_theta` of a ModernBERT `config.json`, as
+    transformers' ModernBertConfig reads them: `layer_types`, else every
+    `global_attn_every_n_layers`-th layer (from 0) full and the others sliding; the RoPE bases
+    from `rope_parameters[type]["rope_theta"]`, else `global_rope_theta` / `local_rope_theta`,
+    else 160000 / 10000. Raises ValueError for RoPE scaling (only "default" RoPE is built)."""
+    types = hf.get("layer_types")
+    if types is None:
+        every = hf.get("global_attn_every_n_layers", 3)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(
+                f"global_attn_every_n_layers must be a positive integer, got {every!r}"
+            )
+        types = ["sliding_attention" if i % every else "full_attention" for i in range(num_layers)]
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise ValueError(f"layer_types must be a list of {LAYER_TYPES}, got {types!r}")
+    if hf.get("rope_scaling") is not None:
+        raise ValueError("rope_scaling is not supported (default RoPE only)")
+    params = hf.get("rope_parameters") or {}
+    legacy = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
+    thetas = {}
+    for kind, default in DEFAULT_ROPE_THETA.items():
+        given = params.get(kind) or {}
+        if given.get("rope_type", "default") != "default":
+            raise ValueError(
+                f"rope_parameters.{kind}.rope_type {given['rope_type']!r} is not supported "
+                "(default only)"
+            )
+        theta = given.get("rope_theta", hf.get(legacy[kind], default))
+        if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
+            raise ValueError(f"rope_parameters.{kind}.rope_theta must be positive, got {theta!r}")
+        thetas[kind] = float(theta)
+    return {
+        "layer_types": tuple(types),
+        "rope_theta": thetas["full_attention"],
+        "local_rope_theta": thetas["sliding_attention"],
+    }
 
 
 # Standard sizes (the papers' tables, as in the public checkpoints' config.json), plus `tiny`.
@@ -293,6 +425,9 @@ VARIANTS: dict[str, EncoderConfig] = {
     ),  # fmt: skip
     # all-MiniLM-L6-v2 (the offline pre-trained weights, SPEC.md section 8).
     "minilm-l6": EncoderConfig(hidden_size=384, num_layers=6, intermediate_size=1536),
+    # Warner et al. 2024, table 4 (ModernBERT-base): 22 layers, hidden 768, GeGLU 1152, every
+    # third layer global.
+    "modernbert-base": EncoderConfig.from_hf({"model_type": "modernbert"}),
     # For tests only.
     "tiny": EncoderConfig(
         vocab_size=128,

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from isojax.models import config as config_lib
+from isojax.models import modernbert
 from isojax.models.dropout import Dropout
 from isojax.models.transformer import (
     EncoderOutput,
@@ -104,6 +105,14 @@ def _layer_norm(cfg: config_lib.EncoderConfig, name: str, dtype, param_dtype):
     )
 
 
+def _probs_dropout(drop: Dropout, rate: float, deterministic: bool):
+    """The attention probabilities' dropout, or None when it is the identity (evaluation, or
+    rate 0): `transformer.attend` then takes `jax.nn.dot_product_attention`."""
+    if deterministic or rate == 0.0:
+        return None
+    return lambda p: drop(p, deterministic=False)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention: query/key/value/out projections, `[batch, len, hidden]`
     (`attention_context`, then the `out` projection).
@@ -141,7 +150,7 @@ class SelfAttention(nn.Module):
             mask,
             cfg.num_heads,
             self.dtype,
-            lambda p: drop(p, deterministic=deterministic),
+            _probs_dropout(drop, cfg.attention_dropout, deterministic),
             cls_only,
             cls_index,
         )
@@ -230,8 +239,125 @@ class Embeddings(nn.Module):
         )
 
 
+def _mb_dense(cfg: config_lib.EncoderConfig, features: int, bias: bool, name: str, dtype, pdtype):
+    return nn.Dense(
+        features,
+        use_bias=bias,
+        dtype=dtype,
+        param_dtype=pdtype,
+        kernel_init=nn.initializers.normal(cfg.initializer_range),
+        name=name,
+    )
+
+
+def _mb_norm(cfg: config_lib.EncoderConfig, name: str, dtype, param_dtype):
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_eps,
+        use_bias=cfg.norm_bias,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        use_fast_variance=False,
+        name=name,
+    )
+
+
+class ModernBertAttention(nn.Module):
+    """ModernBERT's attention (`modernbert.attention_context`: fused `qkv`, RoPE, the window),
+    then `out` and its dropout: `[batch, len, hidden]`."""
+
+    config: config_lib.EncoderConfig
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, mask, rope, window, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        h = x.shape[-1]
+        dense = functools.partial(_mb_dense, cfg, dtype=self.dtype, pdtype=self.param_dtype)
+        drop = Dropout(cfg.attention_dropout)
+        context = modernbert.attention_context(
+            x,
+            dense(3 * h, cfg.attention_bias, "qkv"),
+            mask,
+            rope,
+            window,
+            cfg.num_heads,
+            _probs_dropout(drop, cfg.attention_dropout, deterministic),
+        )
+        return drop(dense(h, cfg.attention_bias, "out")(context), deterministic=deterministic)
+
+
+class ModernBertLayer(nn.Module):
+    """ModernBERT's pre-LN layer (`modernbert.layer`); layer 0 (`first`) has no
+    `attention_norm`."""
+
+    config: config_lib.EncoderConfig
+    first: bool = False
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, mask, rope, window, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        dense = functools.partial(_mb_dense, cfg, dtype=self.dtype, pdtype=self.param_dtype)
+        norm = functools.partial(_mb_norm, cfg, dtype=self.dtype, param_dtype=self.param_dtype)
+        attention = ModernBertAttention(cfg, self.dtype, self.param_dtype, name="attention")
+        drop = Dropout(cfg.mlp_dropout)
+        return modernbert.layer(
+            cfg,
+            x,
+            lambda y: attention(y, mask, rope, window, deterministic),
+            None if self.first else norm(name="attention_norm"),
+            norm(name="mlp_norm"),
+            dense(2 * cfg.intermediate_size, cfg.mlp_bias, "mlp_in"),
+            dense(cfg.hidden_size, cfg.mlp_bias, "mlp_out"),
+            lambda y: drop(y, deterministic=deterministic),
+        )
+
+
+class ModernBertEmbeddings(nn.Module):
+    """ModernBERT's token embeddings, bias-free LayerNorm, dropout: `word`, `norm`."""
+
+    config: config_lib.EncoderConfig
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, input_ids, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        word = nn.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            embedding_init=nn.initializers.normal(cfg.initializer_range),
+            name="word",
+        )
+        x = _mb_norm(cfg, "norm", self.dtype, self.param_dtype)(word(input_ids))
+        return Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
+
+
+class ModernBertHead(nn.Module):
+    """ModernBERT's prediction head on the pooled vector, `norm(act(dense(x)))`
+    (`modernbert.head_vector`): `dense`, `norm`; the encoder's `pooler`."""
+
+    config: config_lib.EncoderConfig
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        dense = _mb_dense(
+            cfg, cfg.hidden_size, cfg.classifier_bias, "dense", self.dtype, self.param_dtype
+        )
+        return modernbert.head_vector(
+            cfg, x, dense, _mb_norm(cfg, "norm", self.dtype, self.param_dtype)
+        )
+
+
 class Encoder(nn.Module):
-    """A BERT-family encoder (family from `config.family`).
+    """A BERT-family encoder (family from `config.family`), or ModernBERT.
 
     Attributes:
       config: the frozen `EncoderConfig`.
@@ -281,6 +407,10 @@ class Encoder(nn.Module):
     ) -> EncoderOutput:
         cfg = self.config
         check_inputs(cfg, input_ids, attention_mask, token_type_ids, position_ids, cls_index)
+        if cfg.family == "modernbert":
+            return self._modernbert(
+                input_ids, attention_mask, position_ids, cls_index, deterministic
+            )
         x = Embeddings(cfg, self.dtype, self.param_dtype, name="embeddings")(
             input_ids, token_type_ids, deterministic, position_ids
         )
@@ -312,6 +442,26 @@ class Encoder(nn.Module):
         if cfg.has_pooler:
             pooler = _dense(cfg, cfg.hidden_size, "pooler", self.dtype, self.param_dtype)
         return encode(cfg, x, attention_mask, stack, pooler, cls_only, cls_index)
+
+    def _modernbert(self, input_ids, attention_mask, position_ids, cls_index, deterministic):
+        """ModernBERT (`isojax.models.modernbert`): `embeddings/word`, `embeddings/norm`,
+        `layer_i`, `final_norm`, `pooler/dense` and `pooler/norm` (the prediction head)."""
+        cfg, dtype, pdtype = self.config, self.dtype, self.param_dtype
+        x = ModernBertEmbeddings(cfg, dtype, pdtype, name="embeddings")(input_ids, deterministic)
+        # static_argnums counts self: (self, x, mask, rope, window, deterministic).
+        layer = nn.remat(ModernBertLayer, static_argnums=(4, 5)) if self.remat else ModernBertLayer
+        stack = [
+            functools.partial(
+                lambda m, y, mask, rope, window: m(y, mask, rope, window, deterministic),
+                layer(cfg, i == 0, dtype, pdtype, name=f"layer_{i}"),
+            )
+            for i in range(cfg.num_layers)
+        ]
+        head = ModernBertHead(cfg, dtype, pdtype, name="pooler")
+        final_norm = _mb_norm(cfg, "final_norm", dtype, pdtype)
+        return modernbert.encode(
+            cfg, x, attention_mask, position_ids, stack, final_norm, head, cls_index
+        )
 
 
 def init_params(encoder: Encoder, rng: jax.Array, seq_len: int = 8) -> dict:

@@ -73,6 +73,8 @@ def classifier_state_dict(head: heads.SequenceClassifier, variables: Mapping) ->
     for name, value in encoder_sd.items():
         if cfg.family == "roberta" and name.startswith("pooler.dense."):
             out["classifier.dense." + name.split(".")[-1]] = value
+        elif cfg.family == "modernbert" and name.startswith("head."):
+            out[name] = value  # the prediction head sits beside `model.`
         else:
             out[f"{prefix}.{name}"] = value
     linear = "classifier.out_proj" if cfg.family == "roberta" else "classifier"

@@ -82,6 +82,21 @@ NAME_TABLES: dict[str, list[tuple[str, str, str]]] = {
     + [("encoder.embedding_hidden_mapping_in", "embedding_projection", "dense")]
     + [(_ALBERT_GROUP + hf, "group_{g}_layer_{j}/" + ours, k) for hf, ours, k in _ALBERT_LAYER]
     + [("pooler", "pooler", "dense")],
+    # ModernBertModel; `head` is ModernBertForSequenceClassification's (and ForMaskedLM's)
+    # prediction head, outside the `model.` prefix: isojax's pooler.
+    "modernbert": [
+        ("embeddings.tok_embeddings", "embeddings/word", "embed"),
+        ("embeddings.norm", "embeddings/norm", "norm"),
+        ("layers.{i}.attn_norm", "layer_{i}/attention_norm", "norm"),
+        ("layers.{i}.attn.Wqkv", "layer_{i}/attention/qkv", "dense"),
+        ("layers.{i}.attn.Wo", "layer_{i}/attention/out", "dense"),
+        ("layers.{i}.mlp_norm", "layer_{i}/mlp_norm", "norm"),
+        ("layers.{i}.mlp.Wi", "layer_{i}/mlp_in", "dense"),
+        ("layers.{i}.mlp.Wo", "layer_{i}/mlp_out", "dense"),
+        ("final_norm", "final_norm", "norm"),
+        ("head.dense", "pooler/dense", "dense"),
+        ("head.norm", "pooler/norm", "norm"),
+    ],
 }  # fmt: skip
 _LEAVES = {
     "dense": [("weight", "kernel", True), ("bias", "bias", False)],
@@ -103,11 +118,12 @@ ENCODER_PREFIX = {
     "roberta": "roberta",
     "distilbert": "distilbert",
     "albert": "albert",
+    "modernbert": "model",
 }
 # Weights named in the one-line error of a file that does not fit its config (then a count).
 _SHOWN_PROBLEMS = 4
 BASE_CLASS = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBertModel",
-               "albert": "AlbertModel"}  # fmt: skip
+               "albert": "AlbertModel", "modernbert": "ModernBertModel"}  # fmt: skip
 
 
 class WeightMap(NamedTuple):
@@ -116,6 +132,18 @@ class WeightMap(NamedTuple):
     hf_name: str
     path: tuple[str, ...]
     transpose: bool
+
+
+def _has_bias(cfg: config_lib.EncoderConfig, kind: str, ours: str) -> bool:
+    """Whether a weight of `kind` at `ours` has a bias: always in the BERT family; ModernBERT's
+    by its `norm_bias`, `attention_bias`, `mlp_bias` and `classifier_bias`."""
+    if cfg.family != "modernbert" or kind == "embed":
+        return True
+    if kind == "norm":
+        return cfg.norm_bias
+    if "/attention/" in ours:
+        return cfg.attention_bias
+    return cfg.classifier_bias if ours.startswith("pooler") else cfg.mlp_bias
 
 
 def weight_map(cfg: config_lib.EncoderConfig) -> list[WeightMap]:
@@ -136,8 +164,11 @@ def weight_map(cfg: config_lib.EncoderConfig) -> list[WeightMap]:
             ]
         else:
             subs = [{}]
+        if ours == "layer_{i}/attention_norm" and cfg.family == "modernbert":
+            subs = subs[1:]  # layer 0's attn_norm is the identity
+        leaves = _LEAVES[kind] if _has_bias(cfg, kind, ours) else _LEAVES[kind][:1]
         for sub in subs:
-            for hf_leaf, our_leaf, transpose in _LEAVES[kind]:
+            for hf_leaf, our_leaf, transpose in leaves:
                 path = (*ours.format(**sub).split("/"), our_leaf)
                 out.append(WeightMap(f"{hf.format(**sub)}.{hf_leaf}", path, transpose))
     return out

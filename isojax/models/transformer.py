@@ -58,6 +58,11 @@ _ACTIVATIONS = {
 }
 
 
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+    """The activation a Hugging Face config names ("gelu" is the exact erf form)."""
+    return _ACTIVATIONS[name]
+
+
 @flax.struct.dataclass
 class EncoderOutput:
     """What every encoder returns.
@@ -87,9 +92,9 @@ def segment_attention_mask(segment_ids: jax.Array) -> jax.Array:
     return (same & (segment_ids[:, None, :] != 0))[:, None]
 
 
-def _pairwise_mask(mask: jax.Array) -> jax.Array:
-    """A `[batch, k_len]` key mask -> `[batch, 1, 1, k_len]` bool; a `[batch, 1, q_len, k_len]`
-    pairwise mask stays as it is (as bool)."""
+def pairwise_mask(mask: jax.Array) -> jax.Array:
+    """The encoder's attention mask as bool: a `[batch, k_len]` key mask -> `[batch, 1, 1,
+    k_len]`; a `[batch, 1, q_len, k_len]` pairwise mask stays as it is."""
     keep = mask.astype(bool)
     return keep[:, None, None, :] if keep.ndim == 2 else keep
 
@@ -115,7 +120,7 @@ def attention_probs(query: jax.Array, key: jax.Array, mask: jax.Array) -> jax.Ar
     scale = query.shape[-1] ** -0.5
     scores = jnp.einsum("bqnd,bknd->bnqk", query, key, preferred_element_type=jnp.float32)
     scores = scores.astype(jnp.float32) * scale
-    keep = _pairwise_mask(mask)  # [batch, 1, 1 or q_len, k_len]
+    keep = pairwise_mask(mask)  # [batch, 1, 1 or q_len, k_len]
     scores = jnp.where(keep, scores, jnp.finfo(jnp.float32).min)
     return jax.nn.softmax(scores, axis=-1)
 
@@ -146,7 +151,7 @@ def attention_context(
     mask: jax.Array,
     num_heads: int,
     dtype: Any,
-    dropout: Callable[[jax.Array], jax.Array],
+    dropout: Callable[[jax.Array], jax.Array] | None,
     cls_only: bool = False,
     cls_index: jax.Array | None = None,
 ) -> jax.Array:
@@ -163,10 +168,11 @@ def attention_context(
       x: `[batch, len, hidden]`.
       kernels, biases: the query, key and value projections' `[hidden, hidden]` kernels and
         `[hidden]` biases.
-      mask: the encoder's `[batch, 1, 1 or len, len]` bool mask (`_pairwise_mask`).
+      mask: the encoder's `[batch, 1, 1 or len, len]` bool mask (`pairwise_mask`).
       num_heads: attention heads (hidden is a multiple).
       dtype: compute dtype of the projections.
-      dropout: applied to the `[batch, heads, queries, len]` float32 probabilities.
+      dropout: applied to the `[batch, heads, queries, len]` float32 probabilities; None:
+        none (`attend`'s fused path).
       cls_only, cls_index: as `Encoder`'s.
     """
     b, t, h = x.shape
@@ -189,10 +195,72 @@ def attention_context(
             mask = mask[cls_index[:, 0], :, at][:, :, None]
         k, v = (kv[..., i * h : (i + 1) * h].reshape(*kv.shape[:2], *split) for i in range(2))
     # q: [batch or m, queries, heads, head_dim]; k, v: [batch or m, len, heads, head_dim]
-    probs = attention_probs(q, k, mask)  # [batch or m, heads, queries, len] float32
-    probs = dropout(probs)
-    context = jnp.einsum("bnqk,bknd->bqnd", probs.astype(v.dtype), v)
-    return context.reshape(*q.shape[:2], h)
+    return attend(q, k, v, mask, dropout).reshape(*q.shape[:2], h)
+
+
+def window_mask(q_len: int, k_len: int, half: int) -> jax.Array:
+    """`[1, 1, q_len, k_len]` bool: query q sees key k iff |q - k| <= `half` (a sliding window
+    of 2 half + 1 tokens, ModernBERT's local layers: transformers'
+    `sliding_window_bidirectional_overlay(local_attention // 2)`)."""
+    distance = jnp.arange(q_len)[:, None] - jnp.arange(k_len)[None, :]
+    return (jnp.abs(distance) <= half)[None, None]
+
+
+def attend_reference(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array,
+    dropout: Callable[[jax.Array], jax.Array] | None = None,
+    window: int | None = None,
+) -> jax.Array:
+    """`attend` written out: the einsum scores, the float32 softmax (`attention_probs`),
+    `dropout` on the probabilities, the einsum with the values. The path of a training step
+    with attention dropout (`jax.nn.dot_product_attention` has none), and the tests'
+    reference for `attend`."""
+    mask = pairwise_mask(mask)
+    if window is not None:
+        mask = mask & window_mask(query.shape[1], key.shape[1], window)
+    probs = attention_probs(query, key, mask)  # [batch, heads, q_len, k_len] float32
+    if dropout is not None:
+        probs = dropout(probs)
+    return jnp.einsum("bnqk,bknd->bqnd", probs.astype(value.dtype), value)
+
+
+def attend(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array,
+    dropout: Callable[[jax.Array], jax.Array] | None = None,
+    window: int | None = None,
+) -> jax.Array:
+    """`softmax(Q K^T / sqrt(d) + M) V`: `[batch, q_len, heads, head_dim]` in `value`'s dtype.
+
+    Without `dropout`, `jax.nn.dot_product_attention(implementation=None)`: XLA's
+    scores-softmax-values on CPU and TPU, cuDNN's fused kernel where the GPU and shapes allow
+    it; scores and softmax in float32 whatever the compute dtype (as `attention_probs`), and
+    a query that may see no key gets uniform weights (finite, never read) in both. With
+    `dropout` (training with attention dropout, which the fused call has not),
+    `attend_reference`.
+
+    Args:
+      query: `[batch, q_len, heads, head_dim]`; key, value: `[batch, k_len, heads, head_dim]`.
+      mask: `[batch, k_len]` or pairwise `[batch, 1, 1 or q_len, k_len]`, nonzero where seen.
+      dropout: applied to the float32 `[batch, heads, q_len, k_len]` probabilities; None: none.
+      window: a query sees only keys within `window` positions of its own (`window_mask`;
+        the call's `local_window_size=(window, window)`); None: every allowed key.
+    """
+    if dropout is not None:
+        return attend_reference(query, key, value, mask, dropout, window)
+    return jax.nn.dot_product_attention(
+        query,
+        key,
+        value,
+        mask=pairwise_mask(mask),
+        local_window_size=None if window is None else (window, window),
+        implementation=None,
+    ).astype(value.dtype)
 
 
 def transformer_layer(
@@ -344,7 +412,7 @@ def encode(
       pooler: the pooler's dense layer (None: no pooler).
       cls_only, cls_index: as `Encoder`'s.
     """
-    mask = _pairwise_mask(attention_mask)  # [b, 1, 1 or t, t] bool, for every layer
+    mask = pairwise_mask(attention_mask)  # [b, 1, 1 or t, t] bool, for every layer
     hidden_states = []
     for layer in stack[:-1] if cls_only else stack:
         x = layer(x, mask, False, None)

@@ -41,7 +41,7 @@ from flax import nnx
 
 from isojax.models import config as config_lib
 from isojax.models import dropout as dropout_lib
-from isojax.models import sharding, transformer
+from isojax.models import modernbert, sharding, transformer
 from isojax.models.transformer import EncoderOutput
 
 __all__ = ["Dropout", "Embeddings", "Encoder", "EncoderOutput", "SelfAttention", "TransformerLayer"]
@@ -84,6 +84,16 @@ class Dropout(nnx.Module):
             self.deterministic = deterministic
 
 
+def _probs_dropout(dropout: Dropout, deterministic: bool | None):
+    """The attention probabilities' dropout, or None when it is the identity (evaluation, or
+    rate 0): `transformer.attend` then takes `jax.nn.dot_product_attention`. An unresolved
+    mode keeps the call, which raises as every dropout does."""
+    mode = dropout.deterministic if deterministic is None else deterministic
+    if mode or dropout.rate == 0.0:
+        return None
+    return lambda p: dropout(p, deterministic=deterministic)
+
+
 def _sharding(shape: tuple[int, ...], fsdp: bool) -> dict:
     """`out_sharding` metadata of linen's FSDP rule over the current mesh's data axis."""
     if not fsdp:
@@ -106,10 +116,11 @@ class _Build:
             cfg, dtype, param_dtype, rngs, fsdp,
         )  # fmt: skip
 
-    def linear(self, n_in: int, n_out: int) -> nnx.Linear:
+    def linear(self, n_in: int, n_out: int, use_bias: bool = True) -> nnx.Linear:
         return nnx.Linear(
             n_in,
             n_out,
+            use_bias=use_bias,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=nnx.initializers.normal(self.cfg.initializer_range),
@@ -118,11 +129,12 @@ class _Build:
             rngs=self.rngs,
         )
 
-    def norm(self, n: int) -> nnx.LayerNorm:
+    def norm(self, n: int, use_bias: bool = True) -> nnx.LayerNorm:
         # Two-pass variance, as torch's LayerNorm (and the linen encoder's).
         return nnx.LayerNorm(
             n,
             epsilon=self.cfg.layer_norm_eps,
+            use_bias=use_bias,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             use_fast_variance=False,
@@ -166,7 +178,7 @@ class SelfAttention(nnx.Module):
             mask,
             self.num_heads,
             self.dtype,
-            lambda p: self.dropout(p, deterministic=deterministic),
+            _probs_dropout(self.dropout, deterministic),
             cls_only,
             cls_index,
         )
@@ -232,6 +244,86 @@ class Embeddings(nnx.Module):
         )
 
 
+class ModernBertAttention(nnx.Module):
+    """ModernBERT's attention (`modernbert.attention_context`), then `out` and its dropout."""
+
+    def __init__(self, build: _Build):
+        cfg = build.cfg
+        h = cfg.hidden_size
+        self.num_heads = cfg.num_heads
+        self.qkv = build.linear(h, 3 * h, cfg.attention_bias)
+        self.out = build.linear(h, h, cfg.attention_bias)
+        self.dropout = build.dropout(cfg.attention_dropout)
+
+    def __call__(self, x, mask, rope, window, deterministic=None) -> jax.Array:
+        def drop(y):
+            return self.dropout(y, deterministic=deterministic)
+
+        context = modernbert.attention_context(
+            x,
+            self.qkv,
+            mask,
+            rope,
+            window,
+            self.num_heads,
+            _probs_dropout(self.dropout, deterministic),
+        )
+        return drop(self.out(context))
+
+
+class ModernBertLayer(nnx.Module):
+    """ModernBERT's pre-LN layer (`modernbert.layer`); layer 0 (`first`) has no
+    `attention_norm`."""
+
+    def __init__(self, build: _Build, first: bool):
+        cfg = build.cfg
+        self.config = cfg
+        self.attention = ModernBertAttention(build)
+        self.attention_norm = None if first else build.norm(cfg.hidden_size, cfg.norm_bias)
+        self.mlp_norm = build.norm(cfg.hidden_size, cfg.norm_bias)
+        self.mlp_in = build.linear(cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias)
+        self.mlp_out = build.linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
+        self.dropout = build.dropout(cfg.mlp_dropout)
+
+    def __call__(self, x, mask, rope, window, deterministic=None) -> jax.Array:
+        return modernbert.layer(
+            self.config,
+            x,
+            lambda y: self.attention(y, mask, rope, window, deterministic),
+            self.attention_norm,
+            self.mlp_norm,
+            self.mlp_in,
+            self.mlp_out,
+            lambda y: self.dropout(y, deterministic=deterministic),
+        )
+
+
+class ModernBertEmbeddings(nnx.Module):
+    """ModernBERT's token embeddings, bias-free LayerNorm, dropout."""
+
+    def __init__(self, build: _Build):
+        cfg = build.cfg
+        self.word = build.embed(cfg.vocab_size)
+        self.norm = build.norm(cfg.hidden_size, cfg.norm_bias)
+        self.dropout = build.dropout(cfg.hidden_dropout)
+
+    def __call__(self, input_ids, deterministic=None) -> jax.Array:
+        return self.dropout(self.norm(self.word(input_ids)), deterministic=deterministic)
+
+
+class ModernBertHead(nnx.Module):
+    """ModernBERT's prediction head, `norm(act(dense(x)))` (`modernbert.head_vector`)."""
+
+    def __init__(self, build: _Build):
+        cfg = build.cfg
+        self.config = cfg
+        self.dense = build.linear(cfg.hidden_size, cfg.hidden_size, cfg.classifier_bias)
+        self.norm = build.norm(cfg.hidden_size, cfg.norm_bias)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return modernbert.head_vector(self.config, x, self.dense, self.norm)
+
+
 class Encoder(nnx.Module):
     """A BERT-family encoder (family from `config.family`), the NNX twin of
     `isojax.models.Encoder`, called the same way:
@@ -269,6 +361,9 @@ class Encoder(nnx.Module):
     ):
         build = _Build(config, dtype, param_dtype, rngs, fsdp)
         self.config, self.dtype, self.param_dtype, self.remat = config, dtype, param_dtype, remat
+        if config.family == "modernbert":
+            self._init_modernbert(build)
+            return
         self.embeddings = Embeddings(build)
         albert = config.family == "albert"
         self.embedding_projection = (
@@ -283,6 +378,33 @@ class Encoder(nnx.Module):
             self.layers = nnx.List(TransformerLayer(build) for _ in range(config.num_layers))
         self.pooler = (
             build.linear(config.hidden_size, config.hidden_size) if config.has_pooler else None
+        )
+
+    def _init_modernbert(self, build: _Build) -> None:
+        cfg = build.cfg
+        self.embeddings = ModernBertEmbeddings(build)
+        self.embedding_projection = None
+        self.layers = nnx.List(ModernBertLayer(build, i == 0) for i in range(cfg.num_layers))
+        self.final_norm = build.norm(cfg.hidden_size, cfg.norm_bias)
+        self.pooler = ModernBertHead(build)
+
+    def _modernbert(self, input_ids, attention_mask, position_ids, cls_index, deterministic):
+        def call(layer, y, mask, rope, window):
+            return layer(y, mask, rope, window, deterministic)
+
+        if self.remat:  # the window is static: it changes the mask's construction
+            call = nnx.remat(call, static_argnums=(4,))
+        x = self.embeddings(input_ids, deterministic)
+        stack = [functools.partial(call, layer) for layer in self.layers]
+        return modernbert.encode(
+            self.config,
+            x,
+            attention_mask,
+            position_ids,
+            stack,
+            self.final_norm,
+            self.pooler,
+            cls_index,
         )
 
     def _layer(self, g: int, j: int) -> TransformerLayer:
@@ -303,6 +425,10 @@ class Encoder(nnx.Module):
         transformer.check_inputs(
             cfg, input_ids, attention_mask, token_type_ids, position_ids, cls_index
         )
+        if cfg.family == "modernbert":
+            return self._modernbert(
+                input_ids, attention_mask, position_ids, cls_index, deterministic
+            )
         x = self.embeddings(input_ids, token_type_ids, deterministic, position_ids)
         if self.embedding_projection is not None:  # ALBERT: [batch, len, E] -> [batch, len, H]
             x = self.embedding_projection(x)

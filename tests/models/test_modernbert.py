@@ -1,0 +1,362 @@
+"""ModernBERT in linen and NNX against transformers' PyTorch ModernBertModel and
+ModernBertForSequenceClassification (float32, eager attention), loaded from a folder that
+transformers wrote (random weights: no ModernBERT checkpoint can be downloaded here)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from isojax import models
+from isojax.models import config as config_lib
+from isojax.models import heads, hf_import, modernbert
+from isojax.nnx import heads as nnx_heads
+from isojax.nnx import pretrained as nnx_pretrained
+
+# Four layers: 0 and 3 global, 1 and 2 sliding; a window of 8 (4 each side) on 20 tokens.
+TINY = dict(
+    vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+    num_attention_heads=4, max_position_embeddings=64, local_attention=8, pad_token_id=0,
+    bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+)  # fmt: skip
+
+
+def reference(folder, pooling="cls", num_labels=3, seed=0, noise=0.1, **changes):
+    """A random `ModernBertForSequenceClassification` (every weight moved off its
+    initialisation by N(0, noise), norm scales off 1) saved to `folder`; returns the model,
+    read back with eager attention, in eval mode."""
+    torch.manual_seed(seed)
+    hf = transformers.ModernBertConfig(
+        **{**TINY, **changes}, classifier_pooling=pooling, num_labels=num_labels
+    )
+    model = transformers.ModernBertForSequenceClassification(hf).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(noise * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return transformers.ModernBertForSequenceClassification.from_pretrained(
+        folder, attn_implementation="eager"
+    ).eval()
+
+
+def padded_batch(vocab, b=3, t=20, seed=0):
+    """Ids and mask of `b` rows of `t` tokens, rows 1 and 2 padded (lengths t, 14, 5)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.array([t, 14, 5])[:b]
+    mask = (np.arange(t)[None] < lengths[:, None]).astype(np.int64)
+    ids = np.where(mask == 1, rng.integers(3, vocab, (b, t)), 0)
+    ids[:, 0] = 1
+    return ids, mask
+
+
+def run_reference(model, ids, mask):
+    with torch.no_grad():
+        return model(
+            torch.tensor(ids), attention_mask=torch.tensor(mask), output_hidden_states=True
+        )
+
+
+def classifier_params(folder):
+    state, _ = hf_import.read_state_dict(folder)
+    return {"kernel": state["classifier.weight"].T, "bias": state["classifier.bias"]}
+
+
+def linen_logits(folder, ids, mask, cfg=None):
+    pre = models.load_pretrained(folder)
+    cfg = cfg or pre.config
+    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=3, dropout_rate=0.0)
+    params = {"encoder": pre.params, "classifier": classifier_params(folder)}
+    return jax.jit(head.apply)({"params": params}, ids, mask)
+
+
+def nnx_logits(folder, ids, mask):
+    pre = nnx_pretrained.from_pretrained(folder)
+    head = nnx_heads.SequenceClassifier(pre.model, num_labels=3, rngs=nnx.Rngs(0))
+    weights = classifier_params(folder)
+    head.classifier.kernel[...] = jnp.asarray(weights["kernel"])
+    head.classifier.bias[...] = jnp.asarray(weights["bias"])
+    return head(ids, mask, deterministic=True)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_tiny_matches_transformers_linen_and_nnx(pooling, tmp_path):
+    model = reference(tmp_path, pooling)
+    ids, mask = padded_batch(TINY["vocab_size"])
+    ref = run_reference(model, ids, mask)
+    pre = models.load_pretrained(tmp_path)
+    assert pre.config.classifier_pooling == pooling
+    full, sliding = "full_attention", "sliding_attention"
+    assert pre.config.layer_types == (full, sliding, sliding, full)
+    assert pre.report.unexpected == ("classifier.bias", "classifier.weight")
+    for front, (logits, extras) in (
+        ("linen", linen_logits(tmp_path, ids, mask)),
+        ("nnx", nnx_logits(tmp_path, ids, mask)),
+    ):
+        hidden = extras["encoder"].hidden_states
+        assert len(hidden) == len(ref.hidden_states) - 1 == 4, front
+        for ours, theirs in zip(hidden, ref.hidden_states[1:], strict=True):
+            np.testing.assert_allclose(ours, theirs.numpy(), rtol=0, atol=1e-5, err_msg=front)
+        np.testing.assert_allclose(logits, ref.logits.numpy(), rtol=0, atol=1e-5, err_msg=front)
+    # The window matters on this batch: a 20-token row under a window of 4 each side.
+    assert ids.shape[1] > TINY["local_attention"]
+
+
+@pytest.mark.parametrize(
+    "broken", [{"rope_theta": 10_000.0}, {"layer_types": ("full_attention",) * 4}]
+)
+def test_broken_twins_are_caught(broken, tmp_path):
+    """One RoPE base for every layer, or no local window: the layers after the first sliding
+    one, and the logits, leave the reference by far more than the tolerance."""
+    model = reference(tmp_path, "mean")
+    ids, mask = padded_batch(TINY["vocab_size"])
+    ref = run_reference(model, ids, mask)
+    cfg = models.load_pretrained(tmp_path).config.replace(**broken)
+    logits, extras = linen_logits(tmp_path, ids, mask, cfg)
+    gap = np.abs(np.asarray(extras["encoder"].hidden_states[1]) - ref.hidden_states[2].numpy())
+    assert gap.max() > 1e-3
+    assert np.abs(np.asarray(logits) - ref.logits.numpy()).max() > 1e-4
+
+
+def test_window_mask_is_transformers_sliding_window():
+    """|q - k| <= local_attention // 2, as transformers' sliding-window overlay."""
+    from transformers import masking_utils
+
+    inner = masking_utils.sliding_window_bidirectional_overlay(4)
+    want = np.array([[inner(0, 0, q, k) for k in range(11)] for q in range(11)])
+    np.testing.assert_array_equal(models.transformer.window_mask(11, 11, 4)[0, 0], want)
+
+
+@pytest.mark.parametrize("front", ["linen", "nnx"])
+def test_exported_classifier_loads_in_transformers(front, tmp_path):
+    """An isojax head (mean pooling, every weight random) exported and read by transformers'
+    ModernBertForSequenceClassification: the same logits within 1e-5."""
+    cfg = config_lib.EncoderConfig.from_hf(
+        {"model_type": "modernbert", **TINY, "classifier_pooling": "mean"}
+    )
+    ids, mask = padded_batch(cfg.vocab_size)
+    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=3, dropout_rate=0.0)
+    variables = heads.init_variables(head, jax.random.key(0))
+    leaves, tree = jax.tree.flatten(variables["params"])
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    variables["params"] = jax.tree.unflatten(tree, leaves)
+    if front == "linen":
+        logits, _ = head.apply(variables, ids, mask)
+        models.export_pretrained(tmp_path, head, variables)
+    else:
+        nnx_head = nnx_pretrained.from_linen(head, rngs=nnx.Rngs(0))
+        nnx_pretrained.load_linen_variables(nnx_head, variables)
+        logits, _ = nnx_head(ids, mask, deterministic=True)
+        nnx_pretrained.export_pretrained(tmp_path, nnx_head)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["architectures"] == ["ModernBertForSequenceClassification"]
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(
+        tmp_path, attn_implementation="eager"
+    ).eval()
+    assert theirs.config.classifier_pooling == "mean" and theirs.config.local_attention == 8
+    ref = run_reference(theirs, ids, mask)
+    np.testing.assert_allclose(logits, ref.logits.numpy(), rtol=0, atol=1e-5)
+    again = models.load_pretrained(tmp_path)
+    assert again.config.replace(extra=()) == cfg.replace(extra=())
+
+
+@pytest.mark.slow
+def test_base_sized_matches_transformers(tmp_path):
+    """ModernBERT-base's shape (22 layers, hidden 768, GeGLU 1152, window 128, every third
+    layer global; a 1024-token vocabulary to keep the file small) on a 2 x 160 batch (longer
+    than the window): every layer within 1e-4, linen and NNX."""
+    model = reference(
+        tmp_path,
+        "mean",
+        noise=0.01,  # near transformers' initialisation: activations of order 1, not 50
+        vocab_size=1024,
+        hidden_size=768,
+        intermediate_size=1152,
+        num_hidden_layers=22,
+        num_attention_heads=12,
+        max_position_embeddings=512,
+        local_attention=128,
+    )
+    ids, mask = padded_batch(1024, b=2, t=160)
+    ref = run_reference(model, ids, mask)
+    for front, (logits, extras) in (
+        ("linen", linen_logits(tmp_path, ids, mask)),
+        ("nnx", nnx_logits(tmp_path, ids, mask)),
+    ):
+        hidden = extras["encoder"].hidden_states
+        for ours, theirs in zip(hidden, ref.hidden_states[1:], strict=True):
+            np.testing.assert_allclose(ours, theirs.numpy(), rtol=0, atol=1e-4, err_msg=front)
+        np.testing.assert_allclose(logits, ref.logits.numpy(), rtol=0, atol=1e-4, err_msg=front)
+
+
+def test_config_reads_transformers_defaults_and_legacy_keys():
+    cfg = config_lib.EncoderConfig.from_hf({"model_type": "modernbert"})
+    theirs = transformers.ModernBertConfig()
+    assert cfg.layer_types == tuple(theirs.layer_types) and len(cfg.layer_types) == 22
+    assert (cfg.rope_theta, cfg.local_rope_theta) == (160_000.0, 10_000.0)
+    assert cfg.local_attention == 128 and not (cfg.norm_bias or cfg.attention_bias)
+    assert config_lib.EncoderConfig.from_hf(cfg.to_hf()) == cfg
+    legacy = config_lib.EncoderConfig.from_hf(
+        {"model_type": "modernbert", "num_hidden_layers": 4, "global_attn_every_n_layers": 2,
+         "global_rope_theta": 5e4, "local_rope_theta": 123.0}
+    )  # fmt: skip
+    assert legacy.layer_types == ("full_attention", "sliding_attention") * 2
+    assert (legacy.rope_theta, legacy.local_rope_theta) == (5e4, 123.0)
+    scaled = {"model_type": "modernbert", "rope_parameters": {"full_attention": {
+        "rope_type": "yarn", "rope_theta": 1.0}}}  # fmt: skip
+    with pytest.raises(config_lib.ModelNotLoadable, match="rope_type 'yarn' is not supported"):
+        config_lib.EncoderConfig.from_hf(scaled, source="m/config.json")
+
+
+def test_rope_rotates_pairs_by_position():
+    """RoPE keeps norms and makes q.k depend on the position difference only."""
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(size=(2, 1, 1, 1, 8)).astype(np.float32)
+    positions = jnp.array([[3, 10]])
+    cos, sin = modernbert.rope_tables(positions, 8, 100.0)
+    dots = []
+    for shift in (0, 5):
+        c, s = modernbert.rope_tables(positions + shift, 8, 100.0)
+        qq = modernbert.apply_rope(jnp.broadcast_to(q, (1, 2, 1, 8)), c, s)
+        kk = modernbert.apply_rope(jnp.broadcast_to(k, (1, 2, 1, 8)), c, s)
+        dots.append(float(jnp.sum(qq[0, 0] * kk[0, 1])))
+    np.testing.assert_allclose(dots[0], dots[1], rtol=1e-5)
+    rotated = modernbert.apply_rope(jnp.broadcast_to(q, (1, 2, 1, 8)), cos, sin)
+    np.testing.assert_allclose(jnp.linalg.norm(rotated, axis=-1), np.linalg.norm(q), rtol=1e-5)
+
+
+def test_parameter_count_of_modernbert_base():
+    """eval_shape's count equals transformers' ModernBertModel (meta device) plus the
+    prediction head isojax keeps as the pooler (dense and norm, no biases)."""
+    cfg = config_lib.VARIANTS["modernbert-base"]
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(transformers.ModernBertConfig())
+    theirs = sum(p.numel() for p in model.parameters())
+    shapes = jax.eval_shape(lambda: models.init_params(models.Encoder(cfg), jax.random.key(0), 1))
+    ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+    assert ours == theirs + 768 * 768 + 768
+    assert theirs == 149_014_272  # ModernBERT-base, Warner et al. 2024, table 4: 149M
+
+
+def _packed_head(pooling):
+    """A random tiny ModernBERT classifier (window 4 each side) and its variables."""
+    cfg = config_lib.EncoderConfig.from_hf(
+        {"model_type": "modernbert", **TINY, "classifier_pooling": pooling}
+    )
+    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=3, dropout_rate=0.0)
+    variables = heads.init_variables(head, jax.random.key(0))
+    leaves, tree = jax.tree.flatten(variables["params"])
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    variables["params"] = jax.tree.unflatten(tree, leaves)
+    return cfg, head, variables
+
+
+def _logits_and_loss(head, variables, batch, **override):
+    inputs = {**models.transformer.model_inputs(batch), **override}
+    logits, _ = head.apply(variables, **inputs)
+    labels = jax.nn.one_hot(batch["labels"], 3)
+    per_example = -jnp.sum(labels * jax.nn.log_softmax(logits), axis=-1)
+    weights = jnp.asarray(batch["example_mask"], jnp.float32)
+    return logits, jnp.sum(per_example * weights) / jnp.sum(weights)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_packed_rows_give_the_unpacked_logits_and_loss(pooling):
+    """Seven examples (two of 16 tokens, four times the half window) packed into fewer rows:
+    the window stays inside each example and the mean pools it alone; the same logits and loss
+    as one example a row within 1e-5. A window that crosses examples (the row's real-token
+    mask instead of the segment mask) changes them."""
+    from helpers import LENGTHS, both_layouts
+
+    cfg, head, variables = _packed_head(pooling)
+    plain, packed = both_layouts(cfg, LENGTHS)
+    assert packed["input_ids"].shape[0] < plain["input_ids"].shape[0]
+    want_logits, want_loss = _logits_and_loss(head, variables, plain)
+    logits, loss = _logits_and_loss(head, variables, packed)
+    np.testing.assert_allclose(logits, want_logits, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(loss, want_loss, rtol=0, atol=1e-5)
+    crossing = jnp.asarray(packed["segment_ids"] > 0)
+    broken, _ = _logits_and_loss(head, variables, packed, attention_mask=crossing)
+    assert np.abs(np.asarray(broken) - np.asarray(want_logits)).max() > 1e-3
+
+
+def test_rope_needs_no_restart_but_positions_are_restarted():
+    """RoPE scores depend on position differences only (Su et al. 2021, eq. 16), so an example
+    read at row positions (not restarted) gives the same logits to float rounding; the packed
+    batch restarts them anyway (`position_ids`), so each example's RoPE angles, and rounding,
+    are those of the unpacked batch."""
+    from helpers import LENGTHS, both_layouts
+
+    _, head, variables = _packed_head("mean")
+    plain, packed = both_layouts(head.encoder.config, LENGTHS)
+    assert (packed["position_ids"][packed["cls_index"][:, 0], packed["cls_index"][:, 1]] == 0).all()
+    want, _ = _logits_and_loss(head, variables, plain)
+    rows = jnp.broadcast_to(jnp.arange(packed["input_ids"].shape[1]), packed["input_ids"].shape)
+    shifted, _ = _logits_and_loss(head, variables, packed, position_ids=rows)
+    np.testing.assert_allclose(shifted, want, rtol=0, atol=1e-4)
+
+
+def tiny_modernbert_folder(folder, glue_dir):
+    """A random tiny `ModernBertForMaskedLM` (the form of the published checkpoints) with a
+    WordPiece `tokenizer.json` trained here, with the `tokenizers` library, on RTE's train
+    sentences: [CLS] a [SEP] b [SEP]."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import models as tok_models
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    lines = (glue_dir / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:400]
+    tok = Tokenizer(tok_models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(
+        (part for line in lines for part in line.split("\t")[1:3]),
+        trainers.WordPieceTrainer(vocab_size=600, special_tokens=specials),
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
+    )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]",
+    )  # fmt: skip
+    fast.save_pretrained(folder)
+    hf = transformers.ModernBertConfig(
+        **{**TINY, "vocab_size": tok.get_vocab_size(), "cls_token_id": 2, "sep_token_id": 3,
+           "bos_token_id": 2, "eos_token_id": 3}
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.ModernBertForMaskedLM(hf).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.e2e
+def test_finetune_tiny_modernbert_with_isobn_and_istar(tmp_path, glue_dir):
+    """`isojax finetune --model <tiny ModernBERT folder> --normalizer isobn --penalty istar`
+    on RTE: exit 0, a dev accuracy, and the training loss is CE + weight x I-STAR."""
+    from isojax import cli
+
+    folder = tiny_modernbert_folder(tmp_path / "tiny-modernbert", glue_dir)
+    workdir = tmp_path / "run"
+    argv = ["finetune", "--task", "rte", "--model", str(folder), "--data-dir", str(glue_dir)]
+    argv += ["--normalizer", "isobn", "--penalty", "istar", "--workdir", str(workdir)]
+    sets = (
+        "max_train_examples=16", "max_eval_examples=8", "batch_size=8", "eval_batch_size=8",
+        "max_length=32", "buckets=()", "num_epochs=1", "log_every=1", "progress=False",
+        "tensorboard=False", "istar.stabilizer.tokens=200",
+    )  # fmt: skip
+    for item in sets:
+        argv += ["--set", item]
+    assert cli.main(argv) == 0
+    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    dev = [x for x in lines if x["split"] == "dev"]
+    train = [x for x in lines if x["split"] == "train"]
+    assert dev and 0.0 <= dev[-1]["accuracy"] <= 1.0
+    assert train and all(np.isfinite(x["penalty"]) and x["penalty"] > 0 for x in train)
