@@ -55,15 +55,18 @@ def test_grid_files_load_count_and_validate():
     from isojax.training import config as config_lib
 
     counts = {}
-    for name in ("normalizers", "istar_lambda", "cosreg", "istar_zeta", "pilot", "whitening"):
+    names = ("normalizers", "istar_lambda", "cosreg", "istar_zeta", "pilot", "whitening")
+    for name in (*names, "whitening_why"):
         grid, recipe = study.load_grid(str(REPO / "experiments/configs" / f"study_{name}.py"))
-        counts[name] = (len(study.grid_cells(grid, 1)), len(study.grid_cells(grid, 2)))
+        counts[name] = tuple(len(study.grid_cells(grid, tier)) for tier in (1, 2, 3))
         config = study.cell_config(grid, recipe, study.grid_cells(grid, 2)[0].values)
         assert (recipe.get_field(config, "batch_size"), config.max_length) == (32, 128)
-        for cell in study.grid_cells(grid, 2):  # every cell's config is one train accepts
+        for cell in study.grid_cells(grid, 3):  # every cell's config is one train accepts
             config_lib.validate_config(study.cell_config(grid, recipe, cell.values))
+    counts = {name: n[:2] if n[1] == n[2] else n for name, n in counts.items()}
     assert counts == {
-        "normalizers": (36, 76),
+        "normalizers": (36, 92, 132),  # tier 3: none and isobn seeds 6-10 (issue 48)
+        "whitening_why": (63, 105),  # issue 47's causal grid
         "istar_lambda": (27, 108),
         "cosreg": (0, 9),
         "istar_zeta": (0, 15),
