@@ -126,6 +126,12 @@ fi
     --target "$site" "$dev"/wheels/*.whl || exit 1
 export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}"
 export ISOJAX_GLUE_DIR="$dev/data/glue"
+# The commit is the one prepare.sh recorded, never a repository's found here: the H200 session
+# of 2026-12-04 had a checkout of an older commit under the copied tree, and its records named
+# that commit, dirty. So git is hidden from the runners (as in the dry run).
+if [ -f "$dev/meta/git.env" ]; then
+    export GIT_DIR="${tmp:-/tmp}/isojax-no-git" GIT_CEILING_DIRECTORIES="$repo"
+fi
 if ! git rev-parse HEAD >/dev/null 2>&1; then
     # No repository here: the commit prepare.sh recorded, dirty if a tracked file changed since.
     set -a && . "$dev/meta/git.env" && set +a
@@ -156,6 +162,10 @@ fi
 # RUNNERS (default 1): runners sharing each grid (study.py claims a cell before training it),
 # so that one small model's cells fill the accelerator; with more than one, XLA allocates GPU
 # memory as needed instead of taking 75 % of it per process.
+# Measured on the H200 (2026-12-04, RUNNERS=12, float32 "highest"): XLA's GPU autotuning of
+# every GEMM fusion in 12 processes at once took minutes per program ("Very slow compile"), and
+# no training cell ended within 8 minutes; keep RUNNERS small (2-4) or turn autotuning down
+# (XLA_FLAGS=--xla_gpu_autotune_level=0) when the cells are short.
 runners="${RUNNERS:-1}"
 [[ "$runners" =~ ^[1-9][0-9]?$ ]] || { echo "RUNNERS must be 1-99, not $runners"; exit 2; }
 [ "$runners" = 1 ] || export XLA_PYTHON_CLIENT_PREALLOCATE=false
