@@ -1,18 +1,22 @@
-"""Train-step time of MiniLM-L6 at 32 x 128 with attention through `jax.nn.dot_product_attention`
-(`transformer.attend`) over the einsum path (`transformer.attend_reference`): prints figures;
-not a test.
+"""Train-step time with attention through `jax.nn.dot_product_attention` (`transformer.attend`,
+"fused": XLA on CPU and TPU, cuDNN's kernel where the GPU and dtype allow) over the einsum path
+(`transformer.attend_reference`): prints figures; not a test.
 
-    .venv/bin/python experiments/bench/attention_speed.py              # 7 rounds
+    .venv/bin/python experiments/bench/attention_speed.py              # MiniLM-L6, 7 rounds
     .venv/bin/python experiments/bench/attention_speed.py --rounds 1   # smoke test
+    python experiments/bench/attention_speed.py --variant bert-base \
+        --variant modernbert-base --dtype bfloat16 --batch 256 --rounds 5   # the GPU check
 
-One process, interleaved rounds: each round times one jitted forward + backward (float32,
-random MiniLM-L6 weights, 32 rows of 128 tokens with a quarter padding, token ids random)
-of each arm in a random order drawn per round (seeded), so that load from other processes
-hits both alike. The figure is the median over rounds of the per-round ratio new / old, with
-the spread (min-max) as the noise. The step has no attention dropout (`attention_dropout`
-0): with it a training step keeps the einsum path (the fused call has no dropout), so the
-ratio would be 1 by construction; evaluation steps and ModernBERT (attention dropout 0 in
-its published configs) take the fused path.
+One process, interleaved rounds: each round times one jitted forward + backward (random
+weights of the named `models.VARIANTS`, rows with about a quarter padding, random token ids)
+of each arm in a random order drawn per round (seeded), so that load from other processes hits
+both alike. The figure is the median over rounds of the per-round ratio fused / einsum, with the
+spread (min-max) as the noise, and per arm the median tokens/s, real (non-padding) tokens/s and
+MFU (XLA's FLOPs of the step over the device's data-sheet peak for the dtype,
+`isojax.training.hardware`). The step has no attention dropout: with it a training step keeps
+the einsum path (the fused call has no dropout), so the ratio would be 1 by construction;
+evaluation steps and ModernBERT (attention dropout 0 in its published configs) take the fused
+path.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ import numpy as np
 
 from isojax import models
 from isojax.models import transformer
+from isojax.training import hardware
 
 
-def make_step(attend):
-    """A jitted loss-and-gradient step of MiniLM-L6 whose attention is `attend`."""
-    cfg = models.VARIANTS["minilm-l6"].replace(attention_dropout=0.0, hidden_dropout=0.0)
-    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=2, dropout_rate=0.0)
+def make_step(variant: str, attend, dtype):
+    """A jitted loss-and-gradient step of `variant` whose attention is `attend`."""
+    cfg = models.VARIANTS[variant].replace(attention_dropout=0.0, hidden_dropout=0.0)
+    encoder = models.Encoder(cfg, dtype=dtype)
+    head = models.SequenceClassifier(encoder, num_labels=2, dropout_rate=0.0, dtype=dtype)
 
     def loss(params, ids, mask, labels):
         original = transformer.attend
@@ -47,37 +53,62 @@ def make_step(attend):
     return head, jax.jit(jax.value_and_grad(loss))
 
 
+def batch(args, vocab: int):
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(5, vocab, (args.batch, args.length)), jnp.int32)
+    lengths = rng.integers(args.length // 2, args.length + 1, args.batch)
+    mask = jnp.asarray(np.arange(args.length)[None] < lengths[:, None], jnp.int32)
+    return ids, mask, jnp.asarray(rng.integers(0, 2, args.batch), jnp.int32)
+
+
+def bench_variant(variant: str, args) -> None:
+    """Compiles both arms of `variant`, times interleaved rounds, prints one line per figure."""
+    dtype = jnp.dtype(args.dtype)
+    ids, mask, labels = batch(args, models.VARIANTS[variant].vocab_size)
+    arms = {
+        "fused": make_step(variant, transformer.attend, dtype),
+        "einsum": make_step(variant, transformer.attend_reference, dtype),
+    }
+    params = models.init_variables(arms["fused"][0], jax.random.key(0), seq_len=8)["params"]
+    inputs = (params, ids, mask, labels)
+    flops = {n: hardware.step_flops(s.lower(*inputs).compile()) for n, (_, s) in arms.items()}
+    for _, step in arms.values():  # compile (and warm)
+        jax.block_until_ready(step(*inputs))
+    order, times = random.Random(0), {name: [] for name in arms}
+    for _ in range(args.rounds):
+        for name in order.sample(list(arms), len(arms)):
+            start = time.perf_counter()
+            jax.block_until_ready(arms[name][1](*inputs))
+            times[name].append(time.perf_counter() - start)
+    device = jax.devices()[0]
+    peak, _ = hardware.peak_flops(device.device_kind, dtype)
+    tokens, real = ids.size, int(mask.sum())
+    where = f"{variant} {args.batch}x{args.length} {dtype.name} on {device.device_kind}"
+    for name, seconds in times.items():
+        t = statistics.median(seconds)
+        util = hardware.mfu(flops[name], t, peak)
+        util = "unknown" if util is None else f"{util:.3f}"
+        print(
+            f"{where} {name}: {t * 1e3:.1f} ms/step, {tokens / t:,.0f} tokens/s, "
+            f"{real / t:,.0f} real tokens/s, MFU {util}"
+        )
+    ratios = [f / e for f, e in zip(times["fused"], times["einsum"], strict=True)]
+    print(
+        f"{where} fused/einsum: median {statistics.median(ratios):.3f} over {len(ratios)} "
+        f"rounds (noise: min {min(ratios):.3f}, max {max(ratios):.3f})"
+    )
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", action="append", help="models.VARIANTS (minilm-l6)")
+    parser.add_argument("--dtype", default="float32", help="compute dtype (bfloat16 on GPU)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--length", type=int, default=128)
     args = parser.parse_args(argv)
-    rng = np.random.default_rng(0)
-    ids = jnp.asarray(rng.integers(1000, 30000, (args.batch, args.length)), jnp.int32)
-    lengths = rng.integers(args.length // 2, args.length + 1, args.batch)
-    mask = jnp.asarray(np.arange(args.length)[None] < lengths[:, None], jnp.int32)
-    labels = jnp.asarray(rng.integers(0, 2, args.batch), jnp.int32)
-    arms = {"new": make_step(transformer.attend), "old": make_step(transformer.attend_reference)}
-    head = arms["new"][0]
-    params = models.init_variables(head, jax.random.key(0), seq_len=8)["params"]
-    for _, step in arms.values():  # compile
-        jax.block_until_ready(step(params, ids, mask, labels))
-    order = random.Random(0)
-    ratios = []
-    for _ in range(args.rounds):
-        times = {}
-        for name in order.sample(list(arms), len(arms)):
-            start = time.perf_counter()
-            jax.block_until_ready(arms[name][1](params, ids, mask, labels))
-            times[name] = time.perf_counter() - start
-        ratios.append(times["new"] / times["old"])
-        print(f"round: new {times['new'] * 1e3:.1f} ms, old {times['old'] * 1e3:.1f} ms")
-    median = statistics.median(ratios)
-    print(
-        f"MiniLM-L6 {args.batch}x{args.length} train step, new/old: median {median:.3f} over "
-        f"{len(ratios)} rounds (noise: min {min(ratios):.3f}, max {max(ratios):.3f})"
-    )
+    for variant in args.variant or ["minilm-l6"]:
+        bench_variant(variant, args)
 
 
 if __name__ == "__main__":
