@@ -217,8 +217,14 @@ def test_analyze_posthoc_flag_end_to_end(capsys, tmp_path, glue_dir, minilm_dir)
         assert list(rows) == ["none", "whiten", "abtt", "bert-whitening"]  # d = 32: no k = 256
         for transform, row in rows.items():
             # cls and mean are LayerNorm outputs: BERT-whitening keeps d - 1 = 31 components.
+            # The random tiny-bert's pooled (tanh) vectors of 40 sentences have a smallest
+            # singular value of about 1.1e-5 of the largest, at `RANK_RTOL` itself: 1e-7 of
+            # float32 rounding (another XLA program) moves it either side, so 31 or 32.
             dropped = transform == "bert-whitening" and vector != "pooled"
-            assert row["d"] == 32 - dropped and 0.0 <= row["score"] <= 1.0 and 0 < row["EV_3"] <= 1
+            d = {row["d"]} & ({31, 32} if transform == "bert-whitening" else {32})
+            if vector != "pooled":
+                assert row["d"] == 32 - dropped
+            assert d and 0.0 <= row["score"] <= 1.0 and 0 < row["EV_3"] <= 1
     table = (tmp_path / "posthoc.md").read_text()
     assert table in out
     row = summary["rows"]["mean"]["bert-whitening"]
