@@ -241,7 +241,8 @@ def attend(
     scores-softmax-values on CPU and TPU, cuDNN's fused kernel where the GPU and shapes allow
     it; scores and softmax in float32 whatever the compute dtype (as `attention_probs`), and
     a query that may see no key gets uniform weights (finite, never read) in both. With
-    `dropout` (training with attention dropout, which the fused call has not),
+    `dropout` (training with attention dropout, which the fused call has not), or float16 on
+    the CPU (whose XLA has no float16 x float16 -> float32 dot for the fused call's scores),
     `attend_reference`.
 
     Args:
@@ -251,7 +252,8 @@ def attend(
       window: a query sees only keys within `window` positions of its own (`window_mask`;
         the call's `local_window_size=(window, window)`); None: every allowed key.
     """
-    if dropout is not None:
+    cpu_half = query.dtype == jnp.float16 and jax.default_backend() == "cpu"
+    if dropout is not None or cpu_half:
         return attend_reference(query, key, value, mask, dropout, window)
     return jax.nn.dot_product_attention(
         query,
