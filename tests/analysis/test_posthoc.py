@@ -251,7 +251,7 @@ def test_analyze_posthoc_too_few_train_sentences_is_one_line(capsys, glue_dir, m
         (["--posthoc", ""], "--posthoc '': unknown transform"),
         (["--posthoc", "abtt", "--run", "runs/x"], "not --run"),
         (["--posthoc", "abtt", "--split", "train"], "--split must be a dev split"),
-        (["--max-train-examples", "5"], "give --posthoc"),
+        (["--max-train-examples", "5"], "limits the --posthoc or --outlier-score fit"),
         (["--posthoc", "abtt", "--max-train-examples", "-1"], "must be >= 0, got -1"),
     ],
 )
