@@ -54,7 +54,7 @@ def analyze_run(
 
     def apply_fn(variables, batch):
         ids, mask, types = (batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
-        _, out = module.apply(
+        _, out = restored.apply(
             variables,
             ids,
             mask,
@@ -104,12 +104,11 @@ def head_inputs(
     """
     if len(examples) < 2:
         raise ValueError("head_inputs needs at least two rows")
-    module = restored.module
 
     @jax.jit
     def both(variables, ids, mask, types, rng):
         out = [
-            module.apply(variables, ids, mask, types, deterministic=deterministic,
+            restored.apply(variables, ids, mask, types, deterministic=deterministic,
                          use_running_average=True, rngs={"dropout": rng})[1]["pre_logits"]
             for deterministic in (True, False)
         ]  # fmt: skip

@@ -17,9 +17,11 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 import tokenizers
+from flax import nnx
 
 from isojax import models
 from isojax.data import glue
+from isojax.nnx import pretrained
 from isojax.training import config as config_lib
 from isojax.training import distributed, optim, precision, steps
 from isojax.training.config import TINY_MODEL
@@ -146,6 +148,17 @@ def build_model(
     return model, encoder_params, tokenizer, enc_config.hidden_size
 
 
+def classifier_apply(config: ml_collections.ConfigDict, model: models.SequenceClassifier):
+    """What runs the classifier in the steps, as linen's `apply` is called: `model.apply`, or
+    with `config.front_end` "nnx" its `isojax.nnx` twin's (`pretrained.LinenApply`: the same
+    variables tree, so the train state, its shardings and checkpoints are the front ends'
+    one). The weights are the linen twin's initialisation either way (`create_train_state`),
+    so the two front ends start from the same numbers."""
+    if config.front_end == "linen":
+        return model.apply
+    return pretrained.LinenApply.of(lambda: pretrained.from_linen(model, rngs=nnx.Rngs(0)))
+
+
 def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
     """`optim.make_optimizer` with `config.optimizer` for a run of `total_steps` updates."""
     opt = config.optimizer
@@ -175,7 +188,8 @@ def create_train_state(
     fsdp: bool = False,
 ) -> steps.TrainState:
     """Step 0: fresh head (and encoder, if `encoder_params` is None), optimizer state, key;
-    placed on `mesh` (replicated, or FSDP-sharded) when given.
+    placed on `mesh` (replicated, or FSDP-sharded) when given; the classifier run by
+    `config.front_end`'s modules (`classifier_apply`).
 
     `init_rng, run_rng = split(key(seed))` (threefry) key the parameters and the dropout; with
     another `config.rng_impl` the dropout key is `key(seed, impl=rng_impl)` instead (its own
@@ -185,6 +199,7 @@ def create_train_state(
         run_rng = jax.random.key(config.seed, impl=config.rng_impl)
     run_rng = jax.random.key_data(run_rng)
     loss_scale = precision.make_loss_scale(policy, config.loss_scale)
+    apply = classifier_apply(config, model)
 
     def init(init_rng, run_rng, encoder_params):
         variables = models.init_variables(model, init_rng, encoder_params)
@@ -197,7 +212,7 @@ def create_train_state(
             stabilizer=steps.init_stabilizer(objective, hidden_size),
             loss_scale=loss_scale,
             rng=run_rng,
-            apply_fn=precision.OutputCast(model.apply, policy),
+            apply_fn=precision.OutputCast(apply, policy),
             tx=tx,
             objective=objective,
             rng_impl=config.rng_impl,
