@@ -104,7 +104,7 @@ class _Removed(argparse.Action):
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
-    """`NAME[:ARG]` -> `get_config(ARG)` of the preset `isojax.training.configs.NAME`, or of the
+    """`NAME[:ARG]` -> `get_config(ARG)` of the preset NAME of `isojax.training.configs`, or of the
     Python
     file NAME (ARG None when absent)."""
     import ml_collections

@@ -33,7 +33,7 @@ def stack_layers(
     Args:
         hidden_states: a sequence of layers of one shape, or one array.
         ndim: the rank the result must have (4: `[L, batch, len, d]`); None accepts any
-            `[..., d]` with at least 2 axes (`stabilizer.IsoScoreStar`).
+            `[..., d]` with at least 2 axes (`isojax.linen.IsoScoreStar`).
     """
     if isinstance(hidden_states, list | tuple):
         if not hidden_states:

@@ -4,7 +4,7 @@
     model, params, tokenizer, hidden = build.build_model(config, policy, num_labels=2)
 
 `tiny-bert` (the model name `config.TINY_MODEL`) is a random 2-layer, hidden-32 BERT over a
-given tokenizer's whole vocabulary, for tests and smoke runs; `train.setup` and `isojax analyze`
+given tokenizer's whole vocabulary, for tests and smoke runs; `loop.setup` and `isojax analyze`
 both build it here.
 """
 
