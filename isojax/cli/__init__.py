@@ -170,7 +170,8 @@ def parse_value(text: str):
 
 
 def finetune_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
-    """The run's configuration from the parsed `finetune` arguments (validated)."""
+    """The run's configuration from the parsed `finetune` arguments (not validated here:
+    `train_and_evaluate` validates it once, as every run's; `--print-config` too)."""
     from isojax.training import config as config_lib
 
     config = config_lib.default_config()
@@ -186,10 +187,6 @@ def finetune_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
         if not sep:
             raise common.UsageError(f"--set {item!r}: expected key.path=value")
         set_value(config, key.strip(), parse_value(text), "--set")
-    try:
-        config_lib.validate_config(config)
-    except ValueError as err:
-        raise common.UsageError(str(err)) from None
     return config
 
 
@@ -222,10 +219,13 @@ def format_metrics(task, values: dict) -> str:
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     config = finetune_config(args)
+    from isojax.training import build, checkpointing, hardware, loop, nonfinite, resume
+    from isojax.training import config as config_lib
+
     if args.print_config:
+        config_lib.validate_config(config)
         print(config.to_json(indent=2))
         return 0
-    from isojax.training import build, checkpointing, hardware, loop, nonfinite, resume
 
     try:
         results = loop.train_and_evaluate(config, args.workdir)

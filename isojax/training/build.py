@@ -209,7 +209,7 @@ def create_train_state(
             params=params,
             opt_state=tx.init(params),
             batch_stats=variables.get("batch_stats", {}),
-            stabilizer=steps.init_stabilizer(objective, hidden_size),
+            stabilizer=steps.init_istar_state(objective, hidden_size),
             loss_scale=loss_scale,
             rng=run_rng,
             apply_fn=precision.OutputCast(apply, policy),
@@ -246,10 +246,10 @@ def make_objective(
         weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(penalty, 0.0),
         zeta=config.istar.zeta,
         include_padding=(config.istar if penalty == "istar" else config.cosreg).include_padding,
-        stabilizer=config.istar.stabilizer.kind,
+        c0_mode=config.istar.stabilizer.kind,
         # A running stabiliser counts micro-batches: an epoch is k times the updates.
-        stabilizer_kwargs=tuple(
-            config_lib.stabilizer_kwargs(config, steps_per_epoch * config.grad_accum_steps).items()
+        c0_settings=tuple(
+            config_lib.c0_settings(config, steps_per_epoch * config.grad_accum_steps).items()
         ),
         cls_only=config.cls_only,
     )

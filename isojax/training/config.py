@@ -181,7 +181,7 @@ def default_glue_dir() -> str | None:
     return path if pathlib.Path(path).is_dir() else None
 
 
-def stabilizer_kwargs(config: ml_collections.ConfigDict, steps_per_epoch: int) -> dict:
+def c0_settings(config: ml_collections.ConfigDict, steps_per_epoch: int) -> dict:
     """The `IsoScoreStar` fields of `config.istar.stabilizer`: the window of "epoch"
     (default: `tokens` tokens, or `steps_per_epoch` steps), the momentum and debiasing of
     "ema", nothing for "pass"."""

@@ -31,8 +31,8 @@ _CHILD = textwrap.dedent(
     stop_at = int(stop_at)
     if stop_at and os.environ.get("JAX_PROCESS_ID", "0") == rank:
         train_log = reporting.RunLog.train
-        def train_then_signal(self, step, epoch, pop_means):
-            train_log(self, step, epoch, pop_means)
+        def train_then_signal(self, step, epoch, means):
+            train_log(self, step, epoch, means)
             if step == stop_at:
                 os.kill(os.getpid(), signal.SIGTERM)
         reporting.RunLog.train = train_then_signal
