@@ -42,7 +42,7 @@ def analyze_run(
 
     Args:
       restored: a run's classifier at one checkpoint (`isojax.runs.restore`).
-      examples: ``glue.Example``s of the run's task.
+      examples: ``glue.Example`` rows of the run's task.
       batch_size: sentences per forward pass (default the run's ``eval_batch_size``); rows
         are encoded with the run's ``max_length`` and padded to its ``buckets``.
       zeta: IsoScore* shrinkage for the per-layer scores.

@@ -110,6 +110,20 @@ def test_nnx_front_end_refuses_one_row_micro_batches():
         config_lib.validate_config(config)
 
 
+def test_the_command_refuses_nnx_one_row_micro_batches_in_one_line(tmp_path, capsys):
+    """`isojax finetune --front-end nnx` with one-row micro-batches: one line, status 2, before
+    anything is built (as linen's, tests/e2e/test_audit_stops.py)."""
+    from isojax import cli
+
+    argv = ["finetune", "--front-end", "nnx", "--normalizer", "isobn", "--workdir", tmp_path]
+    argv += ["--set", "batch_size=4", "--set", "grad_accum_steps=4"]
+    assert cli.main([str(a) for a in argv]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("isojax finetune: error: config: batch_size / grad_accum_steps")
+    assert "1 row(s) per micro-batch" in line and "'isobn'" in line
+    assert not any(tmp_path.iterdir())
+
+
 def test_the_nnx_apply_is_the_linen_apply_of_the_same_variables():
     """`LinenApply` over the tiny classifier: the eval-mode logits and the train-mode
     `batch_stats` (dropout off) of linen's `apply`, gradients too; with dropout on, a function
