@@ -142,7 +142,10 @@ def _noindex() -> set[str]:
     import importlib
 
     seen, repeated = set(), set()
-    for module in ("isojax", "isojax.linen", "isojax.nnx", "isojax.models", "isojax.data"):
+    for module in (
+        "isojax", "isojax.linen", "isojax.nnx", "isojax.models", "isojax.data",
+        "isojax.training", "isojax.runs", "isojax.analysis",
+    ):  # fmt: skip
         mod = importlib.import_module(module)
         for name in getattr(mod, "__all__", ()):
             obj = getattr(mod, name)

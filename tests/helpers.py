@@ -353,8 +353,8 @@ def once(hook):
     return wrapper
 if os.environ.get("JAX_PROCESS_ID", "0") == hooks.get("rank", "0"):
     log_train = reporting.RunLog.train
-    def train(self, step, epoch, pop_means):
-        log_train(self, step, epoch, pop_means)
+    def train(self, step, epoch, means):
+        log_train(self, step, epoch, means)
         if step == hooks.get("signal_after_step", [None])[0]:
             send(hooks["signal_after_step"][1])
         if step == hooks.get("exit_after_step"):
@@ -362,7 +362,7 @@ if os.environ.get("JAX_PROCESS_ID", "0") == hooks.get("rank", "0"):
     reporting.RunLog.train = train
     for name, module, attr in (("signal_in_eval", evaluation, "evaluate_all"),
                                ("signal_in_c0", loop, "c0_pass"),
-                               ("signal_in_setup", loop, "setup")):
+                               ("signal_in_setup", loop, "build_run")):
         if name in hooks:
             wrapped = once(hooks[name])
             wrapped.call = getattr(module, attr)

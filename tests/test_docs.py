@@ -94,3 +94,52 @@ def test_every_test_file_the_pages_and_code_name_exists():
         if not (REPO / name).exists()
     ]
     assert not missing, missing
+
+
+# A backticked dotted name under `isojax` (``isojax.x``, `isojax.x.y(...)`, :mod:`~isojax.x`).
+ISOJAX_NAME = re.compile(r"`~?(isojax(?:\.[A-Za-z_]\w*)+)")
+
+
+def resolve(name: str) -> bool:
+    """Whether `isojax.a.b.c` names something: the longest importable module prefix, then
+    attributes (an extra that is not installed counts as resolving)."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as err:
+            if err.name and not err.name.startswith("isojax"):
+                return True
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def stale_names(paths) -> list[str]:
+    """`path: name` of every backticked `isojax.…` name in `paths` that does not resolve."""
+    return [
+        f"{path.relative_to(REPO)}: {name}"
+        for path in paths
+        for name in sorted(set(ISOJAX_NAME.findall(path.read_text())))
+        if not resolve(name)
+    ]
+
+
+def test_every_isojax_name_the_docs_and_docstrings_cite_resolves():
+    """docs/ (the changelog, a record of old names, left out), README, ARCHITECTURE and every
+    module of the package: each backticked `isojax.…` name imports (`resolve`)."""
+    pages = [REPO / "README.md", REPO / "ARCHITECTURE.md", *(REPO / "docs").rglob("*.md")]
+    pages = [p for p in pages if "_build" not in p.parts and p.name != "changelog.md"]
+    stale = stale_names([*pages, *sorted((REPO / "isojax").rglob("*.py"))])
+    assert not stale, stale
+
+
+def test_a_stale_name_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    page = tmp_path / "page.md"
+    page.write_text("See `isojax.training.loop.train_and_evaluate` and `isojax.train.setup`.")
+    assert stale_names([page]) == ["page.md: isojax.train.setup"]

@@ -128,3 +128,61 @@ def test_a_planted_violation_is_reported(tmp_path, file, source, message):
     (root / file).write_text(source)
     (found,) = violations(root)
     assert message in found and file in found
+
+
+def _module_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    """`{dotted name: file}` of every module of the package at `root` (a package by its name)."""
+    out = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_cycles(root: pathlib.Path) -> list[list[str]]:
+    """Every cycle of module imports in the package at `root` (each import counts, typing-only
+    ones too; `from pkg import mod` is an import of `pkg.mod`), each once."""
+    files = _module_files(root)
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for _, imported, names in _imports(ast.parse(path.read_text()), package):
+            subs = {f"{imported}.{n}" for n in names} & files.keys()
+            edges |= subs or ({imported} & files.keys())
+        graph[name] = edges - {name}
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """No import cycle among the package's modules (the loop and the evaluation were one)."""
+    assert import_cycles(PACKAGE) == []
+
+
+def test_a_planted_cycle_is_found(tmp_path):
+    pkg = tmp_path / "isojax"
+    (pkg / "training").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "training" / "__init__.py").write_text("")
+    (pkg / "training" / "loop.py").write_text("from isojax.training import evaluation\n")
+    typing_only = "if TYPE_CHECKING:\n    from isojax.training.loop import Run\n"
+    (pkg / "training" / "evaluation.py").write_text(
+        f"from typing import TYPE_CHECKING\n{typing_only}"
+    )
+    assert import_cycles(pkg) == [
+        ["isojax.training.evaluation", "isojax.training.loop", "isojax.training.evaluation"]
+    ]

@@ -1,4 +1,4 @@
-"""Train-step time of the NNX loop against the linen loop's step (prints figures; not a test).
+"""Train-step time of the NNX front end against linen's (prints figures; not a test).
 
     PYTHONPATH=. python experiments/bench/nnx_step.py                        # 32 x 128, 7 rounds
     PYTHONPATH=. python experiments/bench/nnx_step.py --rounds 2 --model tiny-bert   # smoke
@@ -9,9 +9,11 @@ regression, float32, 1 device) and the same full batch (`--batch` rows of `--len
 
 - `linen`: isojax's linen train step (`steps.train_step`, `jax.jit`, state donated), what
   `isojax finetune` runs;
-- `nnx_split`: the NNX loop's step (`experiments/nnx_finetune.make_steps`: `nnx.split` once,
-  a pure `jax.jit` function that merges, differentiates and updates `nnx.Optimizer`);
-- `nnx_jit`: the same loss under graph-mode `nnx.jit` (module and optimizer as arguments).
+- `nnx`: the same step with `config.front_end = "nnx"`, what `isojax finetune --front-end nnx`
+  runs: the NNX twin of the classifier merged from the train state inside the jitted step
+  (`isojax.nnx.pretrained.LinenApply`);
+- `nnx_jit`: the same loss under graph-mode `nnx.jit` (module and `nnx.Optimizer` as
+  arguments), the NNX-native form.
 
 Printed: each arm's median step time and its spread over rounds, and the median of the
 per-round ratios to linen with their min-max (the noise of a shared machine).
@@ -20,20 +22,17 @@ per-round ratios to linen with their min-max (the noise of a shared machine).
 from __future__ import annotations
 
 import argparse
-import pathlib
 import statistics
-import sys
 import time
 
 import jax
 import numpy as np
 from flax import nnx
 
+from isojax.models import transformer
+from isojax.nnx import pretrained
 from isojax.training import build, precision, steps
 from isojax.training import config as config_lib
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-import nnx_finetune as loop  # noqa: E402  (experiments/nnx_finetune.py)
 
 
 def main() -> None:
@@ -95,44 +94,45 @@ def random_batch(rows: int, length: int) -> dict[str, np.ndarray]:
 
 
 def make_steppers(config, batch) -> dict:
-    """`{arm: step()}` for "linen", "nnx_split" and "nnx_jit": each call runs one AdamW step of
-    its arm on `batch` (its state held in the closure) and returns the loss, not waited for."""
+    """`{arm: step()}` for "linen", "nnx" and "nnx_jit": each call runs one AdamW step of its
+    arm on `batch` (its state held in the closure) and returns the loss, not waited for."""
     tx = build.make_optimizer(config, 1000)
-    # linen: the linen loop's state and step.
     policy = precision.get_policy(config.policy)
     model, enc_params, _, hidden = build.build_model(config, policy, num_labels=1)
     objective = steps.Objective(regression=True)
-    linen = [build.create_train_state(config, model, enc_params, tx, policy, objective, hidden)]
-    linen_step = jax.jit(steps.train_step, donate_argnums=0)
-    # NNX: the loop's model, optimizer and split step; and graph-mode nnx.jit.
-    nnx_model, _, _ = loop.build_run(config, 1)
-    opt = nnx.Optimizer(nnx_model, tx, wrt=nnx.Param)
-    view = nnx.view(nnx_model, deterministic=True, use_running_average=True)
-    (mdef, mstate), (odef, ostate) = nnx.split(nnx_model), nnx.split(opt)
-    split_step, _ = loop.make_steps((mdef, odef, None, nnx.graphdef(view)), True, 0.0)
-    split = [(mstate, ostate, None)]
-    graph_model, _, _ = loop.build_run(config, 1)
+    states, arms = {}, {}
+    for front_end in ("linen", "nnx"):
+        config.front_end = front_end
+        states[front_end] = build.create_train_state(
+            config, model, enc_params, tx, policy, objective, hidden
+        )
+    train_step = jax.jit(steps.train_step, donate_argnums=0)
+    # Graph-mode nnx.jit over the NNX twin with the same weights.
+    graph_model = pretrained.from_linen(model, rngs=nnx.Rngs(0))
+    if enc_params is not None:
+        pretrained.load_linen_variables(graph_model.encoder, {"params": enc_params})
     graph_opt = nnx.Optimizer(graph_model, tx, wrt=nnx.Param)
+
+    def graph_loss(model, batch):
+        logits, _ = model(**transformer.model_inputs(batch), deterministic=False, cls_only=True)
+        return steps.task_loss(logits, batch["labels"], batch["example_mask"], True)
 
     @nnx.jit
     def graph_step(model, opt, batch):
-        loss, grads = nnx.value_and_grad(loop.make_loss(True, 0.0))(model, None, batch)
+        loss, grads = nnx.value_and_grad(graph_loss)(model, batch)
         opt.update(model, grads)
         return loss
 
-    def linen_arm():
-        linen[0], out = linen_step(linen[0], batch)
-        return out["loss"]
+    def arm(front_end):
+        def step():
+            states[front_end], out = train_step(states[front_end], batch)
+            return out["loss"]
 
-    def split_arm():
-        split[0], loss = split_step(split[0], batch)
-        return loss
+        return step
 
-    return {
-        "linen": linen_arm,
-        "nnx_split": split_arm,
-        "nnx_jit": lambda: graph_step(graph_model, graph_opt, batch),
-    }
+    arms = {front_end: arm(front_end) for front_end in states}
+    arms["nnx_jit"] = lambda: graph_step(graph_model, graph_opt, batch)
+    return arms
 
 
 if __name__ == "__main__":

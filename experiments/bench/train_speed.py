@@ -434,12 +434,12 @@ def log_c0_pass(jax_steps: dict, times: dict[str, np.ndarray], batch_size: int) 
         jax.sharding.NamedSharding(istar.run.mesh, jax.sharding.PartitionSpec()),
     )
     batch = distributed.global_batch(istar.host_batch, istar.run.mesh)
-    acc = istar.run.stabilize_fn(istar.state, batch, acc)  # compile
+    acc = istar.run.c0_pass_fn(istar.state, batch, acc)  # compile
     tokens = float(acc.count)  # token vectors (all layers) of one batch
     pass_times = []
     for _ in range(2):
         start = time.perf_counter()
-        acc = istar.run.stabilize_fn(istar.state, batch, acc)
+        acc = istar.run.c0_pass_fn(istar.state, batch, acc)
         jax.block_until_ready(acc)
         pass_times.append(time.perf_counter() - start)
     pass_batches = int(np.ceil(istar.config.istar.stabilizer.tokens / tokens))

@@ -343,7 +343,7 @@ def analyze_encoder(
       module: an `isojax.models` encoder (its ``config`` gives L and d).
       params: its ``'params'`` collection.
       tokenizer: the checkpoint's tokenizer (``tokenizers.Tokenizer`` or transformers fast).
-      examples: ``glue.Example``s (single sentences or pairs).
+      examples: ``glue.Example`` rows (single sentences or pairs).
       max_length: tokens per row, special tokens included (longer rows are truncated).
       batch_size: sentences per forward pass.
       buckets: padded lengths (see `batching.resolve_buckets`).

@@ -357,8 +357,8 @@ def analyze_posthoc(
       module, params, tokenizer: a pre-trained `isojax.models` encoder, its ``'params'`` and
         its tokenizer.
       task: a GLUE task name or `glue.GlueTask`.
-      train_examples: ``glue.Example``s to fit on (labels unused).
-      eval_examples: labelled ``glue.Example``s to transform and score.
+      train_examples: ``glue.Example`` rows to fit on (labels unused).
+      eval_examples: labelled ``glue.Example`` rows to transform and score.
       transforms: names from `TRANSFORMS`.
       max_length, batch_size, buckets: as `encoder.analyze_encoder`'s.
 

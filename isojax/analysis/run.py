@@ -43,7 +43,7 @@ def analyze_run(
 
     Args:
       restored: a run's classifier at one checkpoint (`isojax.runs.restore`).
-      examples: ``glue.Example``s of the run's task.
+      examples: ``glue.Example`` rows of the run's task.
       batch_size: sentences per forward pass (default the run's ``eval_batch_size``); rows
         are encoded with the run's ``max_length`` and padded to its ``buckets``.
       zeta: IsoScore* shrinkage for the per-layer scores.
@@ -58,7 +58,7 @@ def analyze_run(
 
     def apply_fn(variables, batch):
         ids, mask, types = (batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
-        _, out = module.apply(
+        _, out = restored.apply(
             variables,
             ids,
             mask,
@@ -117,12 +117,11 @@ def head_inputs(
     """
     if len(examples) < 2:
         raise ValueError("head_inputs needs at least two rows")
-    module = restored.module
 
     @jax.jit
     def both(variables, ids, mask, types, rng):
         out = [
-            module.apply(variables, ids, mask, types, deterministic=deterministic,
+            restored.apply(variables, ids, mask, types, deterministic=deterministic,
                          use_running_average=True, rngs={"dropout": rng})[1]["pre_logits"]
             for deterministic in (True, False)
         ]  # fmt: skip

@@ -14,17 +14,16 @@
 
 `finetune` builds its configuration in this order, each step overriding the previous ones:
 `isojax.training.config.default_config()`; `--config NAME[:ARG]`, a preset of
-`isojax.training.configs`
-(`isobn`, `istar`: the papers' reference recipes) or a Python file's `get_config(ARG)`
-(STYLE.md §21; fields it leaves out keep their defaults); the flags typed every time
-(`--task --normalizer --penalty --model --data-dir --seed`); `--set key.path=value`, for every
-other field. The result is checked by `isojax.training.config.validate_config` before anything
-is loaded: an unknown task, normaliser or penalty, or a hyperparameter out of range (zeta
-outside [0, 1], momentum outside (0, 1)), is one line on stderr and exit status 2. So is a flag
-of the older command line (`--method`, `--istar-zeta`, `--preset`, ...): the message names its
-replacement. Bad input found
-while the run is built, before any training step, is one line too (`isojax.errors.InputError`):
-a malformed TSV (file:line), a model folder without weights or with sizes out of bounds, a
+`isojax.training.configs` (`isobn`, `istar`: the papers' reference recipes) or a Python file's
+`get_config(ARG)` (STYLE.md §21; fields it leaves out keep their defaults); the flags typed
+every time (`--task --normalizer --penalty --model --front-end --data-dir --seed`); `--set
+key.path=value`, for every other field. The result is checked by
+`isojax.training.config.validate_config` before anything is loaded: an unknown task, normaliser
+or penalty, or a hyperparameter out of range (zeta outside [0, 1], momentum outside (0, 1)), is
+one line on stderr and exit status 2. So is a flag of the older command line (`--method`,
+`--istar-zeta`, `--preset`, ...): the message names its replacement. Bad input found while the
+run is built, before any training step, is one line too (`isojax.errors.InputError`): a
+malformed TSV (file:line), a model folder without weights or with sizes out of bounds, a
 `max_length` beyond the model's positions, a `batch_size` larger than the training data.
 
 Exit statuses: 0 done; 1 a full or read-only disk (one line naming the path); 2 a usage
@@ -63,6 +62,7 @@ FINETUNE_FLAGS = (
     ("--normalizer", "normalizer", str, "the head's normaliser: " + " ".join(NORMALIZERS)),
     ("--penalty", "penalty", str, "a token loss term: " + " ".join(PENALTIES)),
     ("--model", "model", str, "model folder, weights package, or tiny-bert (tests)"),
+    ("--front-end", "front_end", str, "the classifier's modules: linen (default) or nnx"),
     ("--data-dir", "data_dir", str, "glue_data folder (<TASK>/{train,dev}.tsv); unset: tfds"),
     ("--seed", "seed", int, "random seed"),
 )
@@ -104,7 +104,7 @@ class _Removed(argparse.Action):
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
-    """`NAME[:ARG]` -> `get_config(ARG)` of the preset `isojax.training.configs.NAME`, or of the
+    """`NAME[:ARG]` -> `get_config(ARG)` of the preset NAME of `isojax.training.configs`, or of the
     Python
     file NAME (ARG None when absent)."""
     import ml_collections
@@ -170,7 +170,8 @@ def parse_value(text: str):
 
 
 def finetune_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
-    """The run's configuration from the parsed `finetune` arguments (validated)."""
+    """The run's configuration from the parsed `finetune` arguments (not validated here:
+    `train_and_evaluate` validates it once, as every run's; `--print-config` too)."""
     from isojax.training import config as config_lib
 
     config = config_lib.default_config()
@@ -186,10 +187,6 @@ def finetune_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
         if not sep:
             raise common.UsageError(f"--set {item!r}: expected key.path=value")
         set_value(config, key.strip(), parse_value(text), "--set")
-    try:
-        config_lib.validate_config(config)
-    except ValueError as err:
-        raise common.UsageError(str(err)) from None
     return config
 
 
@@ -222,10 +219,13 @@ def format_metrics(task, values: dict) -> str:
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     config = finetune_config(args)
+    from isojax.training import build, checkpointing, hardware, loop, nonfinite, resume
+    from isojax.training import config as config_lib
+
     if args.print_config:
+        config_lib.validate_config(config)
         print(config.to_json(indent=2))
         return 0
-    from isojax.training import build, checkpointing, hardware, loop, nonfinite, resume
 
     try:
         results = loop.train_and_evaluate(config, args.workdir)

@@ -273,7 +273,7 @@ def step(
       state: `state_init`'s dict, or the previous step's.
       x, mask: `prepare`'s token vectors `[..., d]` and mask.
       update: move the state (training with ``epoch`` or ``ema``).
-      train: not read (the common signature of :func:`isojax.core.running.linen_step`): the score
+      train: not read (the common signature of :func:`isojax.linen.running.linen_step`): the score
         is the batch's in training and evaluation alike.
       stabilizer, zeta, settings: the module's settings (`DEFAULTS`).
       axis_name: mapped axis to reduce the moments over (shard_map/pmap).

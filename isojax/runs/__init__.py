@@ -3,7 +3,7 @@ predict a GLUE split and write submission files (:mod:`~isojax.runs.predict`), e
 Hugging Face folder (:mod:`~isojax.runs.export`).
 
     restored = isojax.runs.restore("runs/rte-isobn", best=True)
-    logits, _ = restored.module.apply(restored.variables, ids, mask, types)
+    logits, _ = restored.apply(restored.variables, ids, mask, types)
 """
 
 from isojax.runs.folder import (

@@ -2,7 +2,7 @@
 
     restored = runs.restore("runs/rte-isobn")               # the newest checkpoint
     restored = runs.restore("runs/rte-isobn", best=True)    # the best dev epoch's
-    logits, _ = restored.module.apply(restored.variables, ids, mask, types)
+    logits, _ = restored.apply(restored.variables, ids, mask, types)
 
 A run folder (`loop.train_and_evaluate`) holds `config.json`, the newest checkpoints in
 `checkpoints/` and the best dev epoch's in `best_checkpoint/` (`resume.LATEST_DIR`,
@@ -54,7 +54,9 @@ class Restored:
       run_dir: the run folder.
       config: the run's configuration (`config.json` over `config.default_config()`).
       task: its GLUE task.
-      module: the `SequenceClassifier` the run trained.
+      module: the linen `SequenceClassifier` the run trained (with `config.front_end` "nnx",
+        the linen twin of its NNX classifier: the same weights tree; `apply` runs the run's
+        own modules).
       tokenizer: the tokenizer the run encoded its data with.
       state: the restored `steps.TrainState`, placed on `mesh`.
       mesh: the devices it lives on (default: every device, as the run).
@@ -83,6 +85,13 @@ class Restored:
         """`{'params': ..., 'batch_stats': ...}` for `module.apply` (running statistics in
         'batch_stats', `{}` for a normaliser without them)."""
         return {"params": self.state.params, "batch_stats": self.state.batch_stats}
+
+    @property
+    def apply(self) -> Callable:
+        """The classifier called as `module.apply` is: linen's `module.apply`, or with
+        `config.front_end` "nnx" its NNX twin's (`isojax.nnx.pretrained.LinenApply`), over
+        the same `variables`."""
+        return self.state.apply_fn.fn
 
     @property
     def hidden_size(self) -> int:

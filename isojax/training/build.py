@@ -4,7 +4,7 @@
     model, params, tokenizer, hidden = build.build_model(config, policy, num_labels=2)
 
 `tiny-bert` (the model name `config.TINY_MODEL`) is a random 2-layer, hidden-32 BERT over a
-given tokenizer's whole vocabulary, for tests and smoke runs; `train.setup` and `isojax analyze`
+given tokenizer's whole vocabulary, for tests and smoke runs; `loop.setup` and `isojax analyze`
 both build it here.
 """
 
@@ -17,10 +17,12 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 import tokenizers
+from flax import nnx
 
 from isojax import models
 from isojax.core import normalizers
 from isojax.data import glue
+from isojax.nnx import pretrained
 from isojax.training import config as config_lib
 from isojax.training import distributed, optim, precision, steps
 from isojax.training.config import TINY_MODEL
@@ -180,6 +182,17 @@ def build_model(
     return model, encoder_params, tokenizer, enc_config.hidden_size
 
 
+def classifier_apply(config: ml_collections.ConfigDict, model: models.SequenceClassifier):
+    """What runs the classifier in the steps, as linen's `apply` is called: `model.apply`, or
+    with `config.front_end` "nnx" its `isojax.nnx` twin's (`pretrained.LinenApply`: the same
+    variables tree, so the train state, its shardings and checkpoints are the front ends'
+    one). The weights are the linen twin's initialisation either way (`create_train_state`),
+    so the two front ends start from the same numbers."""
+    if config.front_end == "linen":
+        return model.apply
+    return pretrained.LinenApply.of(lambda: pretrained.from_linen(model, rngs=nnx.Rngs(0)))
+
+
 def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
     """`optim.make_optimizer` with `config.optimizer` for a run of `total_steps` updates."""
     opt = config.optimizer
@@ -209,7 +222,8 @@ def create_train_state(
     fsdp: bool = False,
 ) -> steps.TrainState:
     """Step 0: fresh head (and encoder, if `encoder_params` is None), optimizer state, key;
-    placed on `mesh` (replicated, or FSDP-sharded) when given.
+    placed on `mesh` (replicated, or FSDP-sharded) when given; the classifier run by
+    `config.front_end`'s modules (`classifier_apply`).
 
     `init_rng, run_rng = split(key(seed))` (threefry) key the parameters and the dropout; with
     another `config.rng_impl` the dropout key is `key(seed, impl=rng_impl)` instead (its own
@@ -219,6 +233,7 @@ def create_train_state(
         run_rng = jax.random.key(config.seed, impl=config.rng_impl)
     run_rng = jax.random.key_data(run_rng)
     loss_scale = precision.make_loss_scale(policy, config.loss_scale)
+    apply = classifier_apply(config, model)
 
     def init(init_rng, run_rng, encoder_params):
         variables = models.init_variables(model, init_rng, encoder_params)
@@ -228,10 +243,10 @@ def create_train_state(
             params=params,
             opt_state=tx.init(params),
             batch_stats=variables.get("batch_stats", {}),
-            stabilizer=steps.init_stabilizer(objective, hidden_size),
+            stabilizer=steps.init_istar_state(objective, hidden_size),
             loss_scale=loss_scale,
             rng=run_rng,
-            apply_fn=precision.OutputCast(model.apply, policy),
+            apply_fn=precision.OutputCast(apply, policy),
             tx=tx,
             objective=objective,
             rng_impl=config.rng_impl,
@@ -265,10 +280,10 @@ def make_objective(
         weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(penalty, 0.0),
         zeta=config.istar.zeta,
         include_padding=(config.istar if penalty == "istar" else config.cosreg).include_padding,
-        stabilizer=config.istar.stabilizer.kind,
+        c0_mode=config.istar.stabilizer.kind,
         # A running stabiliser counts micro-batches: an epoch is k times the updates.
-        stabilizer_kwargs=tuple(
-            config_lib.stabilizer_kwargs(config, steps_per_epoch * config.grad_accum_steps).items()
+        c0_settings=tuple(
+            config_lib.c0_settings(config, steps_per_epoch * config.grad_accum_steps).items()
         ),
         cls_only=config.cls_only,
     )

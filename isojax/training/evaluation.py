@@ -1,6 +1,6 @@
 """Dev evaluation of a run: task metrics and the isotropy of its embeddings, every example once.
 
-    results = evaluation.evaluate_all(run, state, config, step, epoch, log)
+    results = evaluation.evaluate_all(run, run.dev_encoded, state, config, step, epoch, log)
     # {"step", "epoch", "dev": {"accuracy": ..., "score": ..., "tokens_isoscore": ..., ...}}
 
 `eval_outputs` runs the jitted eval step over a split in file order (the last batch's filler
@@ -13,8 +13,8 @@ the compute dtype.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import jax
 import ml_collections
@@ -25,8 +25,14 @@ from jax.sharding import PartitionSpec as P
 from isojax.data import batching, metrics
 from isojax.training import distributed, feeds, resume, steps
 
-if TYPE_CHECKING:
-    from isojax.training.loop import Run
+
+class Built(Protocol):
+    """What the evaluation reads of a built classifier: its jitted eval step, its mesh and its
+    hidden size (`loop.Run`, `runs.Restored`)."""
+
+    eval_fn: Callable
+    mesh: jax.sharding.Mesh
+    hidden_size: int
 
 
 def eval_outputs(
@@ -59,7 +65,10 @@ def isotropy_of(
 
 
 def evaluate(
-    run: Run, state: steps.TrainState, encoded: batching.Encoded, config: ml_collections.ConfigDict
+    run: Built,
+    state: steps.TrainState,
+    encoded: batching.Encoded,
+    config: ml_collections.ConfigDict,
 ) -> dict[str, float]:
     """Task metrics and isotropy of one dev split (every example exactly once)."""
     logits, acc = eval_outputs(run.eval_fn, state, encoded, config, run.mesh, run.hidden_size)
@@ -67,11 +76,13 @@ def evaluate(
     return result | isotropy_of(acc, state, config)
 
 
-def evaluate_all(run: Run, state, config, step: int, epoch: int, log) -> dict:
-    """`{"step", "epoch", split: evaluate(...)}` over every dev split, each written to
+def evaluate_all(
+    run: Built, dev: Mapping[str, batching.Encoded], state, config, step: int, epoch: int, log
+) -> dict:
+    """`{"step", "epoch", split: evaluate(...)}` over every dev split of `dev`, each written to
     `log.writer` (a `reporting.RunLog`; None writes nothing)."""
     results = {"step": step, "epoch": epoch}
-    for split, encoded in run.dev_encoded.items():
+    for split, encoded in dev.items():
         results[split] = evaluate(run, state, encoded, config)
         if log is not None:
             log.writer.write(split, step, epoch, results[split])

@@ -3,14 +3,16 @@
     config = isojax.training.configs.isobn.get_config()      # or
     isojax.training.config.default_config()
     config.task, config.data_dir = "rte", "glue_data"
-    results = train.train_and_evaluate(config, "runs/rte-isobn")   # resumes if interrupted
+    results = loop.train_and_evaluate(config, "runs/rte-isobn")   # resumes if interrupted
 
-The loop (flax `examples/imagenet/train.py` shape): `setup` builds the classifier and the train
-state on the device mesh (`build`, `distributed`) and encodes the task (`data.batching`;
-`feeds` pads each batch to a length bucket, or packs it with `config.packing`);
-`train_and_evaluate` restores the newest usable checkpoint (`checkpointing`), then per epoch
-runs the I-STAR C0 pass (penalty "istar" with stabilizer kind "pass"; "epoch" and "ema" update
-C0 inside the steps), the epoch's training batches from where the checkpoint left off, a dev
+The file reads in call order (flax `examples/imagenet/train.py` shape): `train_and_evaluate`
+holds the run folder and the signals, calls `setup`, which builds the classifier (linen, or its
+NNX twin with `config.front_end` "nnx": `build.classifier_apply`) and the train state on the
+device mesh (`build`, `distributed`) and encodes the task (`data.batching`; `feeds` pads each
+batch to a length bucket, or packs it with `config.packing`); then a `Loop` restores the newest
+usable checkpoint (`checkpointing`) and runs `Loop.epochs`: per epoch the I-STAR C0 pass
+(`c0_pass`: penalty "istar" with C0 mode "pass"; "epoch" and "ema" update C0 inside the steps),
+the epoch's training steps from where the checkpoint left off (`Loop.train_epoch`), a dev
 evaluation (task metrics + isotropy of the sentence and token embeddings), a checkpoint (and
 the best dev epoch's, kept apart).
 Metrics go to `metrics.jsonl` and TensorBoard (`reporting`), progress to stderr. With the data
@@ -62,18 +64,100 @@ from isojax.training import config as config_lib
 logger = logging.getLogger(__name__)
 
 
+def train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+) -> dict:
+    """Fine-tunes `config.model` on `config.task`, evaluating on dev after every epoch.
+
+    `config`: `isojax.training.config.default_config()` or an `isojax.training.configs` preset,
+    with overrides (validated here, once); `config.front_end` "nnx" trains the `isojax.nnx` twin
+    of the classifier through this same loop; `mesh`: the devices (default: all of every
+    process). Resumes from the newest usable checkpoint in `workdir/checkpoints` (state and
+    `resume.Position`), ending as an uninterrupted run would; writes `config.json`,
+    `metrics.jsonl`, `tensorboard/` and `results.json`, and keeps the best dev epoch's
+    checkpoint in `workdir/best_checkpoint`.
+    With `config.progress`, the run's first line on stderr names where its data come from
+    (`data_source`).
+    A loss that stays non-finite (float32, bfloat16) stops the run with
+    `nonfinite.NonFiniteLoss`, its `results.json` a stop record with no score.
+    Returns the last dev results: `{split: {metric: value}}` per dev split ("dev", or MNLI's
+    two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
+    plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
+    score on the first dev split (`isojax export/predict --best`).
+
+    SIGTERM or SIGINT (`preemption`): the running step finishes, its checkpoint is written at
+    that position, and `preemption.Preempted` (SystemExit, status 75) is raised; rerun to resume.
+    A signal before the first step raises it at once (nothing to save); a failure once a stop
+    was requested raises `preemption.StopFailed` (status 1). A normaliser that skipped every
+    batch of an epoch stops the run with `nonfinite.NormalizerStalled`.
+
+    The run folder is held (`resume.hold_run_folder`: a second process is refused with
+    `resume.RunFolderBusy`) and must hold nothing of a run with another config
+    (`resume.check_same_run`); `config.json` is written once the restore has accepted the
+    config. The profiler window and the writers are closed on every way out.
+    """
+    config_lib.validate_config(config)
+    build.check_model(config)  # the model's sizes: refused before the folder is touched
+    distributed.initialize_distributed()
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    lead = jax.process_index() == 0
+    # The folder held and the signals watched before anything is built (`preemption`).
+    resume.check_same_run(config, workdir)  # a refusal leaves the folder as it was
+    with resume.hold_run_folder(workdir, lead), preemption.Watch() as watch:
+        run = build_run(config, mesh=mesh)
+        if lead and config.progress:  # the progress display's first line, once the data have
+            # loaded (a refusal stays the one line on stderr; progress off: errors only)
+            logger.info("isojax: %s: %s", workdir, data_source(config))
+        loop, state = Loop.open(run, config, workdir, lead, watch)
+        try:
+            if lead:  # once the restore has accepted the config
+                (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
+            watch.start()
+            state, step = loop.epochs(state)
+            results = loop.results(state, step)
+        except Exception as err:
+            if watch.signal_name is None:
+                raise
+            stop = preemption.StopFailed(watch.signal_name, err)
+            logger.error(stop.line())
+            raise stop from err
+        finally:
+            loop.close()
+    if lead:
+        (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def data_source(config: ml_collections.ConfigDict) -> str:
+    """Where the run reads its task (`build.load_examples`), for the run's first line: the
+    TSVs of `config.data_dir`, or, without one, tensorflow-datasets."""
+    if config.data_dir:
+        return f"{config.task} from the TSVs in {config.data_dir}"
+    where = config.tfds_data_dir or "its default data dir (~/tensorflow_datasets)"
+    return (
+        f"{config.task} from tensorflow-datasets glue/{config.task} in {where}: no data_dir "
+        "was given (--data-dir DIR reads a glue_data folder)"
+    )
+
+
 class Run(NamedTuple):
     """Everything `train_and_evaluate` builds before its loop (also for tests and benchmarks).
 
     `train_fn(state, batch) -> (state, metrics)`, `eval_fn(state, batch, acc) -> (acc, out)`
-    and `stabilize_fn(state, batch, acc) -> acc` are the jitted `steps` functions for `mesh`;
-    batches go through `distributed.global_batch(batch, mesh)` first.
+    and `c0_pass_fn(state, batch, acc) -> acc` are the jitted `steps` functions for `mesh`;
+    batches go through `distributed.global_batch(batch, mesh)` first. `model` is the linen
+    classifier (with `config.front_end` "nnx", the linen twin of the NNX one that
+    `state.apply_fn` runs: the same weights tree).
     """
 
     state: steps.TrainState
     train_fn: Callable
     eval_fn: Callable
-    stabilize_fn: Callable
+    c0_pass_fn: Callable
     mesh: jax.sharding.Mesh
     model: models.SequenceClassifier
     tokenizer: Any
@@ -85,9 +169,14 @@ class Run(NamedTuple):
 
 
 def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None = None) -> Run:
-    """Validates `config`, loads model and data, creates the train state on `mesh` (default:
-    every device) and compiles nothing yet (the steps compile on first call)."""
+    """Validates `config`, then `build_run`."""
     config_lib.validate_config(config)
+    return build_run(config, mesh=mesh)
+
+
+def build_run(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None = None) -> Run:
+    """Loads model and data of a validated `config`, creates the train state on `mesh`
+    (default: every device) and compiles nothing yet (the steps compile on first call)."""
     task = glue.get_task(config.task)
     policy = precision.get_policy(config.policy)
     model, encoder_params, tokenizer, hidden_size = build.build_model(
@@ -125,14 +214,14 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
     )
-    train_fn, eval_fn, stabilize_fn = steps.jit_steps(
+    train_fn, eval_fn, c0_pass_fn = steps.jit_steps(
         state, mesh, fsdp=config.fsdp, grad_accum_steps=config.grad_accum_steps
     )
     return Run(
         state=state,
         train_fn=train_fn,
         eval_fn=eval_fn,
-        stabilize_fn=stabilize_fn,
+        c0_pass_fn=c0_pass_fn,
         mesh=mesh,
         model=model,
         tokenizer=tokenizer,
@@ -145,12 +234,12 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
 
 
 def c0_pass(run: Run, state: steps.TrainState, config: ml_collections.ConfigDict, epoch: int):
-    """`state` with the I-STAR stabiliser's C0 rebuilt by the explicit pass (SPEC.md §4): eval
+    """`state` with I-STAR's C0 rebuilt by the explicit pass (SPEC.md §4): eval
     mode, no gradient, `epoch`'s training batches in order until `istar.stabilizer.tokens`
     token vectors (all layers; `penalties.estimate_c0`)."""
     replicated = NamedSharding(run.mesh, P())
     acc = penalties.estimate_c0(
-        lambda acc, batch: run.stabilize_fn(state, distributed.global_batch(batch, run.mesh), acc),
+        lambda acc, batch: run.c0_pass_fn(state, distributed.global_batch(batch, run.mesh), acc),
         feeds.train_batches(  # micro-batches under accumulation: a device holds those
             run.train_encoded,
             config,
@@ -166,19 +255,32 @@ def c0_pass(run: Run, state: steps.TrainState, config: ml_collections.ConfigDict
     return state.replace(stabilizer=istar.replace_c0(state.stabilizer, c0))
 
 
+class EpochEnd(NamedTuple):
+    """Where `Loop.train_epoch` stopped: the state and step after its last update, whether the
+    epoch's last batch was trained (`epoch_done`), and whether a signal ended it early
+    (`stopped`)."""
+
+    state: Any
+    step: int
+    epoch_done: bool
+    stopped: bool
+
+
 @dataclasses.dataclass
 class Loop:
     """What `train_and_evaluate` holds while it trains, in one place: the run and its config
-    and folder, the log (with the throughput meter), the two checkpointers, the position
-    (epoch, batch, summed step metrics, dev results), the two stops (`loss_watch`, `watch`),
-    the profiler window and the compiled steps. The epoch loop reads top to bottom in
-    `train_and_evaluate`; these methods are its steps."""
+    and folder, the log, the throughput meter, the two checkpointers, the position (epoch,
+    batch, summed step metrics, dev results), the two stops (`loss_watch`, `watch`), the
+    profiler window and the compiled steps. `epochs` is the loop; the methods below it are its
+    steps, in the order it calls them. Only the loop drives the meter; the log receives the
+    figures; the position moves only through its own methods (`add_step`, `note_eval`)."""
 
     run: Run
     config: ml_collections.ConfigDict
     workdir: pathlib.Path
     lead: bool
     log: reporting.RunLog
+    meter: throughput.Meter | None
     ckpt: checkpointing.Checkpointer
     best_ckpt: checkpointing.Checkpointer
     position: resume.Position
@@ -188,18 +290,97 @@ class Loop:
     stamp: dict  # the config saved with each checkpoint, checked on restore
     executables: dict = dataclasses.field(default_factory=dict)  # batch shapes -> the step
 
-    @property
-    def meter(self) -> throughput.Meter | None:
-        return self.log.throughput
+    @classmethod
+    def open(cls, run: Run, config, workdir: pathlib.Path, lead: bool, watch) -> tuple[Loop, Any]:
+        """The run's `Loop` and the state it starts from (the newest usable checkpoint's, or
+        step 0's): checkpointers, restore, log, throughput meter, non-finite watch, profiler."""
+        ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
+        state, position = resume.restore(ckpt, run.state, workdir, lead, config)
+        profile = None
+        if config.profile_steps is not None:
+            profile = profiling.Window(workdir, *config.profile_steps, enabled=lead)
+        loop = cls(
+            run=run,
+            config=config,
+            workdir=workdir,
+            lead=lead,
+            log=_run_log(run, config, workdir, lead),
+            meter=_meter(run, config, lead),
+            ckpt=ckpt,
+            best_ckpt=best_ckpt,
+            position=position,
+            loss_watch=nonfinite.LossWatch(
+                config.max_nonfinite_steps, state.loss_scale, workdir, lead
+            ),
+            watch=watch,
+            profile=profile,
+            stamp=resume.config_stamp(config),
+        )
+        return loop, state
 
-    def save(self, step: int, state) -> None:
-        """The checkpoint of `step` with the position (the save's time is not the steps').
-        A checkpoint of `step` saved with another position (a preemption at an epoch's last
-        step, before its evaluation) is replaced, so the newest one never says "not
-        evaluated" of an epoch that was."""
-        self.ckpt.save(step, state, self.position.to_json() | self.stamp)
+    def epochs(self, state) -> tuple[Any, int]:
+        """The epoch loop, from the position to the run's end: per epoch the C0 pass, the
+        training steps, the dev evaluation and the checkpoints; every stop through the watch
+        (`preemption.Watch.requested`). Returns the last state and step."""
+        run, config, position = self.run, self.config, self.position
+        c0_each_epoch = config.penalty == "istar" and config.istar.stabilizer.kind == "pass"
+        num_epochs = -(-run.total_steps // run.steps_per_epoch)
+        step = int(state.step)
+        while step < run.total_steps and position.epoch < num_epochs:
+            if c0_each_epoch and position.batch == 0:
+                state = self.c0_pass(state, position.epoch)
+            counters = (
+                nonfinite.running_counters(state.batch_stats) if position.batch == 0 else None
+            )
+            state, step, epoch_done, stopped = self.train_epoch(state, step)
+            if stopped:
+                self.loss_watch.check(step, position.epoch, before="checkpointing")
+                self.save_and_exit(step, state)
+            if epoch_done and counters is not None:
+                nonfinite.check_running(counters, state.batch_stats, position.epoch, step)
+            self.evaluate_and_save(state, step, epoch_done)
+            # Noticed during the evaluation or the save: the same answer on every process.
+            if self.watch.requested(step) and step < run.total_steps:
+                self.save_and_exit(step, state)
+        return state, step
+
+    def c0_pass(self, state, epoch: int):
+        """`state` with C0 rebuilt by the explicit pass (`c0_pass`), its time not the steps'."""
+        state = c0_pass(self.run, state, self.config, epoch)
         if self.meter is not None:
+            jax.block_until_ready(state)
             self.meter.mark()
+        return state
+
+    def train_epoch(self, state, step: int) -> EpochEnd:
+        """Trains from the position to the end of its epoch or of the run. After each step:
+        the position (`resume.Position.add_step`), the log, the non-finite watch; a checkpoint
+        every `config.checkpoint_every` steps (not at the epoch's end); a requested stop ends
+        the epoch early."""
+        run, config, position = self.run, self.config, self.position
+        epoch_done = position.batch == run.steps_per_epoch
+        batches = feeds.update_batches(
+            run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
+        )
+        for batch in batches:
+            batch = distributed.global_batch(batch, run.mesh, stacked=config.grad_accum_steps > 1)
+            state, step_metrics = self.train_fn(state, batch)(state, batch)
+            step += 1
+            self.after_step(step, state)
+            counts = {} if self.meter is None else self.meter.counts()
+            epoch_done = position.add_step(step_metrics | counts, run.steps_per_epoch)
+            self.log_step(step)
+            self.loss_watch.update(step, step_metrics["loss"])
+            if step % config.log_every == 0 or step == run.total_steps or epoch_done:
+                self.loss_watch.check(step, position.epoch)
+            if self.watch.requested(step) and step < run.total_steps:
+                return EpochEnd(state, step, epoch_done, stopped=True)
+            if step == run.total_steps or epoch_done:
+                break
+            if config.checkpoint_every and step % config.checkpoint_every == 0:
+                self.loss_watch.check(step, position.epoch, before="checkpointing")
+                self.save(step, state)
+        return EpochEnd(state, step, epoch_done, stopped=False)
 
     def train_fn(self, state, batch: dict) -> Callable:
         """The train step for `batch`'s shapes: with the meter, compiled here ahead of its
@@ -219,43 +400,39 @@ class Loop:
         if self.profile is not None:
             self.profile.step(step, state)
 
-    def train_epoch(self, state, step: int) -> tuple[Any, int, bool, bool]:
-        """Trains from the position to the end of its epoch or of the run; returns `(state,
-        step, epoch_done, stop)`, the position's batch advanced. The log after each step; a
-        checkpoint every `config.checkpoint_every` steps (not at the epoch's end); the
-        non-finite watch counts each loss; `stop`: a signal ended the epoch early."""
-        run, config, position = self.run, self.config, self.position
-        epoch_done = position.batch == run.steps_per_epoch
-        batches = feeds.update_batches(
-            run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
-        )
-        for batch in batches:
-            batch = distributed.global_batch(batch, run.mesh, stacked=config.grad_accum_steps > 1)
-            state, step_metrics = self.train_fn(state, batch)(state, batch)
-            step, position.batch = step + 1, position.batch + 1
-            self.after_step(step, state)
-            position.add(step_metrics if self.meter is None else step_metrics | self.meter.counts())
-            self.log.train(step, position.epoch, position.pop_means)
-            epoch_done = position.batch == run.steps_per_epoch
-            self.loss_watch.update(step, step_metrics["loss"])
-            if step % config.log_every == 0 or step == run.total_steps or epoch_done:
-                self.loss_watch.check(step, position.epoch)
-            if self.watch.requested(step) and step < run.total_steps:
-                return state, step, epoch_done, True
-            if step == run.total_steps or epoch_done:
-                break
-            if config.checkpoint_every and step % config.checkpoint_every == 0:
-                self.loss_watch.check(step, position.epoch, before="checkpointing")
-                self.save(step, state)
-        return state, step, epoch_done, False
+    def log_step(self, step: int) -> None:
+        """The progress line; on a log step (`RunLog.due`) the window's step-metric means
+        (`resume.Position.pop_means`), with the meter's rates in place of its counts."""
+        means = None
+        if self.log.due(step):
+            means = self.position.pop_means()
+            if self.meter is not None:
+                means = self.meter.window(means)
+        self.log.train(step, self.position.epoch, means)
 
-    def c0_pass(self, state, epoch: int):
-        """`state` with C0 rebuilt by the explicit pass (`c0_pass`), its time not the steps'."""
-        state = c0_pass(self.run, state, self.config, epoch)
+    def evaluate_and_save(self, state, step: int, epoch_done: bool) -> None:
+        """The dev evaluation of `step`, the best checkpoint (replaced: never a silent no-op)
+        when it is the best so far, then the latest one."""
+        position = self.position
+        self.loss_watch.check(step, position.epoch, before="evaluating")
+        run = self.run
+        results = evaluation.evaluate_all(
+            run, run.dev_encoded, state, self.config, step, position.epoch + 1, self.log
+        )
+        split = glue.get_task(self.config.task).dev_splits[0]
+        if position.note_eval(results, split, epoch_done=epoch_done):
+            # before the latest, so a resumed run never claims a best it lacks
+            self.best_ckpt.save(step, state, position.to_json() | self.stamp)
+        self.save(step, state)
+
+    def save(self, step: int, state) -> None:
+        """The checkpoint of `step` with the position (the save's time is not the steps').
+        A checkpoint of `step` saved with another position (a preemption at an epoch's last
+        step, before its evaluation) is replaced, so the newest one never says "not
+        evaluated" of an epoch that was."""
+        self.ckpt.save(step, state, self.position.to_json() | self.stamp)
         if self.meter is not None:
-            jax.block_until_ready(state)
             self.meter.mark()
-        return state
 
     def save_and_exit(self, step: int, state) -> None:
         """Preemption: the checkpoint of `step` (a second signal is ignored meanwhile), one
@@ -269,54 +446,14 @@ class Loop:
             logger.warning(stopped.line())
         raise stopped
 
-    def epochs(self, state) -> tuple[Any, int]:
-        """The epoch loop, from the position to the run's end: per epoch the C0 pass, the
-        training steps, the dev evaluation and the checkpoints; every stop through the watch
-        (`preemption.Watch.requested`). Returns the last state and step."""
-        run, config, position = self.run, self.config, self.position
-        c0_each_epoch = config.penalty == "istar" and config.istar.stabilizer.kind == "pass"
-        num_epochs = -(-run.total_steps // run.steps_per_epoch)
-        step = int(state.step)
-        while step < run.total_steps and position.epoch < num_epochs:
-            if c0_each_epoch and position.batch == 0:
-                state = self.c0_pass(state, position.epoch)
-            counters = (
-                nonfinite.running_counters(state.batch_stats) if position.batch == 0 else None
-            )
-            state, step, epoch_done, stop = self.train_epoch(state, step)
-            if stop:
-                self.loss_watch.check(step, position.epoch, before="checkpointing")
-                self.save_and_exit(step, state)
-            if epoch_done and counters is not None:
-                nonfinite.check_running(counters, state.batch_stats, position.epoch, step)
-            self.evaluate_and_save(state, step, epoch_done)
-            # Noticed during the evaluation or the save: the same answer on every process.
-            if self.watch.requested(step) and step < run.total_steps:
-                self.save_and_exit(step, state)
-        return state, step
-
-    def evaluate_and_save(self, state, step: int, epoch_done: bool) -> None:
-        """The dev evaluation of `step`, the best checkpoint (replaced: never a silent no-op)
-        when it is the best so far, then the latest one."""
-        position = self.position
-        self.loss_watch.check(step, position.epoch, before="evaluating")
-        results = evaluation.evaluate_all(
-            self.run, state, self.config, step, position.epoch + 1, self.log
-        )
-        is_best = position.note_eval(results, glue.get_task(self.config.task).dev_splits[0])
-        if epoch_done:
-            position.epoch, position.batch = position.epoch + 1, 0
-        if is_best:  # before the latest, so a resumed run never claims a best it lacks
-            self.best_ckpt.save(step, state, position.to_json() | self.stamp)
-        self.save(step, state)
-
     def results(self, state, step: int) -> dict:
         """The run's results: the last dev evaluation's, and the best one's (None, with a
         warning, when `best_checkpoint/` lacks its step: it was deleted)."""
         position = self.position
-        if position.last_eval is None:  # nothing to train (a finished run without results)
-            position.last_eval = evaluation.evaluate_all(
-                self.run, state, self.config, step, position.epoch, None
+        last_eval = position.last_eval
+        if last_eval is None:  # nothing to train (a finished run without results)
+            last_eval = evaluation.evaluate_all(
+                self.run, self.run.dev_encoded, state, self.config, step, position.epoch, None
             )
         best = position.best
         if best is not None and best["step"] not in self.best_ckpt.all_steps():
@@ -327,7 +464,7 @@ class Loop:
                 best["step"],
             )
             best = None
-        return position.last_eval | {"best": best}
+        return last_eval | {"best": best}
 
     def close(self) -> None:
         """Closes the profiler window, the log and the checkpointers."""
@@ -336,31 +473,6 @@ class Loop:
         self.log.close()
         self.ckpt.close()
         self.best_ckpt.close()
-
-
-def _open_loop(run: Run, config, workdir: pathlib.Path, lead: bool, watch) -> tuple[Loop, Any]:
-    """The run's `Loop` and the state it starts from (the newest usable checkpoint's, or
-    step 0's): checkpointers, restore, log, throughput meter, non-finite watch, profiler."""
-    ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
-    state, position = resume.restore(ckpt, run.state, workdir, lead, config)
-    profile = None
-    if config.profile_steps is not None:
-        profile = profiling.Window(workdir, *config.profile_steps, enabled=lead)
-    loop = Loop(
-        run=run,
-        config=config,
-        workdir=workdir,
-        lead=lead,
-        log=_run_log(run, config, workdir, lead),
-        ckpt=ckpt,
-        best_ckpt=best_ckpt,
-        position=position,
-        loss_watch=nonfinite.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead),
-        watch=watch,
-        profile=profile,
-        stamp=resume.config_stamp(config),
-    )
-    return loop, state
 
 
 def _meter(run: Run, config: ml_collections.ConfigDict, lead: bool):
@@ -376,21 +488,9 @@ def _meter(run: Run, config: ml_collections.ConfigDict, lead: bool):
     )
 
 
-def data_source(config: ml_collections.ConfigDict) -> str:
-    """Where the run reads its task (`build.load_examples`), for the run's first line: the
-    TSVs of `config.data_dir`, or, without one, tensorflow-datasets."""
-    if config.data_dir:
-        return f"{config.task} from the TSVs in {config.data_dir}"
-    where = config.tfds_data_dir or "its default data dir (~/tensorflow_datasets)"
-    return (
-        f"{config.task} from tensorflow-datasets glue/{config.task} in {where}: no data_dir "
-        "was given (--data-dir DIR reads a glue_data folder)"
-    )
-
-
 def _run_log(run: Run, config: ml_collections.ConfigDict, workdir: pathlib.Path, lead: bool):
     """The run's `reporting.RunLog` (metrics.jsonl, TensorBoard, progress; the learning rate
-    schedule it logs; the throughput meter, None with `config.throughput` off)."""
+    schedule it logs)."""
     opt = config.optimizer
     return reporting.RunLog(
         workdir,
@@ -405,72 +505,4 @@ def _run_log(run: Run, config: ml_collections.ConfigDict, workdir: pathlib.Path,
             warmup_fraction=opt.warmup_fraction,
             kind=opt.schedule,
         ),
-        throughput=_meter(run, config, lead),
     )
-
-
-def train_and_evaluate(
-    config: ml_collections.ConfigDict,
-    workdir: str | os.PathLike,
-    *,
-    mesh: jax.sharding.Mesh | None = None,
-) -> dict:
-    """Fine-tunes `config.model` on `config.task`, evaluating on dev after every epoch.
-
-    `config`: `isojax.training.config.default_config()` or an `isojax.training.configs` preset,
-    with overrides
-    (validated here); `mesh`: the devices (default: all of every process). Resumes from the
-    newest usable checkpoint in `workdir/checkpoints` (state and `resume.Position`), ending as
-    an uninterrupted run would; writes `config.json`, `metrics.jsonl`, `tensorboard/` and
-    `results.json`, and keeps the best dev epoch's checkpoint in `workdir/best_checkpoint`.
-    With `config.progress`, the run's first line on stderr names where its data come from
-    (`data_source`).
-    A loss that stays non-finite (float32, bfloat16) stops the run with
-    `nonfinite.NonFiniteLoss`, its `results.json` a stop record with no score.
-    Returns the last dev results: `{split: {metric: value}}` per dev split ("dev", or MNLI's
-    two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
-    plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
-    score on the first dev split (`isojax export/predict --best`).
-
-    SIGTERM or SIGINT (`preemption`): the running step finishes, its checkpoint is written at
-    that position, and `preemption.Preempted` (SystemExit, status 75) is raised; rerun to resume.
-    A signal before the first step raises it at once (nothing to save); a failure once a stop
-    was requested raises `preemption.StopFailed` (status 1). A normaliser that skipped every
-    batch of an epoch stops the run with `nonfinite.NormalizerStalled`.
-
-    The run folder is held (`resume.hold_run_folder`: a second process is refused with
-    `resume.RunFolderBusy`) and must hold nothing of a run with another config
-    (`resume.check_same_run`); `config.json` is written once the restore has accepted the
-    config. The profiler window and the writers are closed on every way out.
-    """
-    config_lib.validate_config(config)
-    build.check_model(config)  # the model's sizes: refused before the folder is touched
-    distributed.initialize_distributed()
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    lead = jax.process_index() == 0
-    # The folder held and the signals watched before anything is built (`preemption`).
-    resume.check_same_run(config, workdir)  # a refusal leaves the folder as it was
-    with resume.hold_run_folder(workdir, lead), preemption.Watch() as watch:
-        run = setup(config, mesh=mesh)
-        if lead and config.progress:  # the progress display's first line, once the data have
-            # loaded (a refusal stays the one line on stderr; progress off: errors only)
-            logger.info("isojax: %s: %s", workdir, data_source(config))
-        loop, state = _open_loop(run, config, workdir, lead, watch)
-        try:
-            if lead:  # once the restore has accepted the config
-                (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
-            watch.start()
-            state, step = loop.epochs(state)
-            results = loop.results(state, step)
-        except Exception as err:
-            if watch.signal_name is None:
-                raise
-            stop = preemption.StopFailed(watch.signal_name, err)
-            logger.error(stop.line())
-            raise stop from err
-        finally:
-            loop.close()
-    if lead:
-        (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results

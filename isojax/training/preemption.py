@@ -8,7 +8,7 @@
                 raise preemption.Preempted(step, checkpoint_path, watch.signal_name)
 
 Spot and preemptible TPU VMs, Kubernetes and SLURM send SIGTERM some seconds before they kill a
-job. `train.train_and_evaluate` runs its loop inside a `Watch`: the step running when the signal
+job. `loop.train_and_evaluate` runs its loop inside a `Watch`: the step running when the signal
 arrives finishes, the checkpoint of that step is written at exactly that position (epoch, batch
 within the epoch, the partial sums of the log window: `resume.Position`), the writers are
 closed, one line on stderr names the checkpoint, and `Preempted` (a `SystemExit` with status

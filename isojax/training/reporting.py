@@ -108,9 +108,10 @@ def _rates_text(rates: dict) -> str:
 class RunLog:
     """The loop's logging: a `MetricWriter` and a `Progress` line (process 0 only, `enabled`).
 
-    `train(step, epoch, pop_means)` after every training step: the progress line; every
-    `every` steps, and at the last, a "train" record of the step metrics' means since the
-    previous one (`pop_means()`) with the learning rate of this update, `learning_rate(step -
+    `train(step, epoch, means)` after every training step: the progress line; on the steps
+    `due` (every `every` steps, and the last) the loop passes `means`, the step metrics' means
+    since the previous record (with a throughput meter's rates in place of its counts), and a
+    "train" record is written with the learning rate of this update, `learning_rate(step -
     1)`. Dev records go through `writer.write`. `epoch` is the loop's 0-based index of the
     epoch in progress, as the "train" records keep it; the progress line shows it 1-based
     (`epoch + 1`), the number the epoch's dev record and the run's summary give it.
@@ -126,20 +127,20 @@ class RunLog:
         progress: bool,
         tensorboard: bool,
         learning_rate: Callable,
-        throughput=None,
     ):
         self.writer = MetricWriter(workdir, enabled=enabled, tensorboard=tensorboard)
         self.progress = Progress(total_steps, every=every, enabled=enabled and progress)
         self.total_steps, self.every, self.learning_rate = total_steps, every, learning_rate
-        self.throughput = throughput  # a `throughput.Meter`: its window figures join the record
 
-    def train(self, step: int, epoch: int, pop_means: Callable[[], dict[str, float]]) -> None:
-        if step % self.every and step != self.total_steps:
+    def due(self, step: int) -> bool:
+        """Whether `step` gets a "train" record."""
+        return step % self.every == 0 or step == self.total_steps
+
+    def train(self, step: int, epoch: int, means: dict[str, float] | None) -> None:
+        if means is None:
             self.progress.update(step, epoch + 1, None)
             return
-        means = pop_means() | {"learning_rate": float(self.learning_rate(step - 1))}
-        if self.throughput is not None:
-            means = self.throughput.window(means)
+        means = means | {"learning_rate": float(self.learning_rate(step - 1))}
         self.writer.write("train", step, epoch, means)
         self.progress.update(step, epoch + 1, means["loss"], means)
 

@@ -55,8 +55,9 @@ def host_floats(tree: dict) -> dict[str, float]:
 @dataclasses.dataclass
 class Position:
     """Where the loop stands, checkpointed beside the state: the next (epoch, batch), the step
-    metrics summed since the last log line, the last dev results, and the best dev results
-    (`note_eval`)."""
+    metrics summed since the last log line, the last dev results, and the best dev results.
+    It moves only through its methods: `add_step` after each training step, `note_eval`
+    after each dev evaluation, `pop_means` at each log line."""
 
     epoch: int = 0
     batch: int = 0
@@ -65,20 +66,26 @@ class Position:
     last_eval: dict | None = None
     best: dict | None = None
 
-    def note_eval(self, results: dict, split: str) -> bool:
-        """Keeps `results` (`{"step", "epoch", split: {..., "score"}}`) as `last_eval`, and as
-        `best` when its `split` score (the task's GLUE score) beats the best so far; a tie
-        keeps the earlier. Returns whether it is the new best."""
+    def add_step(self, step_metrics: dict, steps_per_epoch: int) -> bool:
+        """One training step done: the next batch, its metrics added to the sums (on device:
+        no host sync per step). Returns whether that was the epoch's last batch."""
+        self.batch += 1
+        self.train_sums = {k: self.train_sums.get(k, 0.0) + v for k, v in step_metrics.items()}
+        self.train_count += 1
+        return self.batch == steps_per_epoch
+
+    def note_eval(self, results: dict, split: str, *, epoch_done: bool = False) -> bool:
+        """A dev evaluation done: keeps `results` (`{"step", "epoch", split: {..., "score"}}`)
+        as `last_eval`, and as `best` when its `split` score (the task's GLUE score) beats the
+        best so far (a tie keeps the earlier); with `epoch_done`, the position moves to the
+        next epoch's first batch. Returns whether it is the new best."""
         self.last_eval = results
+        if epoch_done:
+            self.epoch, self.batch = self.epoch + 1, 0
         if self.best is not None and results[split]["score"] <= self.best[split]["score"]:
             return False
         self.best = results
         return True
-
-    def add(self, step_metrics: dict) -> None:
-        """Adds one step's metrics to the sums (on device: no host sync per step)."""
-        self.train_sums = {k: self.train_sums.get(k, 0.0) + v for k, v in step_metrics.items()}
-        self.train_count += 1
 
     def pop_means(self) -> dict[str, float]:
         """The means since the last call, and empty sums."""

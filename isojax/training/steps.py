@@ -68,10 +68,10 @@ class Objective:
       zeta: I-STAR shrinkage towards C0.
       include_padding: padding tokens of real examples enter the penalty and C0 (reference
         parity); filler rows never do.
-      stabilizer: I-STAR's C0: "pass" (explicit pass per epoch, `stabilizer_step` driven by
+      c0_mode: I-STAR's C0: "pass" (explicit pass per epoch, `c0_pass_step` driven by
         `penalties.estimate_c0`),
         "epoch" or "ema" (running, `isojax.linen.istar.IsoScoreStar`).
-      stabilizer_kwargs: the other `IsoScoreStar` fields as a hashable tuple of pairs, e.g.
+      c0_settings: the other `IsoScoreStar` fields as a hashable tuple of pairs, e.g.
         `(("window", 250_000), ("window_unit", "tokens"))`.
       cls_only: the last encoder layer runs at the [CLS] tokens only when the loss reads no
         tokens (`reads_tokens`); False: always at every token.
@@ -82,8 +82,8 @@ class Objective:
     weight: float = 0.0
     zeta: float = 0.2
     include_padding: bool = False
-    stabilizer: str = "pass"
-    stabilizer_kwargs: tuple = ()
+    c0_mode: str = "pass"
+    c0_settings: tuple = ()
     cls_only: bool = True
 
     @property
@@ -95,13 +95,13 @@ class Objective:
 
 
 def istar_module(objective: Objective) -> linen_istar.IsoScoreStar:
-    """The IsoScore* module (stabiliser `objective.stabilizer`) of an I-STAR objective."""
+    """The IsoScore* module (C0 mode `objective.c0_mode`) of an I-STAR objective."""
     return linen_istar.make_isoscore_star(
-        objective.stabilizer, zeta=objective.zeta, **dict(objective.stabilizer_kwargs)
+        objective.c0_mode, zeta=objective.zeta, **dict(objective.c0_settings)
     )
 
 
-def init_stabilizer(objective: Objective, hidden_size: int) -> dict | None:
+def init_istar_state(objective: Objective, hidden_size: int) -> dict | None:
     """The initial `TrainState.stabilizer`: the module's `batch_stats` (`{'c0': [d, d]
     identity, ...}` float32) for the I-STAR penalty, None otherwise."""
     if objective.penalty != "istar":
@@ -408,7 +408,7 @@ def _mean_cosine(sentence_stats: isotropy.SentenceStats) -> jax.Array:
     )
 
 
-def stabilizer_step(state: TrainState, batch: dict, acc: stats.MomentState) -> stats.MomentState:
+def c0_pass_step(state: TrainState, batch: dict, acc: stats.MomentState) -> stats.MomentState:
     """Adds one batch's tokens (all layers, eval mode, no gradient) to the C0 accumulator
     (`penalties.c0_pass_update`; `acc.count` counts the token vectors of all layers)."""
     _, out = state.apply_fn(
@@ -426,7 +426,7 @@ def stabilizer_step(state: TrainState, batch: dict, acc: stats.MomentState) -> s
 def jit_steps(
     state: TrainState, mesh: jax.sharding.Mesh, *, fsdp: bool = False, grad_accum_steps: int = 1
 ):
-    """`(train_step, eval_step, stabilizer_step)` compiled for `mesh`; the state is donated
+    """`(train_step, eval_step, c0_pass_step)` compiled for `mesh`; the state is donated
     to `train_step`, and its sharding is kept from step to step. `grad_accum_steps` > 1:
     `train_step` takes stacked micro-batches (`distributed.global_batch(..., stacked=True)`)."""
     shardings = distributed.state_sharding(state, mesh, fsdp=fsdp)
@@ -447,7 +447,7 @@ def jit_steps(
         donate_argnums=2,
     )
     stabilize = jax.jit(
-        stabilizer_step,
+        c0_pass_step,
         in_shardings=(shardings, data, replicated),
         out_shardings=replicated,
         donate_argnums=2,

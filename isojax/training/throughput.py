@@ -1,13 +1,15 @@
 """Throughput of the training loop, per `log_every` window: step time, tokens/s, examples/s,
 model FLOPs per step, MFU; the compiled step's memory at start.
 
-    meter = throughput.Meter(run.train_fn, run.mesh, compute_dtype, peak_override=None)
+    meter = throughput.Meter(run.mesh, compute_dtype, peak_override=None)
     for batch in ...:
-        state, metrics = meter.executable(state, batch)(state, batch)   # a dict look-up
-        position.add(metrics | meter.counts())
-        meter.step(state)               # host-side only
-    figures = meter.window(means)       # at a log step, after the means' host sync
-    meter.mark()                        # after an evaluation or a checkpoint (time not counted)
+        compiled = compiled_by_shape[key]   # the loop's `train_fn.lower(...).compile()`
+        meter.read(key, compiled, batch["input_ids"].size)
+        state, metrics = compiled(state, batch)
+        position.add_step(metrics | meter.counts(), steps_per_epoch)
+        meter.step(state)                   # host-side only
+    figures = meter.window(means)           # at a log step, after the means' host sync
+    meter.mark()                            # after an evaluation or a checkpoint (not counted)
 
 Each new batch shape (a length bucket, a packed row bucket) is compiled once ahead of its
 first call, `train_fn.lower(state, batch).compile()` (the program `jax.jit` would compile for

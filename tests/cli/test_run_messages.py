@@ -42,8 +42,8 @@ def _first_stderr_line(capsys, monkeypatch, config, workdir) -> str:
     def stop(*args, **kwargs):
         raise _Stop
 
-    # The line comes once the data have loaded (`setup`), before any checkpoint is read.
-    monkeypatch.setattr(loop, "setup", lambda *args, **kwargs: None)
+    # The line comes once the data have loaded (`build_run`), before any checkpoint is read.
+    monkeypatch.setattr(loop, "build_run", lambda *args, **kwargs: None)
     monkeypatch.setattr(loop.resume, "checkpointers", stop)
     with pytest.raises(_Stop):
         loop.train_and_evaluate(config, workdir)
@@ -65,7 +65,7 @@ def test_first_line_names_the_data_source(capsys, monkeypatch, tmp_path):
     assert "glue/mrpc in /data/tfds" in line
 
     config.progress = False  # no progress display: stderr keeps a refusal's one line alone
-    monkeypatch.setattr(loop, "setup", lambda *a, **k: (_ for _ in ()).throw(_Stop()))
+    monkeypatch.setattr(loop, "build_run", lambda *a, **k: (_ for _ in ()).throw(_Stop()))
     with pytest.raises(_Stop):
         loop.train_and_evaluate(config, tmp_path / "d")
     assert capsys.readouterr().err == ""
@@ -82,7 +82,7 @@ def test_progress_line_counts_epochs_from_1_as_the_summary(capsys, tmp_path):
         learning_rate=lambda step: 1e-4,
     )
     for step in (1, 2):  # the first call only starts the clock
-        log.train(step, 0, lambda: {"loss": 0.5})
+        log.train(step, 0, {"loss": 0.5})
     log.close()
     err = capsys.readouterr().err
     assert err.startswith("step 2/4 epoch 1 loss 0.5000"), err

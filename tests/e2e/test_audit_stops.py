@@ -188,8 +188,8 @@ def test_a_failed_save_after_a_stop_ends_the_study_runner(
     )  # fmt: skip
     train = reporting.RunLog.train
 
-    def signal_after_step_1(self, step, epoch, pop_means):
-        train(self, step, epoch, pop_means)
+    def signal_after_step_1(self, step, epoch, means):
+        train(self, step, epoch, means)
         if step == 1:
             os.kill(os.getpid(), 15)
 

@@ -27,12 +27,12 @@ _CHILD = textwrap.dedent(
     from isojax.training import checkpointing, reporting
     from isojax import cli
 
-    workdir, glue_dir, tokenizer, stop_at, rank = sys.argv[1:]
+    workdir, glue_dir, tokenizer, stop_at, rank, front_end = sys.argv[1:]
     stop_at = int(stop_at)
     if stop_at and os.environ.get("JAX_PROCESS_ID", "0") == rank:
         train_log = reporting.RunLog.train
-        def train_then_signal(self, step, epoch, pop_means):
-            train_log(self, step, epoch, pop_means)
+        def train_then_signal(self, step, epoch, means):
+            train_log(self, step, epoch, means)
             if step == stop_at:
                 os.kill(os.getpid(), signal.SIGTERM)
         reporting.RunLog.train = train_then_signal
@@ -45,7 +45,7 @@ _CHILD = textwrap.dedent(
     arm = os.environ.get("ISOJAX_TEST_ARM", "--normalizer isobn").split()
     sys.exit(cli.main([
         "finetune", "--task", "rte", *arm, "--model", "tiny-bert",
-        "--data-dir", glue_dir, "--workdir", workdir,
+        "--data-dir", glue_dir, "--workdir", workdir, "--front-end", front_end,
         "--set", f"tokenizer={tokenizer}", "--set", "max_train_examples=48",
         "--set", "max_eval_examples=8", "--set", "batch_size=8", "--set", "eval_batch_size=8",
         "--set", "max_length=32", "--set", "buckets=()", "--set", "num_epochs=2",
@@ -56,10 +56,13 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _start(tmp_path, workdir, glue_dir, minilm_dir, stop_at=0, *, devices=4, rank=0, **env):
+def _start(
+    tmp_path, workdir, glue_dir, minilm_dir, stop_at=0, *, devices=4, rank=0, front_end="linen",
+    **env,
+):  # fmt: skip
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    args = [str(workdir), str(glue_dir), str(minilm_dir), str(stop_at), str(rank)]
+    args = [str(workdir), str(glue_dir), str(minilm_dir), str(stop_at), str(rank), front_end]
     return subprocess.Popen(
         [sys.executable, str(script), *args],
         env=child_env(devices=devices, **env),
@@ -83,16 +86,20 @@ def _state(workdir: pathlib.Path, step: int) -> dict:
     return ocp.StandardCheckpointer().restore(workdir / "checkpoints" / str(step) / "state")
 
 
-def test_sigterm_saves_that_step_and_the_restart_ends_identical(tmp_path, glue_dir, minilm_dir):
+@pytest.mark.parametrize("front_end", ["linen", "nnx"])
+def test_sigterm_saves_that_step_and_the_restart_ends_identical(
+    tmp_path, glue_dir, minilm_dir, front_end
+):
     """48 RTE rows, batches of 8: 2 epochs of 6 steps (epoch-end checkpoints 6 and 12), IsoBN
-    (batch_stats), dropout on. SIGTERM after step 3, SIGINT again while saving: the child
-    saves step 3 (epoch 0, batch 3) and exits 75; the restart ends with every leaf of the
-    state (params, opt_state, batch_stats), results.json and metrics.jsonl of the
-    uninterrupted run."""
+    (batch_stats), dropout on, on 4 devices; the linen classifier and its NNX twin
+    (`--front-end nnx`). SIGTERM after step 3, SIGINT again while saving: the child saves
+    step 3 (epoch 0, batch 3) and exits 75; the restart ends with every leaf of the state
+    (params, opt_state, batch_stats), results.json and metrics.jsonl of the uninterrupted
+    run."""
     full, cut = tmp_path / "full", tmp_path / "cut"
     children = [
-        _start(tmp_path, full, glue_dir, minilm_dir),
-        _start(tmp_path, cut, glue_dir, minilm_dir, stop_at=3),
+        _start(tmp_path, full, glue_dir, minilm_dir, front_end=front_end),
+        _start(tmp_path, cut, glue_dir, minilm_dir, stop_at=3, front_end=front_end),
     ]
     done, stopped = (finish(child) for child in children)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -104,7 +111,7 @@ def test_sigterm_saves_that_step_and_the_restart_ends_identical(tmp_path, glue_d
     position = json.loads((cut / "checkpoints" / "3" / "position" / "metadata").read_text())
     assert (position["epoch"], position["batch"], position["train_count"]) == (0, 3, 1)
 
-    resumed = finish(_start(tmp_path, cut, glue_dir, minilm_dir))
+    resumed = finish(_start(tmp_path, cut, glue_dir, minilm_dir, front_end=front_end))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at step 3 (epoch 0, batch 3)" in resumed.stderr
     want, got = _state(full, 12), _state(cut, 12)

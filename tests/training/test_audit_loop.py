@@ -187,8 +187,8 @@ def test_an_error_inside_the_profile_window_still_writes_the_trace(
 ):
     train = reporting.RunLog.train
 
-    def fail_at_step_2(self, step, epoch, pop_means):
-        train(self, step, epoch, pop_means)
+    def fail_at_step_2(self, step, epoch, means):
+        train(self, step, epoch, means)
         if step == 2:
             raise RuntimeError("injected")
 

@@ -266,8 +266,8 @@ def test_filler_rows_never_enter_the_penalty_or_c0(method, stabilizer, include_p
         penalty=method,
         weight=1.0,
         include_padding=include_padding,
-        stabilizer=stabilizer or "pass",
-        stabilizer_kwargs=(("momentum", 0.5),) if stabilizer == "ema" else (),
+        c0_mode=stabilizer or "pass",
+        c0_settings=(("momentum", 0.5),) if stabilizer == "ema" else (),
     )
     results = []
     for filler in (0, 2):
@@ -275,14 +275,14 @@ def test_filler_rows_never_enter_the_penalty_or_c0(method, stabilizer, include_p
         out = {"encoder": types.SimpleNamespace(hidden_states=hidden)}
         state = types.SimpleNamespace(
             objective=objective,
-            stabilizer=steps.init_stabilizer(objective, 8),
+            stabilizer=steps.init_istar_state(objective, 8),
             params=None,
             batch_stats={},
             apply_fn=lambda *args, out=out, **kwargs: (None, out),  # the C0 pass's "model"
         )
         penalty, new_stabilizer = steps._penalty(state, out, batch)
         inputs = batch | {"input_ids": None, "token_type_ids": None}
-        acc = steps.stabilizer_step(state, inputs, penalties.c0_pass_init(8))
+        acc = steps.c0_pass_step(state, inputs, penalties.c0_pass_init(8))
         results.append((penalty, new_stabilizer, acc, acc.count))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
     jax.tree.map(
@@ -477,9 +477,9 @@ def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
 
     def counting(state, batch, acc):
         calls.append(1)
-        return run.stabilize_fn(state, batch, acc)
+        return run.c0_pass_fn(state, batch, acc)
 
-    state = loop.c0_pass(run._replace(stabilize_fn=counting), run.state, config, 0)
+    state = loop.c0_pass(run._replace(c0_pass_fn=counting), run.state, config, 0)
     used = 1 + extra
     assert len(calls) == used
     want = np.cov(np.concatenate(tokens[:used]), rowvar=False)

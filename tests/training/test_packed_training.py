@@ -24,9 +24,9 @@ def _without_dropout(run: loop.Run) -> loop.Run:
     enc_config = encoder.config.replace(hidden_dropout=0.0, attention_dropout=0.0)
     model = run.model.clone(encoder=encoder.clone(config=enc_config), dropout_rate=0.0)
     state = run.state.replace(apply_fn=model.apply)
-    train_fn, eval_fn, stabilize_fn = steps.jit_steps(state, run.mesh)
+    train_fn, eval_fn, c0_pass_fn = steps.jit_steps(state, run.mesh)
     return run._replace(
-        state=state, model=model, train_fn=train_fn, eval_fn=eval_fn, stabilize_fn=stabilize_fn
+        state=state, model=model, train_fn=train_fn, eval_fn=eval_fn, c0_pass_fn=c0_pass_fn
     )
 
 
