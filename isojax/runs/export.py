@@ -166,7 +166,7 @@ def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> E
     with logs.quieted(hf_export.__name__, logging.ERROR):
         models.export_pretrained(
             folder,
-            restored.module,
+            restored.model,
             variables,
             tokenizer=hf_tokenizer(restored.config),
             label_names=None if task.is_regression else task.label_names,
@@ -224,7 +224,7 @@ def _recipe(config) -> str:
 
 
 def _head(restored: runs.Restored, architecture: str, encoder_only: str | None) -> str:
-    module = restored.module
+    module = restored.model
     head = (
         f"{module.sentence} sentence vector -> {module.normalizer} -> dropout "
         f"{module.dropout_rate:g} -> linear"
