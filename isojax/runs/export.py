@@ -162,7 +162,7 @@ def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> E
     task = restored.task
     variables = jax.device_get(restored.variables)
     # The reason, said once by the caller (`isojax export` prints it): not logged again.
-    encoder_only = hf_export.encoder_only_reason(restored.module, variables)
+    encoder_only = hf_export.encoder_only_reason(restored.model, variables)
     with logs.quieted(hf_export.__name__, logging.ERROR):
         models.export_pretrained(
             folder,
