@@ -430,8 +430,13 @@ def dev_lines(workdir) -> list[tuple[int, int]]:
 def logged_warning(caplog, match: str):
     """The block logs a WARNING under the "isojax" logger matching `match` (the library's
     warnings go through `logging`, never `warnings`)."""
-    with caplog.at_level(logging.WARNING, "isojax"):
-        start = len(caplog.records)
-        yield
+    logger = logging.getLogger("isojax")  # the command's handler stops propagation there
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, "isojax"):
+            start = len(caplog.records)
+            yield
+    finally:
+        logger.removeHandler(caplog.handler)
     said = [r.getMessage() for r in caplog.records[start:] if r.levelno == logging.WARNING]
     assert any(re.search(match, message) for message in said), said

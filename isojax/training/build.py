@@ -10,6 +10,8 @@ both build it here.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -26,6 +28,31 @@ from isojax.nnx import pretrained
 from isojax.training import config as config_lib
 from isojax.training import distributed, optim, precision, steps
 from isojax.training.config import TINY_MODEL
+
+
+@dataclasses.dataclass(frozen=True)
+class Classifier:
+    """A built classifier on its devices, the one record the loop (`loop.Run`), a restored run
+    (`isojax.runs.Restored`), the evaluation and predict share.
+
+    Attributes:
+      task: its GLUE task.
+      model: the linen `SequenceClassifier` (with `config.front_end` "nnx", the linen twin of
+        the NNX classifier that `state.apply_fn` runs: the same weights tree).
+      tokenizer: the tokenizer its data are encoded with.
+      state: the `steps.TrainState`, placed on `mesh`.
+      mesh: the devices.
+      eval_fn: the jitted `steps.eval_step` for `mesh`.
+      hidden_size: the encoder's width d.
+    """
+
+    task: glue.GlueTask
+    model: models.SequenceClassifier
+    tokenizer: Any
+    state: steps.TrainState
+    mesh: jax.sharding.Mesh
+    eval_fn: Callable
+    hidden_size: int
 
 
 def load_tokenizer(name_or_path: str) -> Any:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 import jax
 import ml_collections
@@ -23,16 +22,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from isojax.data import batching, metrics
-from isojax.training import distributed, feeds, resume, steps
-
-
-class Built(Protocol):
-    """What the evaluation reads of a built classifier: its jitted eval step, its mesh and its
-    hidden size (`loop.Run`, `runs.Restored`)."""
-
-    eval_fn: Callable
-    mesh: jax.sharding.Mesh
-    hidden_size: int
+from isojax.training import build, distributed, feeds, resume, steps
 
 
 def eval_outputs(
@@ -65,7 +55,7 @@ def isotropy_of(
 
 
 def evaluate(
-    run: Built,
+    run: build.Classifier,
     state: steps.TrainState,
     encoded: batching.Encoded,
     config: ml_collections.ConfigDict,
@@ -77,7 +67,13 @@ def evaluate(
 
 
 def evaluate_all(
-    run: Built, dev: Mapping[str, batching.Encoded], state, config, step: int, epoch: int, log
+    run: build.Classifier,
+    dev: Mapping[str, batching.Encoded],
+    state,
+    config,
+    step: int,
+    epoch: int,
+    log,
 ) -> dict:
     """`{"step", "epoch", split: evaluate(...)}` over every dev split of `dev`, each written to
     `log.writer` (a `reporting.RunLog`; None writes nothing)."""

@@ -40,7 +40,6 @@ import ml_collections
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from isojax import models
 from isojax.core import istar, penalties
 from isojax.data import batching, glue
 from isojax.training import (
@@ -144,24 +143,19 @@ def data_source(config: ml_collections.ConfigDict) -> str:
     )
 
 
-class Run(NamedTuple):
-    """Everything `train_and_evaluate` builds before its loop (also for tests and benchmarks).
+@dataclasses.dataclass(frozen=True)
+class Run(build.Classifier):
+    """Everything `train_and_evaluate` builds before its loop (also for tests and benchmarks):
+    the classifier (`build.Classifier`: task, model, tokenizer, state, mesh, `eval_fn`, hidden
+    size) with its training steps and data.
 
     `train_fn(state, batch) -> (state, metrics)`, `eval_fn(state, batch, acc) -> (acc, out)`
     and `c0_pass_fn(state, batch, acc) -> acc` are the jitted `steps` functions for `mesh`;
-    batches go through `distributed.global_batch(batch, mesh)` first. `model` is the linen
-    classifier (with `config.front_end` "nnx", the linen twin of the NNX one that
-    `state.apply_fn` runs: the same weights tree).
+    batches go through `distributed.global_batch(batch, mesh)` first.
     """
 
-    state: steps.TrainState
     train_fn: Callable
-    eval_fn: Callable
     c0_pass_fn: Callable
-    mesh: jax.sharding.Mesh
-    model: models.SequenceClassifier
-    tokenizer: Any
-    hidden_size: int
     train_encoded: batching.Encoded
     dev_encoded: dict[str, batching.Encoded]
     steps_per_epoch: int
@@ -218,6 +212,7 @@ def build_run(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | No
         state, mesh, fsdp=config.fsdp, grad_accum_steps=config.grad_accum_steps
     )
     return Run(
+        task=task,
         state=state,
         train_fn=train_fn,
         eval_fn=eval_fn,

@@ -129,7 +129,7 @@ def test_analyze_run_encoder_figures_are_analyze_encoders(isobn_run):
     examples = predict.load_split(restored, "dev", labelled=True)
     rep = analysis.analyze_run(restored, examples)
     encoder = analysis.analyze_encoder(
-        restored.module.encoder,
+        restored.model.encoder,
         restored.state.params["encoder"],
         restored.tokenizer,
         examples,
@@ -230,7 +230,7 @@ def test_dropout_noise_is_numpys_spread_and_displacement_of_the_head_input(isobn
     inputs = [batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")]
     z = [
         np.asarray(
-            restored.module.apply(restored.variables, *inputs, deterministic=deterministic,
+            restored.model.apply(restored.variables, *inputs, deterministic=deterministic,
                                   use_running_average=True,
                                   rngs={"dropout": jax.random.fold_in(jax.random.key(7), 0)})[1][
                 "pre_logits"
@@ -290,10 +290,10 @@ def test_dropout_noise_is_zero_without_dropout(isobn_run):
     run_dir, _ = isobn_run
     restored = runs.restore(run_dir)
     examples = predict.load_split(restored, "dev", labelled=True)
-    module = restored.module
+    module = restored.model
     quiet = dataclasses.replace(module.encoder.config, hidden_dropout=0.0, attention_dropout=0.0)
     module = module.clone(encoder=module.encoder.clone(config=quiet), dropout_rate=0.0)
-    got = run_analysis.dropout_noise(dataclasses.replace(restored, module=module), examples)
+    got = run_analysis.dropout_noise(dataclasses.replace(restored, model=module), examples)
     assert got["dropout"] < 1e-6 * got["between_sentences"] and got["between_sentences"] > 0
     with pytest.raises(ValueError, match="at least two rows"):
         run_analysis.dropout_noise(restored, examples[:1])

@@ -5,6 +5,7 @@ A random tiny BERT (hidden 32, 2 layers) over the real MiniLM WordPiece vocabula
 so no id is clipped) runs on 16 real rows of each local GLUE task.
 """
 
+import dataclasses
 import json
 import types
 
@@ -479,7 +480,7 @@ def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
         calls.append(1)
         return run.c0_pass_fn(state, batch, acc)
 
-    state = loop.c0_pass(run._replace(c0_pass_fn=counting), run.state, config, 0)
+    state = loop.c0_pass(dataclasses.replace(run, c0_pass_fn=counting), run.state, config, 0)
     used = 1 + extra
     assert len(calls) == used
     want = np.cov(np.concatenate(tokens[:used]), rowvar=False)

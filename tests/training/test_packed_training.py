@@ -8,6 +8,8 @@ have the shape of the rows, so packed and padded training agree in distribution 
 equality tests switch dropout off.
 """
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -25,8 +27,8 @@ def _without_dropout(run: loop.Run) -> loop.Run:
     model = run.model.clone(encoder=encoder.clone(config=enc_config), dropout_rate=0.0)
     state = run.state.replace(apply_fn=model.apply)
     train_fn, eval_fn, c0_pass_fn = steps.jit_steps(state, run.mesh)
-    return run._replace(
-        state=state, model=model, train_fn=train_fn, eval_fn=eval_fn, c0_pass_fn=c0_pass_fn
+    return dataclasses.replace(
+        run, state=state, model=model, train_fn=train_fn, eval_fn=eval_fn, c0_pass_fn=c0_pass_fn
     )
 
 
