@@ -1,7 +1,7 @@
 """Helpers the test modules share (no test module imports another): the checkout's root, the
 study-style arm labels, the tiny run config, the tiny random encoder configs of every family and
 their batches, packed and padded batches of the same synthetic examples, and experiments/
-scripts loaded as modules."""
+scripts loaded as modules; a tiny random ModernBERT folder with its tokenizer."""
 
 import contextlib
 import functools
@@ -440,3 +440,52 @@ def logged_warning(caplog, match: str):
         logger.removeHandler(caplog.handler)
     said = [r.getMessage() for r in caplog.records[start:] if r.levelno == logging.WARNING]
     assert any(re.search(match, message) for message in said), said
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny random ModernBERT folder, as transformers writes it (tests/models/test_modernbert.py).
+# ---------------------------------------------------------------------------------------------
+
+# Four layers: 0 and 3 global, 1 and 2 sliding; a window of 8 (4 each side) on 20 tokens.
+TINY_MODERNBERT = dict(
+    vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+    num_attention_heads=4, max_position_embeddings=64, local_attention=8, pad_token_id=0,
+    bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+)  # fmt: skip
+
+
+def tiny_modernbert_folder(folder, glue_dir):
+    """A random tiny `ModernBertForMaskedLM` (the form of the published checkpoints) with a
+    WordPiece `tokenizer.json` trained here, with the `tokenizers` library, on RTE's train
+    sentences: [CLS] a [SEP] b [SEP]."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import models as tok_models
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    lines = (glue_dir / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:400]
+    tok = Tokenizer(tok_models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(
+        (part for line in lines for part in line.split("\t")[1:3]),
+        trainers.WordPieceTrainer(vocab_size=600, special_tokens=specials),
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
+    )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]",
+    )  # fmt: skip
+    fast.save_pretrained(folder)
+    hf = transformers.ModernBertConfig(
+        **{**TINY_MODERNBERT, "vocab_size": tok.get_vocab_size(), "cls_token_id": 2,
+           "sep_token_id": 3, "bos_token_id": 2, "eos_token_id": 3}
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.ModernBertForMaskedLM(hf).save_pretrained(folder)
+    return folder

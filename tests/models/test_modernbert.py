@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 from flax import nnx
+from helpers import TINY_MODERNBERT, tiny_modernbert_folder
 
 from isojax import models
 from isojax.models import config as config_lib
@@ -18,12 +19,7 @@ from isojax.models import heads, hf_import, modernbert
 from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained as nnx_pretrained
 
-# Four layers: 0 and 3 global, 1 and 2 sliding; a window of 8 (4 each side) on 20 tokens.
-TINY = dict(
-    vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
-    num_attention_heads=4, max_position_embeddings=64, local_attention=8, pad_token_id=0,
-    bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
-)  # fmt: skip
+TINY = TINY_MODERNBERT  # 4 layers (0, 3 global; 1, 2 sliding), a window of 8
 
 
 def reference(folder, pooling="cls", num_labels=3, seed=0, noise=0.1, **changes):
@@ -300,41 +296,6 @@ def test_rope_needs_no_restart_but_positions_are_restarted():
     rows = jnp.broadcast_to(jnp.arange(packed["input_ids"].shape[1]), packed["input_ids"].shape)
     shifted, _ = _logits_and_loss(head, variables, packed, position_ids=rows)
     np.testing.assert_allclose(shifted, want, rtol=0, atol=1e-4)
-
-
-def tiny_modernbert_folder(folder, glue_dir):
-    """A random tiny `ModernBertForMaskedLM` (the form of the published checkpoints) with a
-    WordPiece `tokenizer.json` trained here, with the `tokenizers` library, on RTE's train
-    sentences: [CLS] a [SEP] b [SEP]."""
-    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors, trainers
-    from tokenizers import models as tok_models
-
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    lines = (glue_dir / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:400]
-    tok = Tokenizer(tok_models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(
-        (part for line in lines for part in line.split("\t")[1:3]),
-        trainers.WordPieceTrainer(vocab_size=600, special_tokens=specials),
-    )
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
-    )
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-        sep_token="[SEP]", mask_token="[MASK]",
-    )  # fmt: skip
-    fast.save_pretrained(folder)
-    hf = transformers.ModernBertConfig(
-        **{**TINY, "vocab_size": tok.get_vocab_size(), "cls_token_id": 2, "sep_token_id": 3,
-           "bos_token_id": 2, "eos_token_id": 3}
-    )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.ModernBertForMaskedLM(hf).save_pretrained(folder)
-    return folder
 
 
 @pytest.mark.e2e

@@ -3,7 +3,8 @@
 The run's checkpoint holds IsoBN's running statistics (the head's `batch_stats`) and I-STAR's
 C0 (the train state's stabiliser), and its logged loss is the cross-entropy plus λ times the
 I-STAR penalty, recomputed here from the saved state with the pure `isojax.istar_penalty` and
-the task loss of the classifier's own forward pass.
+the task loss of the classifier's own forward pass; for tiny-bert and for a tiny ModernBERT
+folder (whose I-STAR reads all of its layers' tokens too).
 """
 
 import dataclasses
@@ -12,6 +13,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from helpers import tiny_modernbert_folder
 
 import isojax
 from isojax import cli, models, runs
@@ -23,8 +25,9 @@ pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
 WEIGHT = 0.5
 
 
+@pytest.mark.parametrize("model", ["tiny-bert", "modernbert"])
 def test_isobn_with_istar_logs_the_sum_of_its_two_losses(
-    tmp_path, glue_dir, minilm_dir, monkeypatch
+    model, tmp_path, glue_dir, minilm_dir, monkeypatch
 ):
     tiny = models.VARIANTS["tiny"]  # no dropout: the forward pass is recomputed exactly
     monkeypatch.setitem(
@@ -32,14 +35,17 @@ def test_isobn_with_istar_logs_the_sum_of_its_two_losses(
         "tiny",
         dataclasses.replace(tiny, hidden_dropout=0.0, attention_dropout=0.0),
     )
+    extra = {"tokenizer": minilm_dir}  # ModernBERT's folder has its tokenizer (and no dropout)
+    if model == "modernbert":
+        model, extra = str(tiny_modernbert_folder(tmp_path / "tiny-modernbert", glue_dir)), {}
     workdir = tmp_path / "run"
     sets = {
-        "tokenizer": minilm_dir, "max_train_examples": 16, "max_eval_examples": 8,
+        **extra, "max_train_examples": 16, "max_eval_examples": 8,
         "batch_size": 8, "eval_batch_size": 8, "max_length": 32, "buckets": "()",
         "max_steps": 1, "log_every": 1, "dropout_rate": 0.0, "istar.weight": WEIGHT,
         "istar.stabilizer.tokens": 200, "tensorboard": False, "progress": False,
     }  # fmt: skip
-    argv = ["finetune", "--task", "rte", "--model", "tiny-bert", "--data-dir", str(glue_dir)]
+    argv = ["finetune", "--task", "rte", "--model", model, "--data-dir", str(glue_dir)]
     argv += ["--normalizer", "isobn", "--penalty", "istar", "--workdir", str(workdir)]
     for key, value in sets.items():
         argv += ["--set", f"{key}={value}"]
