@@ -166,7 +166,7 @@ attention() {
     local sizes=(--variant bert-base --variant modernbert-base --batch 256 --length 128 --rounds 3)
     [ "${ISOJAX_DEVICE_DRY:-0}" != 1 ] || sizes=(--variant tiny --batch 4 --length 32 --rounds 1)
     echo "== attention speed ($(left_s) s left)"
-    env -u JAX_DEFAULT_MATMUL_PRECISION timeout -k 10 "${ATTN_S:-120}" "$python" \
+    env -u JAX_DEFAULT_MATMUL_PRECISION timeout -k 10 "${ATTN_S:-180}" "$python" \
         experiments/bench/attention_speed.py "${sizes[@]}" --dtype bfloat16 \
         >"$out/attention.log" 2>&1
     echo "attention_speed.py exit $? (124: stopped at ATTN_S)"
