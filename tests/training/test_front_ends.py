@@ -112,7 +112,7 @@ def test_nnx_front_end_refuses_one_row_micro_batches():
 
 def test_the_command_refuses_nnx_one_row_micro_batches_in_one_line(tmp_path, capsys):
     """`isojax finetune --front-end nnx` with one-row micro-batches: one line, status 2, before
-    anything is built (as linen's, tests/e2e/test_audit_stops.py)."""
+    anything is built (as linen's, tests/e2e/test_stops.py)."""
     from isojax import cli
 
     argv = ["finetune", "--front-end", "nnx", "--normalizer", "isobn", "--workdir", tmp_path]

@@ -6,33 +6,16 @@ import json
 
 import jax
 import pytest
+from helpers import tiny_config
 
-from isojax.training import config as config_lib
 from isojax.training import distributed, feeds, hardware, loop, throughput
 
 
 def _config(glue_dir, minilm_dir, **overrides):
-    config = config_lib.default_config()
-    config.update_from_flattened_dict(
-        {
-            "data_dir": str(glue_dir),
-            "model": config_lib.TINY_MODEL,
-            "tokenizer": str(minilm_dir),
-            "task": "rte",
-            "max_train_examples": 40,
-            "max_eval_examples": 8,
-            "batch_size": 8,
-            "eval_batch_size": 8,
-            "max_length": 32,
-            "buckets": (),
-            "num_epochs": 1,
-            "log_every": 2,
-            "progress": False,
-            "tensorboard": False,
-            **overrides,
-        }
+    """`helpers.tiny_config` with 40 train and 8 dev rows, logging every other step."""
+    return tiny_config(
+        glue_dir, minilm_dir, max_train_examples=40, max_eval_examples=8, log_every=2, **overrides
     )
-    return config
 
 
 def _train_lines(workdir):

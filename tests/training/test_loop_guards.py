@@ -10,7 +10,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import finetune_argv
+from helpers import finetune_argv, tiny_config
 
 from isojax import cli
 from isojax.core import normalizers
@@ -20,16 +20,10 @@ from isojax.training import loop as loop_lib
 
 
 def _config(glue_dir, minilm_dir, **over):
-    config = config_lib.default_config()
-    config.update_from_flattened_dict(
-        {
-            "data_dir": str(glue_dir), "model": "tiny-bert", "tokenizer": str(minilm_dir),
-            "task": "rte", "max_train_examples": 16, "max_eval_examples": 8, "batch_size": 8,
-            "eval_batch_size": 8, "max_length": 32, "buckets": (), "num_epochs": 1,
-            "progress": False, "tensorboard": False, "dropout_rate": 0.0, **over,
-        }
-    )  # fmt: skip
-    return config
+    """`helpers.tiny_config` with 8 dev rows, no dropout and the default logging interval."""
+    return tiny_config(
+        glue_dir, minilm_dir, max_eval_examples=8, log_every=50, dropout_rate=0.0, **over
+    )
 
 
 def _one_device():

@@ -1,0 +1,148 @@
+"""Tests for the verdict lines of experiments/report.py (report_rule, report_verdicts): the
+difference rule, Holm over a claim's family, and the pooled lines, on constructed JSONLs."""
+
+import pytest
+import scipy.stats
+from report_data import (
+    _markdown,
+    _pooled_records,
+    _sweep_records,
+    _two_arm_records,
+    _write,
+    report,
+    report_rule,
+)
+
+
+def _paired_t(diffs: list[float]) -> dict:
+    """A `report_numbers.paired` dict of these differences (through the module itself)."""
+    return report.numbers.paired(dict(enumerate(diffs)), dict.fromkeys(range(len(diffs)), 0.0))
+
+
+@pytest.mark.parametrize(
+    "diffs, p_adj, direction, size, expected",
+    [
+        ([0.05, 0.051, 0.049], 0.001, +1, None, "confirmed (parametric only)"),
+        ([0.05, 0.051, 0.049] * 2, 0.001, +1, None, "confirmed"),
+        ([-0.05, -0.051, -0.049] * 2, 0.001, +1, None, "reversed"),
+        ([-0.05, -0.051, -0.049] * 2, 0.001, -1, None, "confirmed"),
+        ([0.05, 0.051, 0.049] * 2, 0.001, -1, None, "reversed"),
+        ([0.05, 0.051, 0.049] * 2, 0.2, +1, None, "not detected at this n"),
+        # The paper's size outside the interval, 0 inside: smaller than claimed.
+        ([0.0046, 0.0009, 0.0034], 0.5, +1, 0.010, "smaller than claimed"),
+        ([-0.0046, -0.0009, -0.0034], 0.5, -1, 0.010, "smaller than claimed"),
+        ([0.0046, 0.0009, 0.0034], 0.5, +1, 0.005, "not detected at this n"),
+        # Significant but below the size: confirmed wins (the line says the size is excluded).
+        ([0.003, 0.0031, 0.0029] * 2, 0.001, +1, 0.010, "confirmed"),
+        ([0.1], float("nan"), +1, 0.010, "not tested (n < 2: no interval)"),
+    ],
+)
+def test_difference_verdict_rule(diffs, p_adj, direction, size, expected):
+    got = report_rule.difference_verdict(_paired_t(diffs), p_adj, direction, size)
+    assert got["verdict"] == expected
+
+
+CLAIM = "[IsoBN] IsoBN improves fine-tuning (best dev epoch, as the protocol), stsb"
+
+
+def test_stsb_isobn_differences_are_smaller_than_claimed_not_confirmed(tmp_path):
+    """The committed STS-B IsoBN − none differences: every seed positive, so the old bootstrap
+    rule said "confirmed"; the t interval [-0.0017, +0.0077] holds 0 and excludes +0.010."""
+    md = _markdown(_write(tmp_path, "stsb", _two_arm_records([0.0046, 0.0009, 0.0034])))
+    line = next(x for x in md.splitlines() if x.startswith(f"- {CLAIM}"))
+    assert f"{CLAIM}: **smaller than claimed** (isobn − none +0.0030, t 95 % " in line
+    assert "t 95 % [-0.0017, +0.0077]; " in line
+    assert "t-test p = 0.113, Holm p = 0.113; sign-flip p = 0.125 (one-sided, toward" in line
+    below = scipy.stats.ttest_1samp([0.0046, 0.0009, 0.0034], 0.010, alternative="less").pvalue
+    assert (
+        f"floor 2^-3 = 0.125); n = 3; below the paper's +0.010: one-sided t-test p = "
+        f"{below:.3f}, Holm p = {below:.3f}; the interval excludes it; last epoch: " in line
+    )
+    assert "a family of 1 line, Holm-adjusted over 1 (and again at the last epoch); the " in md
+
+
+def test_near_equal_differences_are_parametric_only_at_three_seeds_confirmed_at_six(tmp_path):
+    md3 = _markdown(_write(tmp_path, "three", _two_arm_records([0.050, 0.051, 0.049])))
+    assert f"{CLAIM}: **confirmed (parametric only)** (isobn − none +0.0500" in md3
+    assert "sign-flip p = 0.125" in md3
+    md6 = _markdown(_write(tmp_path, "six", _two_arm_records([0.050, 0.051, 0.049] * 2)))
+    assert f"{CLAIM}: **confirmed** (isobn − none +0.0500" in md6
+    assert "sign-flip p = 0.016 (one-sided, toward the claim; floor 2^-6 = 0.016)" in md6
+
+
+def test_holm_adjusts_over_the_lines_of_one_claim(tmp_path):
+    """Two tasks, each t-test p ~0.03 alone: Holm over the family (two tasks and their average)
+    lifts them above 0.05, so neither is confirmed, and the family names its size."""
+    records = _two_arm_records([0.010, 0.012, 0.016], "stsb")
+    records += _two_arm_records([0.010, 0.012, 0.016], "rte")
+    md = _markdown(_write(tmp_path, "holm", records))
+    p_one = scipy.stats.ttest_1samp([0.010, 0.012, 0.016], 0.0).pvalue
+    assert 0.01 < p_one < 0.05
+    assert "IsoBN improves fine-tuning (best dev epoch, as the protocol)**: a family of 3" in md
+    line = next(x for x in md.splitlines() if x.startswith(f"- {CLAIM}"))
+    assert f"t-test p = {p_one:.3f}, Holm p = {min(1.0, 3 * p_one):.3f}" in line
+    assert "**not detected at this n**" in line
+
+
+POOLED_CLAIM = "[IsoBN] IsoBN improves fine-tuning (best dev epoch, as the protocol), pooled over"
+
+
+NONE = [0.800, 0.802, 0.804]
+
+
+@pytest.mark.parametrize(
+    ("isobn", "expected"),
+    [
+        # Every isobn run above every none run on both tasks: P = 1 on every resample.
+        ([0.830, 0.832, 0.834], "confirmed"),
+        ([0.770, 0.772, 0.774], "reversed"),
+        # Interleaved within 0.003: P's interval holds 0.5, the difference's lies below +0.010.
+        ([0.801, 0.803, 0.799], "smaller than claimed"),
+        # Runs spread by 0.1: P's interval holds 0.5 and the difference's holds +0.010.
+        ([0.700, 0.950, 0.760], "not detected with these runs"),
+    ],
+)
+def test_pooled_rule_gives_each_verdict_on_a_constructed_jsonl(tmp_path, isobn, expected):
+    spread = {"none": NONE, "isobn": isobn}
+    if expected == "not detected with these runs":
+        spread["none"] = [0.70, 0.80, 0.90]
+    records = _pooled_records(
+        {
+            (task, m): [s + shift for s in v]
+            for task, shift in (("stsb", 0.0), ("cola", -0.5))
+            for m, v in spread.items()
+        }  # fmt: skip
+    )
+    md = _markdown(_write(tmp_path, "rule", records))
+    line = next(x for x in md.splitlines() if x.startswith(f"- {POOLED_CLAIM}"))
+    assert f"pooled over 2 tasks (cola, stsb): **{expected}** (P(isobn > none) = " in line
+    assert "n = 3 isobn / 3 none runs on each of 2 tasks; 2000 draws, RandomState(0); " in line
+    # The paired test: 6 (task, seed) pairs, exact, its floor 2^-6 = 0.016 below 0.05.
+    assert "(one-sided, 6 (task, seed) pairs, exact, 2^6 patterns)" in line
+    assert "pooling treats the tasks named on the line as a sample of the benchmark" in md
+
+
+def test_recenter_and_layernorm_get_per_task_and_pooled_lines(tmp_path):
+    scores = {}
+    for task, shift in (("stsb", 0.0), ("mrpc", 0.02)):
+        scores[task, "none"] = [0.80 + shift, 0.81 + shift, 0.82 + shift]
+        scores[task, "recenter"] = [0.83 + shift, 0.84 + shift, 0.85 + shift]
+        scores[task, "layernorm"] = [0.79 + shift, 0.80 + shift, 0.815 + shift]
+    md = _markdown(_write(tmp_path, "norms", _pooled_records(scores)))
+    for name, pooled in (("re-centring", "confirmed"), ("layer-normalising", "not detected")):
+        claim = f"[EmbNorm] {name} the sentence vector improves it"
+        assert f"**{claim}**: a family of 3 lines" in md
+        for where in ("mrpc", "stsb", "average of the tasks"):
+            assert f"- {claim}, {where}: **" in md
+        assert f"- {claim}, pooled over 2 tasks (mrpc, stsb): **{pooled}" in md
+
+
+def test_pooled_lambda_lines_name_the_arm(tmp_path):
+    records, _ = _sweep_records()
+    rte = [
+        r | {"fields": r["fields"] | {"task": "rte"}, "cell": "rte" + r["cell"]} for r in records
+    ]
+    md = _markdown(_write(tmp_path, "two", records + rte))
+    line = next(x for x in md.splitlines() if "λ < 0 helps, istar lambda=-5, pooled" in x)
+    assert "pooled over 2 tasks (stsb, rte): **reversed** (P(istar lambda=-5 > istar " in line
+    assert "task-averaged difference (last epoch) -0.7" in line
