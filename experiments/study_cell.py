@@ -146,7 +146,7 @@ def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
 def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str) -> dict:
     """Runs (or resumes, or reads back) one cell; returns the run part of its record.
     Exceptions propagate after the attempt's wall time is saved."""
-    from isojax.training import loop, nonfinite
+    from isojax.training import loop, stops
 
     start = time.monotonic()
     try:
@@ -157,7 +157,7 @@ def run_cell(config: ml_collections.ConfigDict, workdir: pathlib.Path, kind: str
         else:
             # A run stopped on a non-finite loss has a results.json without a score: rerun
             # (it raises again, and the cell is recorded failed).
-            if not (workdir / "results.json").exists() or nonfinite.stopped(workdir):
+            if not (workdir / "results.json").exists() or stops.stopped(workdir):
                 loop.train_and_evaluate(config, workdir)
             part = read_run(workdir)
     finally:

@@ -19,7 +19,7 @@ FLOPs per step, two counts:
   6N:  6 · N · tokens with N the non-embedding parameters (Kaplan et al. 2020, eq. 2.1),
        attention's t² terms not included.
 MFU = FLOPs / step time / the device's peak dense bf16 FLOP/s, through the functions the
-training run's figures use (`isojax.training.hardware`: `step_flops`, `peak_flops` over its vendor
+training run's figures use (`isojax.training.throughput`: `step_flops`, `peak_flops` over its vendor
 table `PEAK_FLOPS`, `mfu`), so the run's logged `mfu` and this table's "MFU XLA" are one
 computation; an unknown device prints "peak unknown". Without an accelerator
 (CPU) the tiny configuration runs and the table says "not measured: no accelerator".
@@ -41,7 +41,7 @@ import optax
 from isojax import models
 from isojax.core import penalties
 from isojax.models import config as config_lib
-from isojax.training import hardware
+from isojax.training import throughput
 
 VARIANTS = ("plain", "isobn", "istar")
 ISTAR_WEIGHT = -0.1  # the sign does not change the cost
@@ -57,15 +57,15 @@ TINY = config_lib.EncoderConfig(
 
 def peak_flops(device_kind: str) -> float | None:
     """Peak dense bf16 FLOP/s of one device of `device_kind`
-    (`isojax.training.hardware.PEAK_FLOPS`, the
+    (`isojax.training.throughput.PEAK_FLOPS`, the
     table the training run's MFU uses), None when unknown."""
-    return hardware.peak_flops(device_kind, jnp.bfloat16)[0]
+    return throughput.peak_flops(device_kind, jnp.bfloat16)[0]
 
 
 def xla_flops(compiled) -> float | None:
-    """FLOPs of a compiled step on one device (`isojax.training.hardware.step_flops`, as the
+    """FLOPs of a compiled step on one device (`isojax.training.throughput.step_flops`, as the
     run)."""
-    return hardware.step_flops(compiled)
+    return throughput.step_flops(compiled)
 
 
 def non_embedding_params(params) -> int:
@@ -199,8 +199,8 @@ def _rows(settings: list, n_params: int, peak: float | None) -> list[dict]:
                 "step_ms": 1e3 * step_s,
                 "tokens_per_s": tokens / step_s,
                 "xla_gflop": None if s.flops is None else s.flops / 1e9,
-                "mfu_xla": hardware.mfu(s.flops, step_s, peak),  # the run's own MFU
-                "mfu_6n": hardware.mfu(flops_6n, step_s, peak),
+                "mfu_xla": throughput.mfu(s.flops, step_s, peak),  # the run's own MFU
+                "mfu_6n": throughput.mfu(flops_6n, step_s, peak),
                 "ratio": step_s / plain[s.batch],
             }
         )

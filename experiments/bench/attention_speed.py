@@ -13,7 +13,7 @@ of each arm in a random order drawn per round (seeded), so that load from other 
 both alike. The figure is the median over rounds of the per-round ratio fused / einsum, with the
 spread (min-max) as the noise, and per arm the median tokens/s, real (non-padding) tokens/s and
 MFU (XLA's FLOPs of the step over the device's data-sheet peak for the dtype,
-`isojax.training.hardware`). The step has no attention dropout: with it a training step keeps
+`isojax.training.throughput`). The step has no attention dropout: with it a training step keeps
 the einsum path (the fused call has no dropout), so the ratio would be 1 by construction;
 evaluation steps and ModernBERT (attention dropout 0 in its published configs) take the fused
 path.
@@ -32,7 +32,7 @@ import numpy as np
 
 from isojax import models
 from isojax.models import transformer
-from isojax.training import hardware
+from isojax.training import throughput
 
 
 def make_step(variant: str, attend, dtype):
@@ -71,7 +71,7 @@ def bench_variant(variant: str, args) -> None:
     }
     params = models.init_variables(arms["fused"][0], jax.random.key(0), seq_len=8)["params"]
     inputs = (params, ids, mask, labels)
-    flops = {n: hardware.step_flops(s.lower(*inputs).compile()) for n, (_, s) in arms.items()}
+    flops = {n: throughput.step_flops(s.lower(*inputs).compile()) for n, (_, s) in arms.items()}
     for _, step in arms.values():  # compile (and warm)
         jax.block_until_ready(step(*inputs))
     order, times = random.Random(0), {name: [] for name in arms}
@@ -81,12 +81,12 @@ def bench_variant(variant: str, args) -> None:
             jax.block_until_ready(arms[name][1](*inputs))
             times[name].append(time.perf_counter() - start)
     device = jax.devices()[0]
-    peak, _ = hardware.peak_flops(device.device_kind, dtype)
+    peak, _ = throughput.peak_flops(device.device_kind, dtype)
     tokens, real = ids.size, int(mask.sum())
     where = f"{variant} {args.batch}x{args.length} {dtype.name} on {device.device_kind}"
     for name, seconds in times.items():
         t = statistics.median(seconds)
-        util = hardware.mfu(flops[name], t, peak)
+        util = throughput.mfu(flops[name], t, peak)
         util = "unknown" if util is None else f"{util:.3f}"
         print(
             f"{where} {name}: {t * 1e3:.1f} ms/step, {tokens / t:,.0f} tokens/s, "

@@ -20,7 +20,7 @@ tokens/s, examples/s, FLOPs per step (XLA's cost analysis) and MFU against `--pe
 (default: this machine's CPU, 2 cores x 2.6 GHz x 32 f32 FLOP/cycle = 166 GFLOP/s: AMD Zen 4
 (family 25), two 256-bit FMA pipes per core = 16 f32 FMA per cycle; 2.6 GHz from the TSC,
 bogomips / 2; boost clocks would make the true peak higher and the MFU lower). Last, the
-compiled step's memory per device (`hardware.memory`) at each `--memory-batches` x length.
+compiled step's memory per device (`throughput.memory`) at each `--memory-batches` x length.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 import jax
 
 from isojax.training import config as config_lib
-from isojax.training import distributed, feeds, hardware, loop, precision, resume, throughput
+from isojax.training import distributed, feeds, loop, precision, resume, throughput
 
 CPU_PEAK = 2 * 2.6e9 * 32  # see the module doc
 
@@ -168,11 +168,11 @@ def meter_host_seconds(meter, compiled, key, state, batch, calls: int = 10_000) 
 
 
 def step_memory(model: str, batch: int, length: int) -> dict:
-    """`hardware.memory` of the compiled train step at `batch` x `length`."""
+    """`throughput.memory` of the compiled train step at `batch` x `length`."""
     config = make_config(model, batch, length, batch)
     run = loop.setup(config)
     first = next(iter(feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh)))
-    return hardware.memory(
+    return throughput.memory(
         run.train_fn.lower(run.state, distributed.global_batch(first, run.mesh)).compile()
     )
 

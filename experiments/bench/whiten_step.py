@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 from isojax import models  # noqa: E402
 from isojax.core import normalizers, whitening  # noqa: E402
 from isojax.data import glue  # noqa: E402
-from isojax.training import build, distributed, hardware, steps  # noqa: E402
+from isojax.training import build, distributed, steps, throughput  # noqa: E402
 from isojax.training import config as config_lib  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location(
@@ -118,7 +118,7 @@ def time_arms(args) -> None:
 
 def xla_flops(fn, *args) -> float:
     """FLOPs of one call of `fn(*args)` from XLA's cost analysis of the compiled program."""
-    flops = hardware.step_flops(jax.jit(fn).lower(*args).compile())
+    flops = throughput.step_flops(jax.jit(fn).lower(*args).compile())
     if flops is None:
         raise RuntimeError("XLA gave no FLOPs for this backend")
     return flops
@@ -228,7 +228,7 @@ def xla_step_flops(variant: str) -> float:
         "example_mask": rows,
     }
     train, _, _ = steps.jit_steps(state, mesh)
-    flops = hardware.step_flops(train.lower(state, batch).compile())
+    flops = throughput.step_flops(train.lower(state, batch).compile())
     if flops is None:
         raise RuntimeError("XLA gave no FLOPs for this backend")
     return flops

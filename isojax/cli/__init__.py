@@ -28,7 +28,7 @@ malformed TSV (file:line), a model folder without weights or with sizes out of b
 
 Exit statuses: 0 done; 1 a full or read-only disk (one line naming the path); 2 a usage
 error (one line); 3 a run stopped because its training loss stayed non-finite
-(`isojax.training.nonfinite`: no score is reported).
+(`isojax.training.stops`: no score is reported).
 
 `analyze` is its own module, `isojax.cli.analyze`; what the commands share (the usage error,
 the parser that raises it, `--step | --best` and the restore of the run) is `isojax.cli.common`.
@@ -219,7 +219,7 @@ def format_metrics(task, values: dict) -> str:
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     config = finetune_config(args)
-    from isojax.training import build, checkpointing, hardware, loop, nonfinite, resume
+    from isojax.training import build, checkpointing, loop, resume, stops, throughput
     from isojax.training import config as config_lib
 
     if args.print_config:
@@ -229,14 +229,14 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
     try:
         results = loop.train_and_evaluate(config, args.workdir)
-    except (nonfinite.NonFiniteLoss, nonfinite.NormalizerStalled) as stop:  # no score: status 3
+    except (stops.NonFiniteLoss, stops.NormalizerStalled) as stop:  # no score: status 3
         print(f"{PROG} finetune: stopped: {stop}", file=sys.stderr)
-        return nonfinite.EXIT_STATUS
+        return stops.EXIT_STATUS
     # The compiled step's memory (DoesNotFit) too: one line, status 2.
     except (
         build.VocabularyMismatch,
         resume.ConfigChanged,
-        hardware.DoesNotFit,
+        throughput.DoesNotFit,
         checkpointing.CheckpointMismatch,  # a checkpoint of other arrays, or an edited position
     ) as err:
         raise common.UsageError(str(err)) from None

@@ -36,7 +36,7 @@ from isojax import errors
 from isojax.core import istar, normalizers, penalties
 from isojax.data import glue
 from isojax.models import heads
-from isojax.training import optim, precision, profiling
+from isojax.training import optim, precision, throughput
 
 # `config.normalizer` is one of `normalizers.NORMALIZERS` (the head's normaliser: none recenter
 # batchnorm layernorm isobn ...); `config.penalty` one of `penalties.PENALTIES` (a token loss
@@ -129,7 +129,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.packing = False
     c.row_buckets = config_dict.placeholder(tuple)  # packed row counts; None: 8 evenly spaced
     c.num_epochs = 3
-    # Micro-batches per optimizer update (isojax.training.accumulation): batch_size examples per
+    # Micro-batches per optimizer update (isojax.training.feeds): batch_size examples per
     # update
     # in k micro-batches of batch_size / k, gradients averaged over real examples.
     c.grad_accum_steps = 1
@@ -147,7 +147,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = config_dict.placeholder(int)  # steps between checkpoints; None: epochs
     c.keep_checkpoints = 2
     c.log_every = 50
-    # Stop the run (exit status 3, isojax.training.nonfinite) once the training loss has been
+    # Stop the run (exit status 3, isojax.training.stops) once the training loss has been
     # non-finite
     # for this many consecutive steps (float32 / bfloat16; off under float16's dynamic loss
     # scale); None: never stop.
@@ -163,7 +163,7 @@ def default_config() -> ml_collections.ConfigDict:
     # Per log window: step time, tokens/s, examples/s, FLOPs per step, MFU
     # (isojax.training.throughput);
     # at start the step's memory per device. MFU needs the device's peak FLOP/s: None takes it
-    # from isojax.training.hardware.PEAK_FLOPS (an unknown device: no MFU, and the run says so).
+    # from isojax.training.throughput.PEAK_FLOPS (an unknown device: no MFU, and the run says so).
     c.throughput = True
     c.peak_flops = config_dict.placeholder(float)  # FLOP/s of one device
     # (start, stop): a jax.profiler trace of steps start+1..stop into <workdir>/profile.
@@ -338,7 +338,7 @@ def _check_loop(config: ml_collections.ConfigDict) -> None:
         config.peak_flops is None or config.peak_flops > 0,
         f"peak_flops must be None or > 0, got {config.peak_flops}",
     )
-    _owned("profile_steps", profiling.check_steps, config.profile_steps)
+    _owned("profile_steps", throughput.check_steps, config.profile_steps)
     k = config.grad_accum_steps
     _check(
         int(k) >= 1 and config.batch_size % k == 0,

@@ -43,7 +43,7 @@ def initialize_distributed() -> bool:
         `srun`): the same detection;
       - otherwise, or with `ISOJAX_DISTRIBUTED=off`, nothing (one process).
     Nothing either when JAX is initialised already. Call it before any other JAX work. The
-    distributed runtime also brings JAX's preemption service (`isojax.training.preemption`). Returns
+    distributed runtime also brings JAX's preemption service (`isojax.training.stops`). Returns
     True when it initialised.
     """
     if jax.distributed.is_initialized():
@@ -96,7 +96,7 @@ def state_sharding(state: Any, mesh: jax.sharding.Mesh, *, fsdp: bool = False) -
 def global_batch(batch: dict, mesh: jax.sharding.Mesh, *, stacked: bool = False) -> dict:
     """This process's rows of a batch (padded, or packed: `isojax.data.packing`) -> global
     arrays sharded over the mesh's data axis (packed: rows and examples each split evenly).
-    `stacked`: `[k, rows, ...]` micro-batches (`isojax.training.accumulation`), split along axis
+    `stacked`: `[k, rows, ...]` micro-batches (`isojax.training.feeds`), split along axis
     1."""
     sharding = NamedSharding(mesh, P(None, DATA_AXIS) if stacked else P(DATA_AXIS))
     keys = packing.BATCH_KEYS if packing.is_packed(batch) else BATCH_KEYS

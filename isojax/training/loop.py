@@ -48,14 +48,12 @@ from isojax.training import (
     distributed,
     evaluation,
     feeds,
-    nonfinite,
     optim,
     precision,
-    preemption,
-    profiling,
     reporting,
     resume,
     steps,
+    stops,
     throughput,
 )
 from isojax.training import config as config_lib
@@ -81,17 +79,17 @@ def train_and_evaluate(
     With `config.progress`, the run's first line on stderr names where its data come from
     (`data_source`).
     A loss that stays non-finite (float32, bfloat16) stops the run with
-    `nonfinite.NonFiniteLoss`, its `results.json` a stop record with no score.
+    `stops.NonFiniteLoss`, its `results.json` a stop record with no score.
     Returns the last dev results: `{split: {metric: value}}` per dev split ("dev", or MNLI's
     two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
     plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
     score on the first dev split (`isojax export/predict --best`).
 
-    SIGTERM or SIGINT (`preemption`): the running step finishes, its checkpoint is written at
-    that position, and `preemption.Preempted` (SystemExit, status 75) is raised; rerun to resume.
+    SIGTERM or SIGINT (`stops.Watch`): the running step finishes, its checkpoint is written at
+    that position, and `stops.Preempted` (SystemExit, status 75) is raised; rerun to resume.
     A signal before the first step raises it at once (nothing to save); a failure once a stop
-    was requested raises `preemption.StopFailed` (status 1). A normaliser that skipped every
-    batch of an epoch stops the run with `nonfinite.NormalizerStalled`.
+    was requested raises `stops.StopFailed` (status 1). A normaliser that skipped every
+    batch of an epoch stops the run with `stops.NormalizerStalled`.
 
     The run folder is held (`resume.hold_run_folder`: a second process is refused with
     `resume.RunFolderBusy`) and must hold nothing of a run with another config
@@ -104,9 +102,9 @@ def train_and_evaluate(
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     lead = jax.process_index() == 0
-    # The folder held and the signals watched before anything is built (`preemption`).
+    # The folder held and the signals watched before anything is built (`stops.Watch`).
     resume.check_same_run(config, workdir)  # a refusal leaves the folder as it was
-    with resume.hold_run_folder(workdir, lead), preemption.Watch() as watch:
+    with resume.hold_run_folder(workdir, lead), stops.Watch() as watch:
         run = build_run(config, mesh=mesh)
         if lead and config.progress:  # the progress display's first line, once the data have
             # loaded (a refusal stays the one line on stderr; progress off: errors only)
@@ -121,7 +119,7 @@ def train_and_evaluate(
         except Exception as err:
             if watch.signal_name is None:
                 raise
-            stop = preemption.StopFailed(watch.signal_name, err)
+            stop = stops.StopFailed(watch.signal_name, err)
             logger.error(stop.line())
             raise stop from err
         finally:
@@ -279,9 +277,9 @@ class Loop:
     ckpt: checkpointing.Checkpointer
     best_ckpt: checkpointing.Checkpointer
     position: resume.Position
-    loss_watch: nonfinite.LossWatch
-    watch: preemption.Watch
-    profile: profiling.Window | None
+    loss_watch: stops.LossWatch
+    watch: stops.Watch
+    profile: throughput.Window | None
     stamp: dict  # the config saved with each checkpoint, checked on restore
     executables: dict = dataclasses.field(default_factory=dict)  # batch shapes -> the step
 
@@ -293,7 +291,7 @@ class Loop:
         state, position = resume.restore(ckpt, run.state, workdir, lead, config)
         profile = None
         if config.profile_steps is not None:
-            profile = profiling.Window(workdir, *config.profile_steps, enabled=lead)
+            profile = throughput.Window(workdir, *config.profile_steps, enabled=lead)
         loop = cls(
             run=run,
             config=config,
@@ -304,9 +302,7 @@ class Loop:
             ckpt=ckpt,
             best_ckpt=best_ckpt,
             position=position,
-            loss_watch=nonfinite.LossWatch(
-                config.max_nonfinite_steps, state.loss_scale, workdir, lead
-            ),
+            loss_watch=stops.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead),
             watch=watch,
             profile=profile,
             stamp=resume.config_stamp(config),
@@ -316,7 +312,7 @@ class Loop:
     def epochs(self, state) -> tuple[Any, int]:
         """The epoch loop, from the position to the run's end: per epoch the C0 pass, the
         training steps, the dev evaluation and the checkpoints; every stop through the watch
-        (`preemption.Watch.requested`). Returns the last state and step."""
+        (`stops.Watch.requested`). Returns the last state and step."""
         run, config, position = self.run, self.config, self.position
         c0_each_epoch = config.penalty == "istar" and config.istar.stabilizer.kind == "pass"
         num_epochs = -(-run.total_steps // run.steps_per_epoch)
@@ -324,15 +320,13 @@ class Loop:
         while step < run.total_steps and position.epoch < num_epochs:
             if c0_each_epoch and position.batch == 0:
                 state = self.c0_pass(state, position.epoch)
-            counters = (
-                nonfinite.running_counters(state.batch_stats) if position.batch == 0 else None
-            )
+            counters = stops.running_counters(state.batch_stats) if position.batch == 0 else None
             state, step, epoch_done, stopped = self.train_epoch(state, step)
             if stopped:
                 self.loss_watch.check(step, position.epoch, before="checkpointing")
                 self.save_and_exit(step, state)
             if epoch_done and counters is not None:
-                nonfinite.check_running(counters, state.batch_stats, position.epoch, step)
+                stops.check_running(counters, state.batch_stats, position.epoch, step)
             self.evaluate_and_save(state, step, epoch_done)
             # Noticed during the evaluation or the save: the same answer on every process.
             if self.watch.requested(step) and step < run.total_steps:
@@ -431,12 +425,12 @@ class Loop:
 
     def save_and_exit(self, step: int, state) -> None:
         """Preemption: the checkpoint of `step` (a second signal is ignored meanwhile), one
-        line naming it, then `preemption.Preempted` (exit status 75; the caller's `finally`
+        line naming it, then `stops.Preempted` (exit status 75; the caller's `finally`
         closes the writers and the profiler window)."""
         self.watch.saving = True
         self.save(step, state)
         where = str(self.ckpt.directory / str(step))
-        stopped = preemption.Preempted(step, where, self.watch.signal_name)
+        stopped = stops.Preempted(step, where, self.watch.signal_name)
         if self.lead:
             logger.warning(stopped.line())
         raise stopped

@@ -1,5 +1,5 @@
-"""Throughput of the training loop, per `log_every` window: step time, tokens/s, examples/s,
-model FLOPs per step, MFU; the compiled step's memory at start.
+"""Throughput of the training loop: per-window rates, the compiled step's FLOPs, MFU and
+memory, and a profiler window.
 
     meter = throughput.Meter(run.mesh, compute_dtype, peak_override=None)
     for batch in ...:
@@ -11,12 +11,13 @@ model FLOPs per step, MFU; the compiled step's memory at start.
     figures = meter.window(means)           # at a log step, after the means' host sync
     meter.mark()                            # after an evaluation or a checkpoint (not counted)
 
-Each new batch shape (a length bucket, a packed row bucket) is compiled once ahead of its
-first call, `train_fn.lower(state, batch).compile()` (the program `jax.jit` would compile for
-the call; the loop then runs that executable for every batch of the shape), which gives its
-FLOPs (`hardware.step_flops`, one device's program) and its memory: the first shape's memory
-line is printed, and a shape that cannot fit the device stops the run before it runs
-(`hardware.memory_line`). A shape's first run is left out of the window's rates. Real
+`Meter` measures each `log_every` window: step time, tokens/s, examples/s, model FLOPs per
+step, MFU; the compiled step's memory at start. Each new batch shape (a length bucket, a packed
+row bucket) is compiled once ahead of its first call, `train_fn.lower(state, batch).compile()`
+(the program `jax.jit` would compile for the call; the loop then runs that executable for every
+batch of the shape), which gives its FLOPs (`step_flops`, one device's program) and its memory:
+the first shape's memory line is printed, and a shape that cannot fit the device stops the run
+before it runs (`memory_line`). A shape's first run is left out of the window's rates. Real
 tokens and examples are the step's own metrics
 (`steps.train_step`: `real_tokens`, `examples`, global counts from the sharded batch), so
 every process agrees without a host collective; padded tokens are the batch's token slots and
@@ -30,20 +31,58 @@ or `mark` after an evaluation or a save, which synchronise too):
                          the mean over the log window's steps (shapes differ by bucket);
                          not a time: a resumed run logs the uninterrupted run's;
   mfu                    per-device FLOPs / step time / the device's peak (absent when the
-                         peak is unknown: `hardware.peak_flops` says why, once, at start).
+                         peak is unknown: `peak_flops` says why, once, at start).
+
+The hardware figures of a compiled step: FLOPs (XLA's cost analysis), peak FLOP/s, MFU, memory.
+
+    compiled = run.train_fn.lower(state, batch).compile()
+    flops = throughput.step_flops(compiled)             # this device's program, per step
+    peak, why = throughput.peak_flops(jax.devices()[0].device_kind, "bfloat16")
+    mfu = throughput.mfu(flops, step_seconds, peak)      # None where the peak is unknown
+    print(throughput.memory_line(compiled, jax.devices()[0]))   # ValueError if it cannot fit
+
+FLOPs come from XLA's `HloCostAnalysis` of the compiled, SPMD-partitioned program: the FLOPs
+one device runs per step (forward, backward, optimizer; matmuls counted 2·m·n·k), so MFU is
+`flops / step time / peak of one device`, and a step's model FLOPs over the mesh is that times
+the device count. XLA counts a while loop's body once: a step with `grad_accum_steps = k`
+(`lax.scan` over micro-batches) reports `k ×` the compiled count (`step_flops(..., loop_trips=k)`),
+which also counts the rest of the step, the optimizer update, `k` times: `(k − 1)` updates of a
+few FLOPs per parameter too many, against about `6 · parameters · tokens` per micro-batch. The
+excess grows as micro-batches shrink: on XLA:CPU, MiniLM-L6 at 32 × 128 +0.8 % at k = 4 and
++7.4 % at k = 32 (one example a micro-batch), tiny-bert at 32 × 48 +45 % at k = 4 (audit of
+2026-12-03), so MFU under accumulation is an upper bound.
+
+MFU (Chowdhery et al., PaLM, 2022, appendix B) is measured FLOPs per second over the device's
+peak dense FLOP/s in the step's compute dtype (`PEAK_FLOPS`, vendor data sheets; no sparsity).
+A device or dtype not in the table has an unknown peak: MFU is then None and the run says so;
+`config.peak_flops` sets the peak explicitly.
+
+A profiler window: a `jax.profiler` trace of training steps `start` to `stop` (`Window`).
+
+    config.profile_steps = (10, 15)    # steps 11..15 (after update 10, up to update 15)
+    # -> <workdir>/profile/plugins/profile/<time>/<host>.xplane.pb (TensorBoard's profile
+    #    plugin: tensorboard --logdir <workdir>/profile; Perfetto: the same trace)
+
+The trace starts after step `start` (its state synchronised, so the window holds no earlier
+work) and stops after step `stop` once that step's work is done (`jax.block_until_ready`), so
+it holds exactly the `stop - start` steps, their host work, transfers and device kernels. Off
+(`config.profile_steps = None`, the default) the loop builds no `Window`: nothing is called per
+step. A run whose window is not reached (resumed past it, or shorter) writes no trace; a trace
+still open when the loop ends is stopped there.
 """
 
 from __future__ import annotations
 
 import logging
+import pathlib
+import re
 import time
 
 import jax
 import numpy as np
 
-from isojax.training import hardware
-
 logger = logging.getLogger(__name__)
+
 
 COUNT_KEYS = ("examples", "real_tokens", "padded_tokens")  # per-step counts -> rates
 # The figures that depend on the wall clock (a resumed run's differ; flops_per_step does not).
@@ -58,8 +97,8 @@ class Meter:
       mesh: the step's devices (FLOPs are per device; the step's over the mesh is that x
         mesh.size).
       compute_dtype: the step's compute dtype (picks the peak).
-      peak_override: `config.peak_flops`, FLOP/s of one device; None: `hardware.PEAK_FLOPS`.
-      loop_trips: micro-batches per step (`config.grad_accum_steps`; see `hardware`).
+      peak_override: `config.peak_flops`, FLOP/s of one device; None: `PEAK_FLOPS`.
+      loop_trips: micro-batches per step (`config.grad_accum_steps`; see `step_flops`).
       verbose: log the memory and peak lines (process 0).
     """
 
@@ -74,7 +113,7 @@ class Meter:
     ):
         self.mesh, self.loop_trips, self.verbose = mesh, loop_trips, verbose
         self.device = mesh.devices.flat[0]
-        self.peak, why = hardware.peak_flops(self.device.device_kind, compute_dtype, peak_override)
+        self.peak, why = peak_flops(self.device.device_kind, compute_dtype, peak_override)
         self._costs: dict[tuple, tuple] = {}  # batch shapes -> (FLOPs/device, token slots)
         self._new, self._key = False, None
         self._steps = 0
@@ -86,13 +125,13 @@ class Meter:
     def read(self, key: tuple, compiled, slots: int) -> None:
         """Reads the cost of `compiled`, the step the loop runs next, for batch shapes `key`
         with `slots` token slots: its FLOPs; for the first shape the memory line and check
-        (`hardware.memory_line` raises if it cannot fit). A shape's first run is left out of
+        (`memory_line` raises if it cannot fit). A shape's first run is left out of
         the rates."""
         if key not in self._costs:
-            line = hardware.memory_line(compiled, self.device)
+            line = memory_line(compiled, self.device)
             if not self._costs and self.verbose:
                 logger.info("isojax: %s", line)
-            self._costs[key] = (hardware.step_flops(compiled, self.loop_trips), slots)
+            self._costs[key] = (step_flops(compiled, self.loop_trips), slots)
             self._new = True
         self._key = key
 
@@ -132,8 +171,195 @@ class Meter:
                 if name in means:
                     out[f"{name}_per_s"] = means[name] / step_time
             if "flops_per_step" in means:
-                value = hardware.mfu(means["flops_per_step"] / self.mesh.size, step_time, self.peak)
+                value = mfu(means["flops_per_step"] / self.mesh.size, step_time, self.peak)
                 if value is not None:
                     out["mfu"] = value
         self.mark()
         return out
+
+
+# Peak dense FLOP/s per chip (per `jax.Device`), by dtype, matched in order on the words of the
+# lower-cased `device_kind` (e.g. "NVIDIA H100 80GB HBM3", "TPU v5 lite"; `_matches`). Every
+# figure is dense (no 2:4 structured sparsity), the tensor-core rate with FP32 accumulation for
+# bf16/fp16. Sources:
+#   L4 121 TFLOPS bf16 dense, 30.3 FP32: NVIDIA L4 data sheet.
+#   L40S 362.05 TFLOPS bf16/fp16 dense (733 with sparsity), 91.6 FP32: NVIDIA L40S data sheet.
+#   L40 181.05 TFLOPS bf16/fp16 dense (362.1 with sparsity), 90.5 FP32: NVIDIA L40 data sheet.
+#   TPU v4 275 TFLOPS bf16, v5e 197, v5p 459, v6e (Trillium) 918: Google Cloud TPU system
+#     architecture pages (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e). Google publishes
+#     no f32 figure (f32 matmuls run as several bf16 passes): f32 is unknown there.
+#   A100 (SXM and PCIe): 312 TFLOPS bf16/fp16 tensor, 19.5 TFLOPS FP32: NVIDIA A100 data
+#     sheet (the TF32 tensor rate, 156 TFLOPS, applies only where XLA uses TF32 for f32).
+#   H100 SXM 989 TFLOPS bf16 dense (1979 with sparsity), 67 TFLOPS FP32; H100 PCIe 756 and
+#     51; H100 NVL 835.5 (1671 with sparsity) and 60: NVIDIA H100 data sheet.
+#   H200 SXM 989 TFLOPS bf16 dense, 67 TFLOPS FP32; H200 NVL 835 and 60: NVIDIA H200 data
+#     sheet.
+PEAK_FLOPS = (
+    ("h200 nvl", {"bfloat16": 835e12, "float16": 835e12, "float32": 60e12}),
+    ("h200", {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12}),
+    ("h100 nvl", {"bfloat16": 835.5e12, "float16": 835.5e12, "float32": 60e12}),
+    ("h100 pcie", {"bfloat16": 756e12, "float16": 756e12, "float32": 51e12}),
+    ("h100", {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12}),
+    ("l40s", {"bfloat16": 362.05e12, "float16": 362.05e12, "float32": 91.6e12}),
+    ("l40", {"bfloat16": 181.05e12, "float16": 181.05e12, "float32": 90.5e12}),
+    ("l4", {"bfloat16": 121e12, "float16": 121e12, "float32": 30.3e12}),
+    ("a100", {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12}),
+    ("tpu v4", {"bfloat16": 275e12}),
+    ("tpu v5 lite", {"bfloat16": 197e12}),
+    ("tpu v5e", {"bfloat16": 197e12}),
+    ("tpu v5p", {"bfloat16": 459e12}),
+    ("tpu v5", {"bfloat16": 459e12}),
+    ("tpu v6 lite", {"bfloat16": 918e12}),
+    ("tpu v6e", {"bfloat16": 918e12}),
+)
+# Words of a `device_kind` that name no other chip: the vendor, memory size and type, form
+# factor. Any other word beside a table entry's (an "nvl", a "lite" the entry lacks) makes the
+# device a variant the table does not hold, whose peak is unknown.
+_DESCRIPTORS = re.compile(r"nvidia|pcie|sxm[0-9]*|hbm[0-9]*e?|[0-9]+gb")
+
+
+def _matches(pattern: str, device_kind: str) -> bool:
+    """Whether `pattern`'s words appear, whole and in order, among `device_kind`'s words
+    (letters and digits, lower-cased) and every other word is a `_DESCRIPTORS` word: "l4" is
+    not "NVIDIA L40S", "h100" is not "NVIDIA H100 NVL" nor "NVIDIA GH200"."""
+    words, want = re.findall(r"[a-z0-9]+", device_kind.lower()), pattern.split()
+    for i in range(len(words) - len(want) + 1):
+        if words[i : i + len(want)] == want:
+            rest = words[:i] + words[i + len(want) :]
+            return all(_DESCRIPTORS.fullmatch(w) for w in rest)
+    return False
+
+
+class DoesNotFit(ValueError):
+    """The compiled step needs more memory than the device reports it can allocate."""
+
+
+def peak_flops(device_kind: str, dtype, override: float | None = None) -> tuple[float | None, str]:
+    """`(peak dense FLOP/s of one device, where it comes from)`; `(None, why)` when unknown.
+
+    Args:
+      device_kind: `jax.Device.device_kind`.
+      dtype: the step's compute dtype (`precision.Policy.compute_dtype`).
+      override: `config.peak_flops`: used as given.
+    """
+    if override is not None:
+        return float(override), "config.peak_flops"
+    name = np.dtype(dtype).name
+    for pattern, peaks in PEAK_FLOPS:
+        if _matches(pattern, device_kind):
+            if name in peaks:
+                return peaks[name], f"{pattern} {name} data sheet"
+            return None, f"no published {name} peak for {device_kind}"
+    return None, f"no peak known for device {device_kind!r} (set config.peak_flops)"
+
+
+def step_flops(compiled, loop_trips: int = 1) -> float | None:
+    """FLOPs of one call of `compiled` on one device, from XLA's cost analysis (a dict, or a
+    list of one dict per computation in older JAX), times `loop_trips` (the micro-batches of
+    an accumulating step, whose loop body XLA counts once). None where the backend gives none.
+    """
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else None
+    flops = (cost or {}).get("flops")
+    return float(flops) * loop_trips if flops and flops > 0 else None
+
+
+def mfu(flops: float | None, seconds: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation: `flops / seconds / peak` (one device's FLOPs, one device's
+    peak); None when either count is unknown."""
+    if flops is None or peak is None or not seconds > 0:
+        return None
+    return flops / seconds / peak
+
+
+def memory(compiled) -> dict[str, int]:
+    """Bytes per device of a compiled step (`memory_analysis()`): arguments, outputs,
+    temporaries, the donated bytes outputs reuse (`alias`), and `total` = arguments + outputs
+    + temporaries - alias (what the step holds at once, code aside)."""
+    stats = compiled.memory_analysis()
+    out = {
+        "arguments": int(stats.argument_size_in_bytes),
+        "outputs": int(stats.output_size_in_bytes),
+        "temporaries": int(stats.temp_size_in_bytes),
+        "alias": int(stats.alias_size_in_bytes),
+    }
+    out["total"] = out["arguments"] + out["outputs"] + out["temporaries"] - out["alias"]
+    return out
+
+
+def device_memory_limit(device: jax.Device) -> int | None:
+    """Bytes the device can allocate (`memory_stats()["bytes_limit"]`), None where it reports
+    none (CPU)."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - a backend without memory statistics
+        return None
+    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def memory_line(compiled, device: jax.Device) -> str:
+    """One line of the step's memory per device; `DoesNotFit` (one line) when its total exceeds
+    what `device` reports it can allocate."""
+    m = memory(compiled)
+    limit = device_memory_limit(device)
+    text = (
+        f"train step memory per device: arguments {_mib(m['arguments'])}, outputs "
+        f"{_mib(m['outputs'])}, temporaries {_mib(m['temporaries'])}, total {_mib(m['total'])}"
+    )
+    if limit is None:
+        return text + f" ({device.device_kind} reports no memory limit)"
+    if m["total"] > limit:
+        raise DoesNotFit(
+            f"{text} exceeds the {_mib(limit)} of {device.device_kind}: lower batch_size, set "
+            "grad_accum_steps, remat or fsdp"
+        )
+    return text + f" of {_mib(limit)} ({device.device_kind})"
+
+
+PROFILE_DIR = "profile"
+
+
+def check_steps(steps) -> None:
+    """Raises ValueError unless `steps` is None or `(start, stop)` with `0 <= start < stop`."""
+    if steps is None:
+        return
+    if len(steps) != 2 or not 0 <= int(steps[0]) < int(steps[1]):
+        raise ValueError(f"profile_steps must be (start, stop) with 0 <= start < stop, got {steps}")
+
+
+class Window:
+    """Starts `jax.profiler` after step `start` and stops it after step `stop`.
+
+    Args:
+      workdir: the run folder; the trace goes to `workdir / PROFILE_DIR`.
+      start, stop: training steps (updates done), `0 <= start < stop`.
+      enabled: False on processes that trace nothing.
+    """
+
+    def __init__(self, workdir: pathlib.Path, start: int, stop: int, enabled: bool = True):
+        check_steps((start, stop))
+        self.directory = pathlib.Path(workdir) / PROFILE_DIR
+        self.start, self.stop, self.enabled = int(start), int(stop), enabled
+        self.tracing = False
+
+    def step(self, step: int, state) -> None:
+        """After training step `step` returned `state`."""
+        if not self.enabled:
+            return
+        if step == self.start and not self.tracing:
+            jax.block_until_ready(state)
+            jax.profiler.start_trace(str(self.directory))
+            self.tracing = True
+        elif step == self.stop and self.tracing:
+            jax.block_until_ready(state)
+            self.close()
+
+    def close(self) -> None:
+        if self.tracing:
+            jax.profiler.stop_trace()
+            self.tracing = False

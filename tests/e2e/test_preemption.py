@@ -1,5 +1,5 @@
 """Save on preemption: `isojax finetune` sent SIGTERM mid-epoch saves the step it stopped on,
-exits with `preemption.EXIT_PREEMPTED`, and resumes to the uninterrupted run's end; with 2
+exits with `stops.EXIT_PREEMPTED`, and resumes to the uninterrupted run's end; with 2
 processes, the one signalled and the other save the same step."""
 
 import json
@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 from children import child_env, finish, free_port
 
-from isojax.training import preemption, throughput
+from isojax.training import stops, throughput
 
 pytestmark = pytest.mark.e2e
 
@@ -103,7 +103,7 @@ def test_sigterm_saves_that_step_and_the_restart_ends_identical(
     ]
     done, stopped = (finish(child) for child in children)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert stopped.returncode == preemption.EXIT_PREEMPTED, stopped.stderr[-3000:]
+    assert stopped.returncode == stops.EXIT_PREEMPTED, stopped.stderr[-3000:]
     assert _steps(cut) == [3]
     assert f"saved the checkpoint of step 3 at {cut / 'checkpoints' / '3'}" in stopped.stderr
     assert "SIGINT again: still saving, ignored" in stopped.stderr
@@ -152,7 +152,7 @@ def test_two_processes_save_the_same_step(tmp_path, glue_dir, minilm_dir):
     ]
     first, second = (finish(child) for child in children)
     for child in (first, second):
-        assert child.returncode == preemption.EXIT_PREEMPTED, child.stderr[-3000:]
+        assert child.returncode == stops.EXIT_PREEMPTED, child.stderr[-3000:]
     # The notice reaches process 0 through the coordinator a few steps later under load, so
     # the agreed step lies anywhere after the signal, before the run's last (12) step; past
     # the epoch's end (6) the epoch-end checkpoint is there too.
@@ -186,7 +186,7 @@ def test_sigterm_and_resume_end_identical_for_whiten_and_isobn_istar(
     ]
     done, stopped = (finish(child) for child in children)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert stopped.returncode == preemption.EXIT_PREEMPTED, stopped.stderr[-3000:]
+    assert stopped.returncode == stops.EXIT_PREEMPTED, stopped.stderr[-3000:]
     assert _steps(cut) == [3]
     resumed = finish(_start(tmp_path, cut, glue_dir, minilm_dir, **env))
     assert resumed.returncode == 0, resumed.stderr[-3000:]

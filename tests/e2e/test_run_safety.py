@@ -22,7 +22,7 @@ from children import child_env
 from helpers import finetune_args, logged_warning, one_line
 
 from isojax import cli, runs
-from isojax.training import checkpointing, nonfinite, resume
+from isojax.training import checkpointing, resume, stops
 
 pytestmark = pytest.mark.e2e
 
@@ -184,13 +184,13 @@ def test_a_run_whose_loss_stays_nan_stops_with_status_3_and_no_score(
         "max_nonfinite_steps=2",
     )
     done = isojax(root, *argv)
-    assert done.returncode == nonfinite.EXIT_STATUS == 3, done.stderr[-3000:]
+    assert done.returncode == stops.EXIT_STATUS == 3, done.stderr[-3000:]
     assert one_line(done.stderr), done.stderr
     assert "2 consecutive step(s) from step 2" in done.stderr and "stopped at step 3" in done.stderr
     assert "dev:" not in done.stdout and "score" not in done.stdout
     results = json.loads((workdir / "results.json").read_text())
     assert results["stopped"] == "non-finite loss" and "dev" not in results
-    assert nonfinite.stopped(workdir)["step"] == 3
+    assert stops.stopped(workdir)["step"] == 3
     assert not (workdir / "checkpoints").exists() or not any((workdir / "checkpoints").iterdir())
 
 

@@ -19,7 +19,7 @@ from children import finish
 from helpers import dev_lines, finetune_argv, start_child, study, study_grid
 
 from isojax import cli
-from isojax.training import checkpointing, preemption, reporting, throughput
+from isojax.training import checkpointing, reporting, stops, throughput
 
 pytestmark = pytest.mark.e2e
 
@@ -89,7 +89,7 @@ time.sleep(60)
 def test_a_signal_before_the_first_step_exits_75_at_once(tmp_path, glue_dir, minilm_dir):
     argv = finetune_argv(tmp_path / "run", glue_dir, minilm_dir)
     done = finish(start_child(tmp_path, argv, {"signal_in_setup": "SIGTERM"}), timeout=60)
-    assert done.returncode == preemption.EXIT_PREEMPTED, done.stderr[-2000:]
+    assert done.returncode == stops.EXIT_PREEMPTED, done.stderr[-2000:]
     assert "SIGTERM before the first training step: nothing to save" in done.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -102,7 +102,7 @@ def test_a_stop_at_an_epochs_last_step_then_a_hard_kill_logs_each_epoch_once(
     workdir = tmp_path / "cut"
     argv = finetune_argv(workdir, glue_dir, minilm_dir)
     stopped = finish(start_child(tmp_path, argv, {"signal_after_step": [6, "SIGTERM"]}), 120)
-    assert stopped.returncode == preemption.EXIT_PREEMPTED, stopped.stderr[-2000:]
+    assert stopped.returncode == stops.EXIT_PREEMPTED, stopped.stderr[-2000:]
     killed = finish(start_child(tmp_path, argv, {"exit_after_step": 8}), 120)
     assert killed.returncode == 137, killed.stderr[-2000:]
     done = finish(start_child(tmp_path, argv), 120)
@@ -139,7 +139,7 @@ def test_sigint_to_one_of_two_processes_during_the_evaluation_stops_both(
     ]
     first, second = (finish(child, timeout=240) for child in children)
     for child in (first, second):
-        assert child.returncode == preemption.EXIT_PREEMPTED, child.stderr[-3000:]
+        assert child.returncode == stops.EXIT_PREEMPTED, child.stderr[-3000:]
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert steps[-1] > 6 and "saved the checkpoint of step" in first.stderr
 
@@ -164,7 +164,7 @@ def test_preemption_in_the_c0_pass_and_in_a_checkpoint_write_resumes_identical(
         ({"signal_in_c0": "SIGTERM"}, 5),
     ):
         stopped = finish(start_child(tmp_path, argv(cut), hooks), 120)
-        assert stopped.returncode == preemption.EXIT_PREEMPTED, stopped.stderr[-2000:]
+        assert stopped.returncode == stops.EXIT_PREEMPTED, stopped.stderr[-2000:]
         assert f"saved the checkpoint of step {step}" in stopped.stderr
     done = finish(start_child(tmp_path, argv(cut)), 120)
     assert done.returncode == 0, done.stderr[-2000:]

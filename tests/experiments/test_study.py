@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from helpers import REPO, study_grid
 
-from isojax.training import checkpointing, loop, nonfinite
+from isojax.training import checkpointing, loop, stops
 
 study = helpers.study()  # experiments/configs on sys.path for the grids' recipes
 study_analyze = helpers.load_experiment("study_analyze.py")
@@ -278,14 +278,14 @@ def test_study_analyze_without_the_run_folders_says_so_in_one_line(tmp_path, cap
 
 def test_the_study_reruns_a_stopped_cell_and_records_its_failure(monkeypatch, tmp_path):
     """Issue 25: a cell whose run stopped on a non-finite loss is trained again, not skipped."""
-    (tmp_path / "results.json").write_text(json.dumps({"stopped": nonfinite.STOPPED}))
+    (tmp_path / "results.json").write_text(json.dumps({"stopped": stops.STOPPED}))
     calls = []
 
     def stopped_again(config, workdir):
         calls.append(workdir)
-        raise nonfinite.NonFiniteLoss("training loss non-finite")
+        raise stops.NonFiniteLoss("training loss non-finite")
 
     monkeypatch.setattr(loop, "train_and_evaluate", stopped_again)
-    with pytest.raises(nonfinite.NonFiniteLoss):  # the grid's loop records it as failed
+    with pytest.raises(stops.NonFiniteLoss):  # the grid's loop records it as failed
         study.run_cell(None, tmp_path, "run")
     assert calls == [tmp_path]

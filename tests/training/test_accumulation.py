@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from isojax import models
-from isojax.training import accumulation, distributed, feeds, loop, steps
 from isojax.training import config as config_lib
+from isojax.training import distributed, feeds, loop, steps
 
 
 def _config(glue_dir, minilm_dir, **overrides):
@@ -104,7 +104,7 @@ def test_stack_pads_packed_rows_and_moves_global_rows():
                 "idx": np.arange(2),
             }
         )
-    out = accumulation.stack(micro, pad_id=7, process_index=1)
+    out = feeds.stack(micro, pad_id=7, process_index=1)
     assert out["input_ids"].shape == (2, 3, 4)
     np.testing.assert_array_equal(out["input_ids"][0, 2], 7)
     np.testing.assert_array_equal(out["token_mask"][0, 2], 0)

@@ -10,7 +10,7 @@ import pytest
 from helpers import REPO, tiny_config
 
 from isojax import models
-from isojax.training import distributed, feeds, hardware, loop, throughput
+from isojax.training import distributed, feeds, loop, throughput
 
 K, BATCH = 4, 8  # the audit's: micro-batches of 2 examples
 
@@ -80,7 +80,7 @@ def _flops(run, config, batch, stacked):
         run.mesh, jnp.float32, loop_trips=config.grad_accum_steps, verbose=False
     )
     meter.read(("batch",), compiled, slots=1)
-    return float(meter.counts()["flops_per_step"]), hardware.step_flops(compiled)
+    return float(meter.counts()["flops_per_step"]), throughput.step_flops(compiled)
 
 
 def test_accumulating_step_flops_count_the_program_k_times_an_upper_bound(runs):

@@ -14,7 +14,7 @@ from helpers import finetune_argv, tiny_config
 
 from isojax import cli
 from isojax.core import normalizers
-from isojax.training import checkpointing, distributed, nonfinite, reporting, resume
+from isojax.training import checkpointing, distributed, reporting, resume, stops
 from isojax.training import config as config_lib
 from isojax.training import loop as loop_lib
 
@@ -64,17 +64,17 @@ def test_a_normalizer_that_skipped_every_batch_of_an_epoch_stops_the_run(
     the run stops at the epoch's end with `NormalizerStalled`, no results.json."""
     monkeypatch.setattr(config_lib, "validate_config", lambda config: None)
     config = _config(glue_dir, minilm_dir, normalizer="isobn", grad_accum_steps=8)
-    with pytest.raises(nonfinite.NormalizerStalled, match="skipped all 16 training batches"):
+    with pytest.raises(stops.NormalizerStalled, match="skipped all 16 training batches"):
         loop_lib.train_and_evaluate(config, tmp_path / "run", mesh=_one_device())
     assert not (tmp_path / "run" / "results.json").exists()
 
 
 def test_running_counters_read_every_running_module():
     stats = {"head": {"norm": {"count": jnp.int32(3), "skipped": jnp.int32(1), "cov": jnp.ones(2)}}}
-    assert nonfinite.running_counters(stats) == {"head/norm": (3, 1)}
-    nonfinite.check_running({"head/norm": (2, 1)}, stats, 0, 4)  # moved: fine
-    with pytest.raises(nonfinite.NormalizerStalled):
-        nonfinite.check_running({"head/norm": (3, 0)}, stats, 0, 4)
+    assert stops.running_counters(stats) == {"head/norm": (3, 1)}
+    stops.check_running({"head/norm": (2, 1)}, stats, 0, 4)  # moved: fine
+    with pytest.raises(stops.NormalizerStalled):
+        stops.check_running({"head/norm": (3, 0)}, stats, 0, 4)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The loop's stop on a training loss that stays non-finite (`isojax.training.nonfinite`), and
+"""The loop's stop on a training loss that stays non-finite (`isojax.training.stops`), and
 the finite hyper-parameters it needs (`optim.check_hparams`); the whole run that stops with
 status 3: tests/e2e/test_run_safety.py."""
 
@@ -7,7 +7,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from isojax.training import nonfinite, optim, resume
+from isojax.training import optim, resume, stops
 
 
 @pytest.mark.parametrize(
@@ -47,19 +47,19 @@ def test_the_watch_counts_consecutive_losses_and_is_off_under_a_dynamic_loss_sca
     from isojax.training import precision
 
     nan = float("nan")
-    watch = nonfinite.LossWatch(3, precision.NoOpLossScale(), tmp_path, lead=True)
+    watch = stops.LossWatch(3, precision.NoOpLossScale(), tmp_path, lead=True)
     for step, loss in enumerate([1.0, nan, nan, 2.0, nan, nan], 1):
         watch.update(step, jnp.float32(loss))
         watch.check(step, 0)  # never 3 in a row
-    with pytest.raises(nonfinite.NonFiniteLoss, match="not checkpointing a NaN model"):
+    with pytest.raises(stops.NonFiniteLoss, match="not checkpointing a NaN model"):
         watch.check(6, 0, before="checkpointing")
     watch.update(7, jnp.float32(nan))
-    with pytest.raises(nonfinite.NonFiniteLoss, match="3 consecutive step.s. from step 5"):
+    with pytest.raises(stops.NonFiniteLoss, match="3 consecutive step.s. from step 5"):
         watch.check(7, 0)
     bf16 = precision.make_loss_scale(precision.get_policy("p=f32,c=bf16,o=f32"))
     f16 = precision.make_loss_scale(precision.get_policy("p=f32,c=f16,o=f32"))
-    assert nonfinite.LossWatch(3, bf16, tmp_path, True).limit == 3
-    off = nonfinite.LossWatch(3, f16, tmp_path, True)
+    assert stops.LossWatch(3, bf16, tmp_path, True).limit == 3
+    off = stops.LossWatch(3, f16, tmp_path, True)
     for step in range(1, 5):
         off.update(step, jnp.float32(nan))
     off.check(4, 0, before="evaluating")  # the loss scale skips these steps: no stop

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from isojax.training import hardware
+from isojax.training import throughput
 
 
 @pytest.mark.parametrize(
@@ -30,13 +30,13 @@ from isojax.training import hardware
 )
 def test_peak_flops_matches_whole_device_names(kind, dtype, peak):
     """Finding 8: "l4" is not "NVIDIA L40S" (dense figures, data sheets)."""
-    assert hardware.peak_flops(kind, dtype)[0] == peak
+    assert throughput.peak_flops(kind, dtype)[0] == peak
 
 
 @pytest.mark.parametrize("kind", ["NVIDIA GH200 480GB", "NVIDIA H800 PCIe", "TPU v4 lite", "L4x"])
 def test_variants_not_in_the_table_have_an_unknown_peak(kind):
     """Finding 8: a variant the table does not hold gets no other chip's figure."""
-    peak, why = hardware.peak_flops(kind, jnp.bfloat16)
+    peak, why = throughput.peak_flops(kind, jnp.bfloat16)
     assert peak is None and kind in why
 
 

@@ -1,6 +1,4 @@
-"""Throughput and memory in the run (`isojax.training.throughput`, `isojax.training.hardware`), and
-the profiler
-window (`isojax.training.profiling`)."""
+"""Throughput and memory in the run, and the profiler window (`isojax.training.throughput`)."""
 
 import json
 
@@ -8,7 +6,7 @@ import jax
 import pytest
 from helpers import tiny_config
 
-from isojax.training import distributed, feeds, hardware, loop, throughput
+from isojax.training import distributed, feeds, loop, throughput
 
 
 def _config(glue_dir, minilm_dir, **overrides):
@@ -75,18 +73,18 @@ def test_off_by_default_no_trace_and_unknown_peak_said(tmp_path, glue_dir, minil
 
 
 def test_peak_table_and_override():
-    assert hardware.peak_flops("NVIDIA H100 80GB HBM3", "bfloat16")[0] == 989e12
-    assert hardware.peak_flops("NVIDIA H100 PCIe", "float32")[0] == 51e12
-    assert hardware.peak_flops("NVIDIA H200", "float32")[0] == 67e12
-    assert hardware.peak_flops("NVIDIA A100-SXM4-80GB", "float32")[0] == 19.5e12
-    assert hardware.peak_flops("TPU v5 lite", "bfloat16")[0] == 197e12
-    assert hardware.peak_flops("TPU v5", "bfloat16")[0] == 459e12
-    assert hardware.peak_flops("TPU v6 lite", "bfloat16")[0] == 918e12
-    peak, why = hardware.peak_flops("TPU v4", "float32")
+    assert throughput.peak_flops("NVIDIA H100 80GB HBM3", "bfloat16")[0] == 989e12
+    assert throughput.peak_flops("NVIDIA H100 PCIe", "float32")[0] == 51e12
+    assert throughput.peak_flops("NVIDIA H200", "float32")[0] == 67e12
+    assert throughput.peak_flops("NVIDIA A100-SXM4-80GB", "float32")[0] == 19.5e12
+    assert throughput.peak_flops("TPU v5 lite", "bfloat16")[0] == 197e12
+    assert throughput.peak_flops("TPU v5", "bfloat16")[0] == 459e12
+    assert throughput.peak_flops("TPU v6 lite", "bfloat16")[0] == 918e12
+    peak, why = throughput.peak_flops("TPU v4", "float32")
     assert peak is None and "no published float32 peak" in why
-    assert hardware.peak_flops("cpu", "float32")[0] is None
-    assert hardware.peak_flops("cpu", "float32", override=2e11) == (2e11, "config.peak_flops")
-    assert hardware.mfu(1e12, 0.5, 4e12) == 0.5 and hardware.mfu(None, 1.0, 1.0) is None
+    assert throughput.peak_flops("cpu", "float32")[0] is None
+    assert throughput.peak_flops("cpu", "float32", override=2e11) == (2e11, "config.peak_flops")
+    assert throughput.mfu(1e12, 0.5, 4e12) == 0.5 and throughput.mfu(None, 1.0, 1.0) is None
 
 
 class _SmallDevice:
@@ -98,9 +96,9 @@ class _SmallDevice:
 
 def test_a_step_that_cannot_fit_fails_with_one_line():
     compiled = jax.jit(lambda x: x @ x).lower(jax.numpy.ones((64, 64))).compile()
-    with pytest.raises(hardware.DoesNotFit, match=r"exceeds the 0.0 MiB of small: lower"):
-        hardware.memory_line(compiled, _SmallDevice())
-    assert "reports no memory limit" in hardware.memory_line(compiled, jax.devices()[0])
+    with pytest.raises(throughput.DoesNotFit, match=r"exceeds the 0.0 MiB of small: lower"):
+        throughput.memory_line(compiled, _SmallDevice())
+    assert "reports no memory limit" in throughput.memory_line(compiled, jax.devices()[0])
 
 
 def _initialize_calls(monkeypatch, env: dict) -> list:
