@@ -1,0 +1,169 @@
+"""Train-step time of isojax against transformers' PyTorch model with the same weights, per
+encoder variant: prints figures; not a test.
+
+    .venv/bin/python experiments/bench/torch_speed.py     # MiniLM-L6 32x128, ModernBERT-base
+                                                          # 8x128 (about 10 s a step), 7 rounds
+    .venv/bin/python experiments/bench/torch_speed.py --variant tiny --rounds 1 --length 16
+                                                          # smoke test
+
+Each variant's classifier is built by isojax from `models.VARIANTS` (random weights, seed 0),
+exported with `export_pretrained` and loaded by transformers' `<Family>ForSequenceClassification`
+from that folder, so both sides compute the same model from the same numbers. Each side's step
+is a training step as its users run it: forward in train mode with the config's dropouts,
+cross-entropy on 2 labels, backward, one AdamW update (lr 2e-5, weight decay 0.01), float32,
+every token of every layer computed (what I-STAR's step needs; PyTorch always does). isojax's
+step is one `jax.jit` of loss, gradient and `optax.adamw`; PyTorch runs eagerly with
+`torch.set_num_threads(--threads)` and its default attention (SDPA).
+
+One process, interleaved rounds: each round times one step of each side in a random order drawn
+per round (seeded), so load from other processes hits both alike. The figure is the median over
+rounds of the per-round ratio isojax / PyTorch, with the min-max spread as the noise. Rows carry
+about a quarter padding (lengths uniform in [length/2, length]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from isojax import models
+
+LR, WEIGHT_DECAY = 2e-5, 0.01
+
+
+def make_isojax_step(head, params, dropout_key):
+    """A jitted AdamW train step of `head` and its initial optimizer state."""
+    optimizer = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
+
+    def loss(params, ids, mask, labels, key):
+        logits, _ = head.apply(
+            {"params": params}, ids, mask, deterministic=False, rngs={"dropout": key}
+        )
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], 1))
+
+    @jax.jit
+    def step(params, opt_state, ids, mask, labels, key):
+        key, sub = jax.random.split(key)
+        value, grads = jax.value_and_grad(loss)(params, ids, mask, labels, sub)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, key, value
+
+    return step, optimizer.init(params)
+
+
+def torch_model(head, params, folder: str, threads: int):
+    """transformers' classifier loaded from isojax's export of (`head`, `params`), train mode."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    models.export_pretrained(folder, head, params)
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(folder)
+    return model.train()
+
+
+def same_model_gap(head, params, model, jax_inputs, torch_inputs) -> float:
+    """Max |logits| difference of the two sides in eval mode on the timed batch."""
+    import torch
+
+    logits, _ = head.apply({"params": params}, *jax_inputs)
+    model.eval()
+    with torch.no_grad():
+        reference = model(input_ids=torch_inputs[0], attention_mask=torch_inputs[1]).logits
+    model.train()
+    return float(np.max(np.abs(np.asarray(logits) - reference.numpy())))
+
+
+def rows(args, vocab: int):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, vocab, (args.batch, args.length))
+    lengths = rng.integers(args.length // 2, args.length + 1, args.batch)
+    mask = (np.arange(args.length)[None] < lengths[:, None]).astype(np.int64)
+    return ids, mask, rng.integers(0, 2, args.batch)
+
+
+def bench_variant(variant: str, args) -> None:
+    """Builds both sides of `variant`, times interleaved rounds, prints one line per figure."""
+    import torch
+
+    cfg = models.VARIANTS[variant]
+    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=2)
+    params = models.init_variables(head, jax.random.key(0))["params"]
+    ids, mask, labels = rows(args, cfg.vocab_size)
+    with tempfile.TemporaryDirectory() as folder:
+        model = torch_model(head, params, folder, args.threads)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    t_ids, t_mask, t_labels = (torch.as_tensor(a, dtype=torch.long) for a in (ids, mask, labels))
+    j_ids, j_mask, j_labels = (jnp.asarray(a, jnp.int32) for a in (ids, mask, labels))
+    print(
+        f"{variant}: max |logits isojax - pytorch| in eval mode "
+        f"{same_model_gap(head, params, model, (j_ids, j_mask), (t_ids, t_mask)):.2e}"
+    )
+
+    def torch_step() -> None:
+        optimizer.zero_grad()
+        logits = model(input_ids=t_ids, attention_mask=t_mask).logits
+        torch.nn.functional.cross_entropy(logits, t_labels).backward()
+        optimizer.step()
+
+    step, opt_state = make_isojax_step(head, params, jax.random.key(1))
+    state = [params, opt_state, jax.random.key(1)]
+
+    def isojax_step() -> None:
+        out = step(*state[:2], j_ids, j_mask, j_labels, state[2])
+        jax.block_until_ready(out)
+        state[:] = out[:3]
+
+    arms = {"isojax": isojax_step, "pytorch": torch_step}
+    for run in arms.values():  # compile and warm
+        run()
+    order, times = random.Random(0), {name: [] for name in arms}
+    for _ in range(args.rounds):
+        for name in order.sample(list(arms), len(arms)):
+            start = time.perf_counter()
+            arms[name]()
+            times[name].append(time.perf_counter() - start)
+    where = f"{variant} {args.batch}x{args.length} float32, {args.threads} threads"
+    for name, seconds in times.items():
+        print(f"{where} {name}: {statistics.median(seconds) * 1e3:.1f} ms/step (median)")
+    ratios = [j / p for j, p in zip(times["isojax"], times["pytorch"], strict=True)]
+    print(
+        f"{where} isojax/pytorch: median {statistics.median(ratios):.3f} over {len(ratios)} "
+        f"rounds (noise: min {min(ratios):.3f}, max {max(ratios):.3f})"
+    )
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--variant",
+        action="append",
+        help="models.VARIANTS name, @B for batch B (default: minilm-l6 modernbert-base@8)",
+    )
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    args = parser.parse_args(argv)
+    for spec in args.variant or ["minilm-l6", "modernbert-base@8"]:
+        variant, _, batch = spec.partition("@")
+        bench_variant(
+            variant, argparse.Namespace(**{**vars(args), "batch": int(batch or args.batch)})
+        )
+
+
+if __name__ == "__main__":
+    main()
