@@ -221,8 +221,9 @@ def pooled(data: dict, kind: str, with_iqm: bool = True) -> dict:
 def pooled_pair(data: dict, label: str, base: str, kind: str) -> dict:
     """`report_pooled.compare` of arm `label` against arm `base` on the `kind` score over the
     tasks where both have runs, with the paired test (issue 48): "paired_n" (task, seed) pairs,
-    "flip_toward" / "flip_against" (the one-sided sign-flip p that `label` is above / below
-    `base`) and "flip_method"; {"tasks": []} where fewer than 2 tasks have both."""
+    "paired_diffs" (those differences), "flip_toward" / "flip_against" (the one-sided sign-flip
+    p that `label` is above / below `base`) and "flip_method"; {"tasks": []} where fewer than 2
+    tasks have both."""
     arms = {t: data["per_task"][t]["arms"] for t in data["tasks"]}
     tasks = [t for t in data["tasks"] if {label, base} <= set(arms[t])]
     if len(tasks) < 2:
@@ -242,6 +243,7 @@ def pooled_pair(data: dict, label: str, base: str, kind: str) -> dict:
     toward, against = stats.sign_flip_p(diffs, +1), stats.sign_flip_p(diffs, -1)
     return out | {
         "paired_n": len(diffs),
+        "paired_diffs": diffs,
         "flip_toward": toward["p"],
         "flip_against": against["p"],
         "flip_method": toward["method"],

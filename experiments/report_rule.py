@@ -80,10 +80,12 @@ POOLED_RULE = (
     "on the line). **confirmed**: P's interval entirely above 0.5 and the paired p toward the "
     "claim < 0.05; **reversed**: entirely below 0.5 and the paired p against it < 0.05; "
     "otherwise, if the interval of the task-averaged difference of means (raw score) excludes "
-    "the paper's size (where SPEC.md §9 gives one), **smaller than claimed**, else **not "
-    "detected with these runs**; with an equivalence margin m, that interval inside ±m is "
-    "**equivalent within ±m**, first. The pooled line is not in its family's Holm adjustment; "
-    "it is judged on the best and the last epoch too (**epoch-sensitive** as above)."
+    "the paper's size (where SPEC.md §9 gives one) and the one-sided sign-flip p of the paired "
+    "differences minus that size is < 0.025 (the same two parts as for confirmed: the interval "
+    "and the paired test), **smaller than claimed**, else **not detected with these runs**; "
+    "with an equivalence margin m, that interval inside ±m is **equivalent within ±m**, first. "
+    "A claim has one pooled line, so its tests need no adjustment (a family of one); it is "
+    "judged on the best and the last epoch too (**epoch-sensitive** as above)."
 )
 
 
@@ -340,6 +342,7 @@ def pooled_entry(
         c2 = numbers.pooled_pair(data, label, base, other.get("kind", "last"))
     if not c or "p" not in c:
         return []
+    c, c2 = below_size_p(c, size), below_size_p(c2, size)
     verdict = pool.pooled_verdict(c, size, margin)
     v2 = pool.pooled_verdict(c2, size, margin) if c2 and "p" in c2 else None
     return [
@@ -347,6 +350,17 @@ def pooled_entry(
          "kind": pooled.get("kind"), "verdict": verdict, "other": c2, "other_verdict": v2,
          "other_kind": other.get("kind"), "sensitive": v2 is not None and v2 != verdict}
     ]  # fmt: skip
+
+
+def below_size_p(c: dict | None, size: float | None) -> dict | None:
+    """`c` with "flip_below": the one-sided sign-flip p that the paired (task, seed)
+    differences lie below the paper's `size` (the test of each difference minus `size` being
+    below 0); NaN without a size or pairs."""
+    if not c or "paired_diffs" not in c:
+        return c
+    diffs = c["paired_diffs"]
+    p = stats.sign_flip_p([d - size for d in diffs], -1)["p"] if size and diffs else math.nan
+    return c | {"flip_below": p}
 
 
 def pooled_text(e: dict) -> str:
@@ -370,7 +384,7 @@ def pooled_text(e: dict) -> str:
     if size is not None and math.isfinite(c["diff_hi"]):
         parts.append(
             f"the interval {'excludes' if c['diff_hi'] < size else 'does not exclude'} the "
-            f"paper's {size:+.3f}"
+            f"paper's {size:+.3f}; paired sign-flip p below it = {fp(c['flip_below'])}"
         )
     parts += [n, f"{c['draws']} draws, RandomState({c['seed']})"]
     if e["other_verdict"] is not None:

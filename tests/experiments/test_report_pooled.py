@@ -138,7 +138,7 @@ def _compare(p_lo: float, p_hi: float, diff_hi: float) -> dict:
     """A comparison whose paired test passes in both directions (the pooled rule needs it
     with P's interval: tests/experiments/test_report_rule48.py)."""
     return {"p_lo": p_lo, "p_hi": p_hi, "diff_lo": -1.0, "diff_hi": diff_hi,
-            "flip_toward": 0.01, "flip_against": 0.01}  # fmt: skip
+            "flip_toward": 0.01, "flip_against": 0.01, "flip_below": 0.01}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -94,9 +94,9 @@ def test_pooled_paired_differences_take_every_shared_task_seed():
     np.testing.assert_allclose(got, [0.1, -0.05, 0.1, -0.05], rtol=0, atol=1e-15)
 
 
-def _c(p_lo, p_hi, toward, against, diff_lo=-1.0, diff_hi=1.0):
+def _c(p_lo, p_hi, toward, against, diff_lo=-1.0, diff_hi=1.0, below=0.01):
     return {"p_lo": p_lo, "p_hi": p_hi, "flip_toward": toward, "flip_against": against,
-            "diff_lo": diff_lo, "diff_hi": diff_hi}  # fmt: skip
+            "diff_lo": diff_lo, "diff_hi": diff_hi, "flip_below": below}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -110,6 +110,13 @@ def _c(p_lo, p_hi, toward, against, diff_lo=-1.0, diff_hi=1.0):
         # The paired test alone passes but P's interval holds 0.5.
         (_c(0.45, 0.9, 0.001, 0.99), None, None, "not detected with these runs"),
         (_c(0.45, 0.9, 0.001, 0.99, -0.02, 0.009), 0.010, None, "smaller than claimed"),
+        # The interval below the size, the paired test of "below the size" not at 0.025.
+        (
+            _c(0.45, 0.9, 0.001, 0.99, -0.02, 0.009, 0.03),
+            0.010,
+            None,
+            "not detected with these runs",
+        ),
         (_c(0.45, 0.9, 0.001, 0.99, -0.009, 0.009), None, 0.010, "equivalent within ±0.010"),
         (_c(0.45, 0.9, 0.001, 0.99, -0.011, 0.009), None, 0.010, "not detected with these runs"),
     ],
@@ -334,3 +341,17 @@ def test_the_bootstrap_note_names_the_seeds_of_the_table(tmp_path):
     md = report.render(records, report.build(records), {}, "x")
     assert "with n = 5 seeds the resampled mean takes at most C(2n − 1, n) values (126 at" in md
     assert "n = 3 seeds" not in md
+
+
+def test_pooled_below_size_p_is_the_sign_flip_of_the_shifted_pairs():
+    """ "smaller than claimed" pooled (issue 48): the one-sided sign-flip p that the paired
+    differences lie below the size, i.e. of d − size below 0, checked against an enumeration
+    of the 2^n sign patterns."""
+    diffs, size = [0.004, -0.012, 0.001, 0.006, -0.003], 0.010
+    got = rule.below_size_p({"paired_diffs": diffs}, size)["flip_below"]
+    shifted = np.asarray(diffs) - size
+    observed = -shifted.sum()
+    patterns = itertools.product((-1.0, 1.0), repeat=len(diffs))
+    hits = sum(-(np.asarray(s) * np.abs(shifted)).sum() >= observed - 1e-15 for s in patterns)
+    assert got == pytest.approx(hits / 2 ** len(diffs), abs=0) and got < 0.1
+    assert math.isnan(rule.below_size_p({"paired_diffs": diffs}, None)["flip_below"])
