@@ -2,8 +2,9 @@
 
 In the study (`normalizers`, `whitening_why`), `recenter`, `batchnorm` and `iternorm` end STS-B's
 third epoch at a training loss of 6.4-8.0 against `none`'s 0.41, with the same dev correlation
-(0.86). The mechanism tested here: in train mode these heads centre the head input on the batch,
-so the batch mean of the predictions is the classifier's bias alone. The bias must supply the
+(0.86); `whiten`'s ends at 7.9 too (its dev score fails for another reason). The mechanism tested here: in train mode these heads centre the head input on the batch,
+so the batch mean of the predictions is the classifier's bias alone (`whiten` centres on its
+running mean, so nearly). The bias must supply the
 label mean (2.70 on STS-B's train split), but AdamW moves a parameter by about the learning rate
 per update, so over the recipe's 540 updates (lr 1e-4, linear schedule, 10 % warm-up) the bias
 moves by about the sum of the learning rates, 0.027. The squared error keeps (2.70 - 0.03)^2 ~ 7.1
@@ -92,11 +93,13 @@ def test_the_learning_rates_sum_to_the_bias_budget():
     assert _lr_sum() == pytest.approx(0.027, abs=0.0005)
 
 
-@pytest.mark.parametrize("name", ["recenter", "batchnorm", "iternorm"])
-def test_a_batch_centred_head_keeps_the_label_mean_in_the_loss(name):
+@pytest.mark.parametrize("name", ["recenter", "batchnorm", "iternorm", "whiten"])
+def test_a_centred_head_keeps_the_label_mean_in_the_loss(name):
+    """`whiten` centres on its running mean, so its batch mean is the offset only nearly."""
     loss, bias, pred_mean, offset = _train(name)
     assert abs(bias) <= 3 * _lr_sum()  # Adam's step is about lr; 3x covers its first steps
-    assert pred_mean == pytest.approx(offset, abs=1e-4)  # the batch mean is the offset, exactly
+    exact = 1e-4 if name != "whiten" else 0.1
+    assert pred_mean == pytest.approx(offset, abs=exact)  # the batch mean is the offset
     assert abs(offset) < 0.5  # batchnorm's shift adds w . beta: 384 terms, each moved ~lr
     assert loss >= (LABEL_MEAN - 0.5) ** 2
 
