@@ -15,7 +15,7 @@ training token vectors before the epoch (SPEC.md §4).
 """
 
 import ml_collections
-import study_recipe
+from experiments.configs import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -7,7 +7,7 @@ the baseline (the plain task loss).
 """
 
 import ml_collections
-import study_recipe
+from experiments.configs import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

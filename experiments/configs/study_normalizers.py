@@ -17,7 +17,7 @@ commit's own `study_recipe.py`.
 """
 
 import ml_collections
-import study_recipe
+from experiments.configs import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -8,7 +8,7 @@ are of a 3-epoch schedule, not of a 2-epoch run).
 """
 
 import ml_collections
-import study_recipe
+from experiments.configs import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -13,7 +13,7 @@ A new study: it runs at the commit it was started from, from a worktree pinned t
 """
 
 import ml_collections
-import study_recipe
+from experiments.configs import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

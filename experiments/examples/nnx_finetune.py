@@ -1,6 +1,6 @@
 """Fine-tune isojax's NNX classifier on a GLUE task: the library loop with `front_end = "nnx"`.
 
-    python experiments/nnx_finetune.py --config isobn --task rte \
+    python -m experiments.examples.nnx_finetune --config isobn --task rte \
         --data-dir ../shared/data/glue --workdir /tmp/nnx-rte-isobn
 
 `--config` is what `isojax finetune --config` takes (a preset of `isojax.training.configs`,

@@ -25,10 +25,18 @@ import math
 import pathlib
 
 import numpy as np
-import report_pooled as pool
-import report_verdicts as verdicts
-from report_records import CHANCE, METRIC_NAMES, PRETRAINED, arm_label, dev_rows, last_value
-from report_tables import fp
+
+from experiments.report import pooled as pool
+from experiments.report import verdicts
+from experiments.report.records import (
+    CHANCE,
+    METRIC_NAMES,
+    PRETRAINED,
+    arm_label,
+    dev_rows,
+    last_value,
+)
+from experiments.report.tables import fp
 
 
 def figure_names(data: dict) -> list[str]:

@@ -23,18 +23,11 @@ import pathlib
 import re
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+from experiments.report import figures, numbers, rule, verdicts
+from experiments.report import records as records_io
 
-import report_figures  # noqa: E402
-import report_numbers as numbers  # noqa: E402
-import report_records as records_io  # noqa: E402
-import report_rule as rule  # noqa: E402
-import report_verdicts as verdicts  # noqa: E402
-
-ROOT = HERE.parent
-RESULTS = HERE / "results"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "experiments" / "results"
 PAGE = ROOT / "docs" / "study" / "findings.md"
 FOREST = PAGE.with_name("findings_forest.png")
 STUDIES = ("normalizers", "istar_lambda", "istar_zeta", "cosreg", "whitening", "whitening_why")
@@ -197,7 +190,7 @@ def study(jsonl: str | pathlib.Path) -> tuple[list[str], list[dict]]:
     records = records_io.load(pathlib.Path(jsonl))
     data = numbers.build(records)
     stem = pathlib.Path(jsonl).stem
-    files = {name: f"{stem}_{name}.png" for name in report_figures.figure_names(data)}
+    files = {name: f"{stem}_{name}.png" for name in figures.figure_names(data)}
     lines = [line for line in verdicts.verdict_lines(data, files) if line.startswith("- ")]
     return lines, verdicts.forest_rows(data)
 
@@ -313,7 +306,7 @@ def build_page(results: pathlib.Path = RESULTS, forest: pathlib.Path | None = No
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig = report_figures.draw_forest(plt, rows, "every study")
+        fig = figures.draw_forest(plt, rows, "every study")
         fig.tight_layout()
         fig.savefig(forest, dpi=110, bbox_inches="tight")
         plt.close(fig)

@@ -23,9 +23,10 @@ import collections
 import math
 
 import numpy as np
-import report_pooled as pool
-import report_stats as stats
-from report_records import (
+
+from experiments.report import pooled as pool
+from experiments.report import stats
+from experiments.report.records import (
     CHANCE,
     DEV_SIZE,
     PRETRAINED,

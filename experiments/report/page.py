@@ -33,17 +33,10 @@ import math
 import pathlib
 import sys
 
-if str(pathlib.Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-import report_numbers as numbers  # noqa: E402
-import report_pooled as pool  # noqa: E402
-import report_records as records_io  # noqa: E402
-import report_rule as rule  # noqa: E402
-import report_stats as stats  # noqa: E402
-import report_tables as tables  # noqa: E402
-import report_verdicts as verdicts  # noqa: E402
-from report_figures import write_figures  # noqa: E402
+from experiments.report import numbers, rule, stats, tables, verdicts
+from experiments.report import pooled as pool
+from experiments.report import records as records_io
+from experiments.report.figures import write_figures
 
 build = numbers.build
 RecordsError = records_io.RecordsError

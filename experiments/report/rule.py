@@ -25,10 +25,9 @@ import dataclasses
 import math
 import re
 
-import report_numbers as numbers
-import report_pooled as pool
-import report_stats as stats
-from report_tables import f, fp, signed, value
+from experiments.report import numbers, stats
+from experiments.report import pooled as pool
+from experiments.report.tables import f, fp, signed, value
 
 ALPHA = 0.05
 # One-sided tests of a bound ("smaller than claimed", "equivalent") at the level of one side of

@@ -7,11 +7,18 @@ and interval for the forest plot (issue 48).
 
 from __future__ import annotations
 
-import report_sweeps as sweeps
-from report_numbers import arm_of, paired
-from report_records import PRETRAINED
-from report_rule import EQUIVALENCE_MARGIN, ISOBN_SIZE, MODEL, Family, figure_ref, pooled_entry
-from report_tables import f
+from experiments.report import sweeps
+from experiments.report.numbers import arm_of, paired
+from experiments.report.records import PRETRAINED
+from experiments.report.rule import (
+    EQUIVALENCE_MARGIN,
+    ISOBN_SIZE,
+    MODEL,
+    Family,
+    figure_ref,
+    pooled_entry,
+)
+from experiments.report.tables import f
 
 
 def families(data: dict, fig: dict) -> list[Family]:

@@ -14,9 +14,10 @@ import subprocess
 import time
 
 import ml_collections
-from study_grid import PRETRAINED, config_hash
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from experiments.study.grid import PRETRAINED, config_hash
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 LOSS_CHUNK_STEPS = 10  # steps per point of a record's train_loss curve
 
 

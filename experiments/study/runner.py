@@ -63,13 +63,10 @@ import sys
 import time
 import traceback
 
-if str(pathlib.Path(__file__).resolve().parent) not in sys.path:  # loaded by path (tests)
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import study_commit  # noqa: E402
-import study_eta  # noqa: E402
-import study_records  # noqa: E402
-from study_cell import (  # noqa: E402, F401  (re-exported)
-    LOSS_CHUNK_STEPS,
+from experiments.study import commit as study_commit
+from experiments.study import eta as study_eta
+from experiments.study import records as study_records
+from experiments.study.cell import (
     device_name,
     folder_config_matches,
     git_state,
@@ -78,27 +75,22 @@ from study_cell import (  # noqa: E402, F401  (re-exported)
     run_cell,
     wall_seconds,
 )
-from study_eta import epoch_minutes  # noqa: E402, F401  (re-exported)
-from study_grid import (  # noqa: E402, F401  (re-exported)
+from experiments.study.grid import (
     PRETRAINED,
     Cell,
-    cell_config,
-    cell_name,
     config_hash,
     config_of,
     grid_axes,
-    grid_cells,
     load_grid,
     plan,
 )
-from study_records import (  # noqa: E402, F401  (re-exported)
+from experiments.study.records import (
     StudyError,
-    read_records,
     read_records_locked,
     write_record,
 )
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "experiments" / "results"
 logger = logging.getLogger("study")
 
@@ -368,7 +360,7 @@ def _continue_at_recorded_commit(args, options: list[tuple[str, object]], where:
         return
     worktree = pathlib.Path(where) if where else study_commit.default_worktree(REPO, commit)
     worktree = study_commit.ensure_worktree(REPO, commit, worktree)
-    argv = study_commit.old_argv(REPO, worktree, args.grid, options)
+    argv = study_commit.runner_argv(REPO, worktree, args.grid, options)
     from isojax.training import config as config_lib
 
     study_commit.reexec(argv, worktree, config_lib.default_glue_dir())
