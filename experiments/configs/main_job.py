@@ -1,6 +1,6 @@
 """The README's main job: a short slice of the reproduction study that visibly learns.
 
-    python experiments/compare.py --config experiments/configs/main_job.py \
+    python -m experiments.examples.compare --config experiments/configs/main_job.py \
         --methods none,isobn,istar --workdir runs/main_job
 
 arg: the arm ("none" by default; "isobn", "istar", "isobn+istar": a normaliser and/or a penalty,

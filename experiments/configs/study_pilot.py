@@ -4,7 +4,7 @@ each task with the shared recipe (`study_recipe.py`: batch 32, max length 128, b
 CoLA, MRPC, STS-B, RTE: 8 runs; dev is evaluated after epochs 1, 2 and 3 (the epoch-2 figures
 are of a 3-epoch schedule, not of a 2-epoch run).
 
-    python experiments/study.py experiments/configs/study_pilot.py --dry-run
+    python -m experiments.study experiments/configs/study_pilot.py --dry-run
 """
 
 import ml_collections

@@ -223,7 +223,7 @@ for entry in $grids; do
     pids=()
     for r in $(seq 1 "$runners"); do
         log="$out/$study.log" && [ "$r" = 1 ] || log="$out/$study.r$r.log"
-        timeout -k 20 "$hard_s" "$python" experiments/study.py "$grid" --tier "$tier" \
+        timeout -k 20 "$hard_s" "$python" -m experiments.study "$grid" --tier "$tier" \
             --budget-minutes "$budget" \
             --runs-dir "$runs" --results "$out/$study.jsonl" >"$log" 2>&1 &
         pids+=($!)

@@ -1,6 +1,6 @@
-"""The verdict lines of the sweep studies (`report_verdicts.verdict_lines` adds them by the
+"""The verdict lines of the sweep studies (`verdicts.verdict_lines` adds them by the
 study's swept key): [I-STAR]'s λ (`istar.weight`) and ζ (`istar.zeta`) claims, and [CosReg]'s
-λ (`cosreg.weight`), each judged by `report_rule`.
+λ (`cosreg.weight`), each judged by `rule`.
 """
 
 from __future__ import annotations

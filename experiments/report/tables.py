@@ -1,4 +1,4 @@
-"""The Markdown tables of a study report, from `report_numbers.build`'s dicts, and the
+"""The Markdown tables of a study report, from `numbers.build`'s dicts, and the
 formatting of its numbers (`f`, `fp`, `signed`, `interval`, `value`) that the verdict lines share.
 """
 

@@ -1,7 +1,7 @@
 """One cell of a study grid: train (or resume, or read back) its run folder, evaluate the step-0
 model of a "pretrained" cell, and read what the folder holds into the run part of the cell's
 record (`read_run`); the commit and device that the record names (`git_state`, `device_name`).
-`study.py` runs the grid around these.
+`runner.py` runs the grid around these.
 """
 
 from __future__ import annotations

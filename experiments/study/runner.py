@@ -1,19 +1,19 @@
 """Runs a study grid: one `train.train_and_evaluate` run per cell, one JSON line per finished run.
 
-    python experiments/study.py experiments/configs/study_normalizers.py --dry-run
-    python experiments/study.py experiments/configs/study_normalizers.py --budget-minutes 240
-    python experiments/study.py experiments/configs/study_normalizers.py --tier 2
-    python experiments/study.py experiments/configs/study_normalizers.py --at-recorded-commit
+    python -m experiments.study experiments/configs/study_normalizers.py --dry-run
+    python -m experiments.study experiments/configs/study_normalizers.py --budget-minutes 240
+    python -m experiments.study experiments/configs/study_normalizers.py --tier 2
+    python -m experiments.study experiments/configs/study_normalizers.py --at-recorded-commit
 
-A grid file (`experiments/configs/study_*.py`, read by `study_grid`) has `get_config(arg)`
+A grid file (`experiments/configs/study_*.py`, read by `grid`) has `get_config(arg)`
 returning a ConfigDict: `name` (the study), `base` (an isojax train config: the shared recipe),
 `tiers` (`{"1": blocks, "2": blocks, ...}`, each block a dict `{field: [values]}` whose
 Cartesian product, in the block's key order, gives cells), `pretrained` (record one step-0
 evaluation per task), `baseline` ((field, value) pairs: the arm of the paired differences) and
 `sweep` (the scalar field the report correlates with isotropy, or ""). Field names are those of
-`study_recipe.FIELDS`, the one place that knows config paths. The grid file's folder is put on
-`sys.path`, so it imports `study_recipe` directly. `--tier N` runs tiers 1..N in order. One
-cell's run, and what its folder holds, are `study_cell`'s.
+`study_recipe.FIELDS`, the one place that knows config paths; the grid file imports it as
+`from experiments.configs import study_recipe` (run from the checkout's root). `--tier N` runs
+tiers 1..N in order. One cell's run, and what its folder holds, are `cell`'s.
 
 Cell `c` runs in `RUNS/<study>/<c>` (RUNS: `--runs-dir`, default `runs/`, ignored by git), and
 its line goes to `experiments/results/<study>.jsonl` (`--results`). A cell whose line exists is
@@ -26,7 +26,7 @@ share JAX's persistent compilation cache (`--compile-cache`, default RUNS/.jax_c
 loads the steps that earlier cells compiled for the same shapes (the same executables).
 
 Several runners may share a grid (one machine or several over a shared disk, each with the same
-`--runs-dir` and `--results`): a runner claims a cell before training it (`study_records.claim`,
+`--runs-dir` and `--results`): a runner claims a cell before training it (`records.claim`,
 a flock in the cell's folder, dropped when the runner exits or dies), skips a cell another
 runner holds, and at the end lists the cells it skipped so. Lines are written whole, with one
 `write` under the lock `<results>.lock` beside the results file, and a cell already recorded is
@@ -35,8 +35,8 @@ never appended again.
 Records of a commit whose configs hash differently from this checkout's are not continued here:
 the runner refuses in one line that names the commit and the command continuing the study there.
 `--at-recorded-commit [DIR]` runs that command itself whenever the records were all made at one
-clean commit other than HEAD (`study_commit`: a worktree detached at the commit, its own
-`study.py`, this checkout's results file, runs folder and data folder).
+clean commit other than HEAD (`commit`: a worktree detached at the commit, its own
+runner, this checkout's results file, runs folder and data folder).
 
 Each line (`record`): study, cell, tier, kind ("run" | "pretrained"), status ("ok" | "failed",
 with `error`), fields (every grid axis's value, plus task/method/seed), seed, config_hash
