@@ -15,6 +15,7 @@ training token vectors before the epoch (SPEC.md §4).
 """
 
 import ml_collections
+
 from experiments.configs import study_recipe
 
 

@@ -7,6 +7,7 @@ the baseline (the plain task loss).
 """
 
 import ml_collections
+
 from experiments.configs import study_recipe
 
 

@@ -12,6 +12,7 @@ the baseline of the paired differences.
 """
 
 import ml_collections
+
 from experiments.configs import study_recipe
 
 WEIGHTS = [-5.0, -1.0, -0.5, -0.1, 0.0, 0.1, 0.5, 1.0, 5.0]

@@ -16,6 +16,7 @@ paired with each other only.
 """
 
 import ml_collections
+
 from experiments.configs import study_recipe
 
 ZETAS = [0.0, 0.2, 0.5, 0.8, 1.0]

@@ -17,6 +17,7 @@ commit's own `study_recipe.py`.
 """
 
 import ml_collections
+
 from experiments.configs import study_recipe
 
 

@@ -8,6 +8,7 @@ are of a 3-epoch schedule, not of a 2-epoch run).
 """
 
 import ml_collections
+
 from experiments.configs import study_recipe
 
 

@@ -24,6 +24,7 @@ A new study: it runs at the commit it was started from, from a worktree pinned t
 """
 
 import ml_collections
+
 from experiments.configs import study_recipe
 
 ARMS = ["none", "whiten", "iternorm", "iternorm-sg", "iternorm-g16", "whiten-nodrop", "whiten-a05"]

@@ -2,8 +2,8 @@
 
     python -m experiments.report experiments/results/normalizers.jsonl
 
-Reads the lines `experiments/study/runner.py` writes (one per cell) and writes, beside the JSONL, the
-report of these modules, each one idea:
+Reads the lines the study runner (`python -m experiments.study`) writes (one per cell) and
+writes, beside the JSONL, the report of these modules of `experiments/report/`, each one idea:
 
 - `records.py`: loading the JSONL (a duplicated cell, several devices, several commits
   or a dirty tree are refused with one line; the last two unless allowed by a flag) and reading

@@ -1,7 +1,7 @@
 """Loading a study's results JSONL for the report, and reading one record.
 
-A JSONL holds one line per cell (`experiments/study/runner.py` writes it so: a failed line is replaced,
-never repeated). `load` refuses, each with one line naming the file:
+A JSONL holds one line per cell (the study runner, `experiments/study/runner.py`, writes it
+so: a failed line is replaced, never repeated). `load` refuses, each with one line naming the file:
 
 - a line that is not JSON, or a file without records;
 - a finished run without a dev evaluation, or with a score that is not a finite number (a NaN

@@ -3,7 +3,7 @@
 A grid file (`experiments/configs/study_*.py`) has `get_config(arg)` returning a ConfigDict:
 `name`, `base` (the shared recipe), `tiers` (`{"1": blocks, ...}`, each block `{field:
 [values]}` whose Cartesian product, in the block's key order, gives cells), `pretrained`,
-`baseline` and `sweep` (see `experiments.study.runner`). A cell is named `task-method[-field=value...]-s<seed>`
+`baseline` and `sweep` (see `runner`). A cell is named `task-method[-field=value...]-s<seed>`
 (`cell_name`), e.g. `stsb-istar-istar.weight=-0.5-s2`; its config is the recipe with the cell's
 fields set through `study_recipe.set_fields`, and `config_hash` identifies the run it makes.
 """
