@@ -1,6 +1,6 @@
 """Tests for the study runner (experiments/study/): a tiny grid (random 2-layer BERT, 16 real
-RTE rows, 2 epochs of 2 steps) is run, killed mid-cell, resumed, skipped when finished, and recorded once per cell
-with every field of issue 14."""
+RTE rows, 2 epochs of 2 steps) is run, killed mid-cell, resumed, skipped when finished, and
+recorded once per cell with every field of issue 14."""
 
 import json
 import os
