@@ -221,7 +221,7 @@ def test_a_real_worktree_of_either_layout_runs_its_own_runner(tmp_path, glue_dir
     runner = (
         ["-m", "experiments.study"] if want == "package" else [str(wt / "experiments/study.py")]
     )
-    assert argv[1:-7] == runner and argv[-7] == str(wt / "experiments/configs/study_pilot.py")
+    assert argv[1:-8] == runner and argv[-8] == str(wt / "experiments/configs/study_pilot.py")
     env = study_commit.runner_env(wt, str(glue_dir)) | {"JAX_PLATFORMS": "cpu"}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=wt, timeout=600)
     assert done.returncode == 0, done.stderr
