@@ -39,7 +39,7 @@ for i in range(n):
 
 def _writer(tmp_path, results, who, n):
     script = tmp_path / "writer.py"
-    script.write_text(WRITER)
+    script.write_text(WRITER.format())
     return subprocess.Popen([sys.executable, str(script), str(results), who, str(n)],
                             stderr=subprocess.PIPE, text=True, env=_env())  # fmt: skip
 
