@@ -217,7 +217,7 @@ def both_layouts(cfg, lengths, batch_size=8, seed=0):
 
 
 # ---------------------------------------------------------------------------------------------
-# The study runner's tiny grid (experiments/study.py).
+# The study runner's tiny grid (experiments/study/).
 # ---------------------------------------------------------------------------------------------
 
 _STUDY_GRID = """

@@ -23,7 +23,7 @@ def _matrix(seed: int, runs: int, tasks: int, decimals: int = 2) -> np.ndarray:
 
 
 def _columns(x: np.ndarray) -> list[np.ndarray]:
-    """rliable's (runs, tasks) matrix as report_pooled's one array per task."""
+    """rliable's (runs, tasks) matrix as `pooled`'s one array per task."""
     return [x[:, j] for j in range(x.shape[1])]
 
 

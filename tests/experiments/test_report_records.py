@@ -1,4 +1,4 @@
-"""Tests for the record loading of experiments/report/ (report_records): duplicated cells,
+"""Tests for the record loading of experiments/report/ (records): duplicated cells,
 bad lines, mixed commits and mixed devices refused with one line; the constant-prediction scores
 against scikit-learn on the real dev labels."""
 

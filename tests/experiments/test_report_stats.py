@@ -97,7 +97,7 @@ def test_sign_flip_above_16_is_monte_carlo_with_stated_draws_and_seed():
 
 
 def _exact_numpy(diffs) -> float:
-    """The exact p over 2^18 patterns, in chunks (independent of report_stats' layout)."""
+    """The exact p over 2^18 patterns, in chunks (independent of `stats`' layout)."""
     d = np.asarray(diffs)
     observed, n, hits = d.sum(), len(d), 0
     for start in range(0, 2**n, 2**14):

@@ -1,4 +1,4 @@
-"""Tests for the sweeps of experiments/report/ (report_sweeps): the collapse rule, Pearson /
+"""Tests for the sweeps of experiments/report/ (sweeps): the collapse rule, Pearson /
 Spearman r with and without collapsed runs against SciPy, and the lines of the CosReg lambda and
 I-STAR zeta sweeps."""
 

@@ -1,5 +1,5 @@
 """Tests for the tables, figures and statistics of experiments/report/ (`report.build`,
-report_numbers, report_tables, report_figures, the pooled normalisation): constructed results
+numbers, tables, figures, the pooled normalisation): constructed results
 JSONLs give the medians, paired t intervals and p values, bootstrap intervals and tables that
 NumPy / SciPy give."""
 
