@@ -80,7 +80,9 @@ def format_table(rows: dict[str, dict]) -> str:
 
 def main(argv=None) -> int:
     install_log_handler()  # the runs' progress and notices, as `isojax finetune` shows them
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], prog="python -m experiments.examples.compare"
+    )
     parser.add_argument("--config", required=True, help="a configs/*.py file: get_config(method)")
     parser.add_argument(
         "--methods",

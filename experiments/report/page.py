@@ -301,7 +301,9 @@ def write_report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], prog="python -m experiments.report"
+    )
     parser.add_argument(
         "results", help="a study's JSONL, e.g. experiments/results/normalizers.jsonl"
     )

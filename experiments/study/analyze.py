@@ -104,7 +104,9 @@ def missing_runs(chosen: list[dict], study_dir: pathlib.Path, out_root: pathlib.
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], prog="python -m experiments.study.analyze"
+    )
     parser.add_argument("results", help="experiments/results/<study>.jsonl")
     parser.add_argument("--runs-dir", default="runs", help="the RUNS_DIR given to the study runner")
     parser.add_argument("--seed", type=int, default=1)
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"study.analyze: {len(missing)} of the {len(chosen)} runs to analyse are not in "
             f"{pathlib.Path(args.runs_dir) / study} (e.g. {missing[0]}): run folders are not "
-            "committed; give --runs-dir the folder the study runner ran them in (its --runs-dir), or "
+            "committed; give --runs-dir the folder the runner ran them in (its --runs-dir), or "
             "run the cells again there (python -m experiments.study <grid file> --runs-dir "
             f"{args.runs_dir})",
             file=sys.stderr,

@@ -368,7 +368,7 @@ def _continue_at_recorded_commit(args, options: list[tuple[str, object]], where:
 
 def _parser() -> argparse.ArgumentParser:
     """The runner's command line."""
-    parser = _Parser(description=__doc__.split("\n\n")[0])
+    parser = _Parser(description=__doc__.split("\n\n")[0], prog="python -m experiments.study")
     parser.add_argument("grid", help="grid file, e.g. experiments/configs/study_normalizers.py")
     parser.add_argument("--tier", type=int, default=1, help="run tiers 1..TIER (default 1)")
     parser.add_argument("--budget-minutes", type=float, default=None, help="finite, >= 0")
