@@ -103,7 +103,9 @@ def update_batches(
     k = spec.grad_accum_steps
     if k == 1:
         return train_batches(encoded, spec, epoch, start, mesh=mesh)
-    micro = train_batches(encoded, spec, epoch, start * k, mesh=mesh, batch_size=spec.batch_size // k)
+    micro = train_batches(
+        encoded, spec, epoch, start * k, mesh=mesh, batch_size=spec.batch_size // k
+    )
     updates = batching.num_batches(len(encoded), spec.batch_size, drop_remainder=True) - start
     return grouped(micro, k, updates, pad_id=encoded.pad_id, process_index=jax.process_index())
 

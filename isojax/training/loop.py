@@ -262,9 +262,9 @@ class EpochEnd(NamedTuple):
 @dataclasses.dataclass
 class Loop:
     """What `train_and_evaluate` holds while it trains, in one place: the run (with its
-    `spec`) and its folder, the log, the throughput meter, the two checkpointers, the position (epoch,
-    batch, summed step metrics, dev results), the two stops (`loss_watch`, `watch`), the
-    profiler window and the compiled steps. `epochs` is the loop; the methods below it are its
+    `spec`) and its folder, the log, the throughput meter, the two checkpointers, the position
+    (epoch, batch, summed step metrics, dev results), the two stops (`loss_watch`, `watch`),
+    the profiler window and the compiled steps. `epochs` is the loop; the methods below it are its
     steps, in the order it calls them. Only the loop drives the meter; the log receives the
     figures; the position moves only through its own methods (`add_step`, `note_eval`)."""
 
