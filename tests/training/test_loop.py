@@ -356,14 +356,18 @@ def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
     batches = list(feeds.train_batches(run.train_encoded, run.spec.feed, 0))
     assert len(batches) == 3
     tokens = [_eval_tokens(run, run.state, b) for b in batches]
-    config.istar.stabilizer.tokens = len(tokens[0]) + extra  # 1 batch, or 1 token more: 2
+    # `istar.stabilizer.tokens`: 1 batch, or 1 token more: 2
+    objective = dataclasses.replace(run.spec.state.objective, c0_tokens=len(tokens[0]) + extra)
+    spec = dataclasses.replace(
+        run.spec, state=dataclasses.replace(run.spec.state, objective=objective)
+    )
     calls = []
 
     def counting(state, batch, acc):
         calls.append(1)
         return run.c0_pass_fn(state, batch, acc)
 
-    state = loop.c0_pass(dataclasses.replace(run, c0_pass_fn=counting), run.state, 0)
+    state = loop.c0_pass(dataclasses.replace(run, spec=spec, c0_pass_fn=counting), run.state, 0)
     used = 1 + extra
     assert len(calls) == used
     want = np.cov(np.concatenate(tokens[:used]), rowvar=False)
@@ -385,8 +389,8 @@ def test_c0_pass_is_rebuilt_before_each_epoch_from_the_updated_parameters(
     passes = []
     original = loop.c0_pass
 
-    def recording(run, state, config, epoch):
-        new_state = original(run, state, config, epoch)
+    def recording(run, state, epoch):
+        new_state = original(run, state, epoch)
         passes.append((run, jax.device_get(state), epoch, np.asarray(new_state.stabilizer["c0"])))
         return new_state
 
