@@ -221,8 +221,8 @@ def test_best_restores_the_best_epochs_parameters(monkeypatch, tmp_path, glue_di
     seen = {}
     real = evaluation.evaluate
 
-    def evaluate(run, state, encoded, config):
-        result = real(run, state, encoded, config)
+    def evaluate(run, state, encoded):
+        result = real(run, state, encoded)
         seen[int(state.step)] = jax.device_get(state.params)
         return result | {"score": next(scripted)}
 
