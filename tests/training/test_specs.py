@@ -6,7 +6,7 @@ import dataclasses
 
 import jax.numpy as jnp
 import pytest
-from helpers import REPO
+from helpers import REPO, finetune_args
 
 from isojax.training import config as config_lib
 from isojax.training import specs
@@ -132,6 +132,29 @@ def test_the_specs_derive_what_the_builders_used_to():
     assert specs.ObjectiveSpec.of(config).c0_settings(9) == {"window": 9, "window_unit": "steps"}
     config.istar.stabilizer.kind = "ema"
     assert specs.ObjectiveSpec.of(config).c0_settings(9) == {"momentum": 0.99, "debias": True}
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_isojax_finetune_validates_the_config_once(monkeypatch, tmp_path, glue_dir, minilm_dir):
+    """`isojax finetune` -> `train_and_evaluate`: one `validate_config`, then the spec is built
+    and passed down (stopped at `build_run`, which receives the `RunSpec`)."""
+    from isojax import cli
+    from isojax.training import loop
+
+    calls, real = [], config_lib.validate_config
+    monkeypatch.setattr(config_lib, "validate_config", lambda c: calls.append(c) or real(c))
+
+    def stop(spec, **kwargs):
+        assert isinstance(spec, specs.RunSpec) and spec.data.task == "rte"
+        raise _Stop
+
+    monkeypatch.setattr(loop, "build_run", stop)
+    with pytest.raises(_Stop):
+        cli.main(finetune_args(glue_dir, minilm_dir, tmp_path / "run"))
+    assert len(calls) == 1
 
 
 # The boundary: where a `ConfigDict` is validated and its `RunSpec` built. `config.py` is the
