@@ -49,7 +49,7 @@ def pretrained_row(config) -> dict:
     config.max_train_examples = config.batch_size
     run = loop.setup(config)
     split = glue.get_task(config.task).dev_splits[0]
-    result = evaluation.evaluate(run, run.state, run.dev_encoded[split], config)
+    result = evaluation.evaluate(run, run.state, run.dev_encoded[split])
     return {key: value for key, value in result.items() if key in ISOTROPY_KEYS}
 
 

@@ -30,7 +30,7 @@ import jax
 from isojax import analysis, models, runs
 from isojax.data import glue
 from isojax.runs import predict
-from isojax.training import build
+from isojax.training import build, specs
 
 COLUMNS = (
     ("[CLS] EV_3", "cls", "EV_3"),
@@ -60,7 +60,9 @@ def analyze_pretrained(run_dir: pathlib.Path, out: pathlib.Path) -> dict:
     )
     if params is None:  # tiny-bert (tests): random weights, as `isojax analyze` draws them
         params = models.init_params(module, jax.random.key(config.seed))
-    examples = build.load_examples(config, glue.get_task(config.task).dev_splits[0])
+    examples = build.load_examples(
+        specs.DataSpec.of(config), glue.get_task(config.task).dev_splits[0]
+    )
     rep = analysis.analyze_encoder(
         module, params, tokenizer, examples, max_length=config.max_length,
         batch_size=config.eval_batch_size,

@@ -139,7 +139,7 @@ def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
     run = loop.setup(config)
     rows = []
     for split, encoded in run.dev_encoded.items():
-        result = evaluation.evaluate(run, run.state, encoded, config)
+        result = evaluation.evaluate(run, run.state, encoded)
         rows.append({"step": 0, "epoch": 0, "split": split, **result})
     return rows
 

@@ -43,7 +43,7 @@ def test_variants_not_in_the_table_have_an_unknown_peak(kind):
 def _tiny_state(policy: str, minilm_dir):
     """A tiny-bert RTE train state built as the loop builds it, under `policy`."""
     from isojax.data import glue
-    from isojax.training import build, distributed, precision
+    from isojax.training import build, distributed, specs
     from isojax.training import config as config_lib
 
     config = config_lib.default_config()
@@ -51,12 +51,17 @@ def _tiny_state(policy: str, minilm_dir):
         {"model": "tiny-bert", "tokenizer": str(minilm_dir), "task": "rte", "policy": policy}
     )
     task = glue.get_task("rte")
-    module, params, _, hidden = build.build_model(
-        config, precision.get_policy(policy), task.num_labels
-    )
+    module, params, _, hidden = build.build_model(specs.ModelSpec.of(config), task.num_labels)
     mesh = distributed.make_mesh(jax.devices()[:1])
     return build.train_state(
-        config, task, module, params, hidden, mesh, steps_per_epoch=1, total_steps=1
+        specs.StateSpec.of(config),
+        task,
+        module,
+        params,
+        hidden,
+        mesh,
+        steps_per_epoch=1,
+        total_steps=1,
     )
 
 
