@@ -340,7 +340,7 @@ def analyze_encoder(
     """The isotropy report of a BERT-family encoder on GLUE examples.
 
     Args:
-      module: an `isojax.models` encoder (its ``config`` gives L and d).
+      module: an `isojax.linen` encoder (its ``config`` gives L and d).
       params: its ``'params'`` collection.
       tokenizer: the checkpoint's tokenizer (``tokenizers.Tokenizer`` or transformers fast).
       examples: ``glue.Example`` rows (single sentences or pairs).

@@ -354,7 +354,7 @@ def analyze_posthoc(
     """Fit each of ``transforms`` on the train sentences, apply it to the dev sentences.
 
     Args:
-      module, params, tokenizer: a pre-trained `isojax.models` encoder, its ``'params'`` and
+      module, params, tokenizer: a pre-trained `isojax.linen` encoder, its ``'params'`` and
         its tokenizer.
       task: a GLUE task name or `glue.GlueTask`.
       train_examples: ``glue.Example`` rows to fit on (labels unused).

@@ -21,7 +21,7 @@ import optax
 import tokenizers
 from flax import nnx
 
-from isojax import models
+from isojax import linen, models
 from isojax.core import normalizers
 from isojax.data import glue
 from isojax.nnx import pretrained
@@ -47,7 +47,7 @@ class Classifier:
     """
 
     task: glue.GlueTask
-    model: models.SequenceClassifier
+    model: linen.SequenceClassifier
     tokenizer: Any
     state: steps.TrainState
     mesh: jax.sharding.Mesh
@@ -96,7 +96,7 @@ def load_encoder(
     max_length: int = 128,
     policy: precision.Policy | None = None,
     remat: bool = False,
-) -> tuple[models.Encoder, dict | None, Any]:
+) -> tuple[linen.Encoder, dict | None, Any]:
     """`(encoder module, pre-trained params or None for tiny-bert, tokenizer)`.
 
     Args:
@@ -116,8 +116,8 @@ def load_encoder(
         enc_config = models.VARIANTS["tiny"].replace(
             vocab_size=_vocab_size(tok), max_position_embeddings=max(64, max_length)
         )
-        return models.Encoder(enc_config, **dtypes), None, tok
-    pretrained = models.load_pretrained(model, **dtypes)
+        return linen.Encoder(enc_config, **dtypes), None, tok
+    pretrained = linen.load_pretrained(model, **dtypes)
     source = f"config.tokenizer {tokenizer!r}" if tok is not None else f"{model!r}'s tokenizer"
     tok = tok or pretrained.tokenizer
     if tok is None:
@@ -179,7 +179,7 @@ def check_model(config: ml_collections.ConfigDict) -> None:
 
 def build_model(
     config: ml_collections.ConfigDict, policy: precision.Policy, num_labels: int
-) -> tuple[models.SequenceClassifier, dict | None, Any, int]:
+) -> tuple[linen.SequenceClassifier, dict | None, Any, int]:
     """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
     and the hidden size."""
     check_model(config)
@@ -196,7 +196,7 @@ def build_model(
         classifier_dropout = enc_config.classifier_dropout
         dropout = enc_config.hidden_dropout if classifier_dropout is None else classifier_dropout
     normalizer, kwargs = config_lib.normalizer_of(config)
-    model = models.SequenceClassifier(
+    model = linen.SequenceClassifier(
         encoder=encoder,
         num_labels=num_labels,
         sentence=config.sentence,
@@ -209,7 +209,7 @@ def build_model(
     return model, encoder_params, tokenizer, enc_config.hidden_size
 
 
-def classifier_apply(config: ml_collections.ConfigDict, model: models.SequenceClassifier):
+def classifier_apply(config: ml_collections.ConfigDict, model: linen.SequenceClassifier):
     """What runs the classifier in the steps, as linen's `apply` is called: `model.apply`, or
     with `config.front_end` "nnx" its `isojax.nnx` twin's (`pretrained.LinenApply`: the same
     variables tree, so the train state, its shardings and checkpoints are the front ends'
@@ -238,7 +238,7 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
 
 def create_train_state(
     config: ml_collections.ConfigDict,
-    model: models.SequenceClassifier,
+    model: linen.SequenceClassifier,
     encoder_params: dict | None,
     tx: optax.GradientTransformation,
     policy: precision.Policy,
@@ -263,7 +263,7 @@ def create_train_state(
     apply = classifier_apply(config, model)
 
     def init(init_rng, run_rng, encoder_params):
-        variables = models.init_variables(model, init_rng, encoder_params)
+        variables = linen.init_variables(model, init_rng, encoder_params)
         params = policy.cast_to_param(variables["params"])
         return steps.TrainState(
             step=jnp.zeros([], jnp.int32),
@@ -319,7 +319,7 @@ def make_objective(
 def train_state(
     config: ml_collections.ConfigDict,
     task: glue.GlueTask,
-    model: models.SequenceClassifier,
+    model: linen.SequenceClassifier,
     encoder_params: dict | None,
     hidden_size: int,
     mesh: jax.sharding.Mesh,
