@@ -27,7 +27,7 @@ import sys
 
 import jax
 
-from isojax import analysis, models, runs
+from isojax import analysis, linen, runs
 from isojax.data import glue
 from isojax.runs import predict
 from isojax.training import build
@@ -59,7 +59,7 @@ def analyze_pretrained(run_dir: pathlib.Path, out: pathlib.Path) -> dict:
         config.model, config.tokenizer, max_length=config.max_length
     )
     if params is None:  # tiny-bert (tests): random weights, as `isojax analyze` draws them
-        params = models.init_params(module, jax.random.key(config.seed))
+        params = linen.init_params(module, jax.random.key(config.seed))
     examples = build.load_examples(config, glue.get_task(config.task).dev_splits[0])
     rep = analysis.analyze_encoder(
         module, params, tokenizer, examples, max_length=config.max_length,

@@ -194,20 +194,19 @@ def make_head(family, normalizer):
     random (LayerNorm scales and biases too), no dropout."""
     import jax
 
-    from isojax import models
+    from isojax import linen
     from isojax.models import config as config_lib
-    from isojax.models import heads
 
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
     sentence = "pooled" if cfg.has_pooler else "cls"
-    head = models.SequenceClassifier(
-        models.Encoder(cfg),
+    head = linen.SequenceClassifier(
+        linen.Encoder(cfg),
         num_labels=NUM_LABELS,
         sentence=sentence,
         normalizer=normalizer,
         dropout_rate=0.0,
     )
-    variables = heads.init_variables(head, jax.random.key(0))
+    variables = linen.init_variables(head, jax.random.key(0))
     # Random (not unit) LayerNorm scales and biases, so every parameter matters.
     leaves, tree = jax.tree.flatten(variables["params"])
     keys = jax.random.split(jax.random.key(1), len(leaves))

@@ -47,8 +47,8 @@ import jax
 import jax.numpy as jnp
 
 from isojax.models import config as config_lib
-from isojax.models import modernbert
 from isojax.models import dropout as dropout_lib
+from isojax.models import modernbert
 from isojax.models.transformer import (
     EncoderOutput,
     attention_context,

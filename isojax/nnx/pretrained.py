@@ -10,7 +10,8 @@ there is one copy of each table:
   ends share (`isojax.models.hf_import.load_weights`: its name tables) and puts the parameters
   into an NNX `Encoder` (`load_linen_variables`);
 - `export_pretrained` writes a folder transformers loads, through
-  `isojax.linen.export_pretrained` (over `isojax.models.hf_export`) on the linen twin (`to_linen`: the same weights in the linen modules' tree);
+  `isojax.linen.export_pretrained` (over `isojax.models.hf_export`) on the linen twin
+  (`to_linen`: the same weights in the linen modules' tree);
 - `to_linen` is also what the parity tests compare against;
 - `LinenApply` calls an NNX classifier as its linen twin's `apply` (the same variables tree
   in and out), so the fine-tuning loop (`isojax.training`, `config.front_end = "nnx"`) runs

@@ -6,60 +6,60 @@ are pinned by the sha256 of the same listing, computed from the code before the 
 
 import hashlib
 
+import helpers
 import jax
 import pytest
 from flax import traverse_util
 
 from isojax import linen
 from isojax.models import config as config_lib
-import helpers
 
 BERT = [
-    'batch_stats/norm/count ()',
-    'batch_stats/norm/cov (32, 32)',
-    'batch_stats/norm/skipped ()',
-    'batch_stats/norm/std (32,)',
-    'params/classifier/bias (3,)',
-    'params/classifier/kernel (32, 3)',
-    'params/encoder/embeddings/norm/bias (32,)',
-    'params/encoder/embeddings/norm/scale (32,)',
-    'params/encoder/embeddings/position/embedding (40, 32)',
-    'params/encoder/embeddings/token_type/embedding (2, 32)',
-    'params/encoder/embeddings/word/embedding (99, 32)',
-    'params/encoder/layer_0/attention/key/bias (32,)',
-    'params/encoder/layer_0/attention/key/kernel (32, 32)',
-    'params/encoder/layer_0/attention/out/bias (32,)',
-    'params/encoder/layer_0/attention/out/kernel (32, 32)',
-    'params/encoder/layer_0/attention/query/bias (32,)',
-    'params/encoder/layer_0/attention/query/kernel (32, 32)',
-    'params/encoder/layer_0/attention/value/bias (32,)',
-    'params/encoder/layer_0/attention/value/kernel (32, 32)',
-    'params/encoder/layer_0/attention_norm/bias (32,)',
-    'params/encoder/layer_0/attention_norm/scale (32,)',
-    'params/encoder/layer_0/mlp_in/bias (37,)',
-    'params/encoder/layer_0/mlp_in/kernel (32, 37)',
-    'params/encoder/layer_0/mlp_out/bias (32,)',
-    'params/encoder/layer_0/mlp_out/kernel (37, 32)',
-    'params/encoder/layer_0/output_norm/bias (32,)',
-    'params/encoder/layer_0/output_norm/scale (32,)',
-    'params/encoder/layer_1/attention/key/bias (32,)',
-    'params/encoder/layer_1/attention/key/kernel (32, 32)',
-    'params/encoder/layer_1/attention/out/bias (32,)',
-    'params/encoder/layer_1/attention/out/kernel (32, 32)',
-    'params/encoder/layer_1/attention/query/bias (32,)',
-    'params/encoder/layer_1/attention/query/kernel (32, 32)',
-    'params/encoder/layer_1/attention/value/bias (32,)',
-    'params/encoder/layer_1/attention/value/kernel (32, 32)',
-    'params/encoder/layer_1/attention_norm/bias (32,)',
-    'params/encoder/layer_1/attention_norm/scale (32,)',
-    'params/encoder/layer_1/mlp_in/bias (37,)',
-    'params/encoder/layer_1/mlp_in/kernel (32, 37)',
-    'params/encoder/layer_1/mlp_out/bias (32,)',
-    'params/encoder/layer_1/mlp_out/kernel (37, 32)',
-    'params/encoder/layer_1/output_norm/bias (32,)',
-    'params/encoder/layer_1/output_norm/scale (32,)',
-    'params/encoder/pooler/bias (32,)',
-    'params/encoder/pooler/kernel (32, 32)',
+    "batch_stats/norm/count ()",
+    "batch_stats/norm/cov (32, 32)",
+    "batch_stats/norm/skipped ()",
+    "batch_stats/norm/std (32,)",
+    "params/classifier/bias (3,)",
+    "params/classifier/kernel (32, 3)",
+    "params/encoder/embeddings/norm/bias (32,)",
+    "params/encoder/embeddings/norm/scale (32,)",
+    "params/encoder/embeddings/position/embedding (40, 32)",
+    "params/encoder/embeddings/token_type/embedding (2, 32)",
+    "params/encoder/embeddings/word/embedding (99, 32)",
+    "params/encoder/layer_0/attention/key/bias (32,)",
+    "params/encoder/layer_0/attention/key/kernel (32, 32)",
+    "params/encoder/layer_0/attention/out/bias (32,)",
+    "params/encoder/layer_0/attention/out/kernel (32, 32)",
+    "params/encoder/layer_0/attention/query/bias (32,)",
+    "params/encoder/layer_0/attention/query/kernel (32, 32)",
+    "params/encoder/layer_0/attention/value/bias (32,)",
+    "params/encoder/layer_0/attention/value/kernel (32, 32)",
+    "params/encoder/layer_0/attention_norm/bias (32,)",
+    "params/encoder/layer_0/attention_norm/scale (32,)",
+    "params/encoder/layer_0/mlp_in/bias (37,)",
+    "params/encoder/layer_0/mlp_in/kernel (32, 37)",
+    "params/encoder/layer_0/mlp_out/bias (32,)",
+    "params/encoder/layer_0/mlp_out/kernel (37, 32)",
+    "params/encoder/layer_0/output_norm/bias (32,)",
+    "params/encoder/layer_0/output_norm/scale (32,)",
+    "params/encoder/layer_1/attention/key/bias (32,)",
+    "params/encoder/layer_1/attention/key/kernel (32, 32)",
+    "params/encoder/layer_1/attention/out/bias (32,)",
+    "params/encoder/layer_1/attention/out/kernel (32, 32)",
+    "params/encoder/layer_1/attention/query/bias (32,)",
+    "params/encoder/layer_1/attention/query/kernel (32, 32)",
+    "params/encoder/layer_1/attention/value/bias (32,)",
+    "params/encoder/layer_1/attention/value/kernel (32, 32)",
+    "params/encoder/layer_1/attention_norm/bias (32,)",
+    "params/encoder/layer_1/attention_norm/scale (32,)",
+    "params/encoder/layer_1/mlp_in/bias (37,)",
+    "params/encoder/layer_1/mlp_in/kernel (32, 37)",
+    "params/encoder/layer_1/mlp_out/bias (32,)",
+    "params/encoder/layer_1/mlp_out/kernel (37, 32)",
+    "params/encoder/layer_1/output_norm/bias (32,)",
+    "params/encoder/layer_1/output_norm/scale (32,)",
+    "params/encoder/pooler/bias (32,)",
+    "params/encoder/pooler/kernel (32, 32)",
 ]
 # sha256 of the sorted "path shape" lines, one per leaf.
 SHA256 = {
@@ -69,7 +69,10 @@ SHA256 = {
     "albert": (79, "916100ce4b8c7e974e441c5e2e748bcf5c669831f3023e01dc72cadb0c45812a"),
     "modernbert": (34, "2117ba874d832f9e8099fb7cbd7dca838f3b599737b46ff84ef73e4ec1acec50"),
 }
-FAMILIES = {**helpers.TINY_HF, "modernbert": dict(model_type="modernbert", **helpers.TINY_MODERNBERT)}
+FAMILIES = {
+    **helpers.TINY_HF,
+    "modernbert": dict(model_type="modernbert", **helpers.TINY_MODERNBERT),
+}
 
 
 def tree_listing(family: str) -> list[str]:

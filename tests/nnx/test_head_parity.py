@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from isojax import models
-from isojax.models import encoder as linen_encoder
+from isojax.linen import encoder as linen_encoder
 from isojax.nnx import encoder as nnx_encoder
 from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained

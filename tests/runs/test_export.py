@@ -16,7 +16,7 @@ import transformers
 from helpers import TINY_HF, arm, tiny_config
 
 import isojax
-from isojax import cli, models, runs
+from isojax import cli, linen, runs
 from isojax.data import glue
 from isojax.models import config as config_lib
 from isojax.runs import predict
@@ -45,8 +45,8 @@ def roberta_dir(tmp_path_factory, minilm_dir):
     tokenizer pads), loaded by `config.model` like any pre-trained folder."""
     hf = TINY_HF["roberta"] | dict(vocab_size=30522, pad_token_id=0, max_position_embeddings=40)
     cfg = config_lib.EncoderConfig.from_hf(hf)
-    params = models.init_params(models.Encoder(cfg), jax.random.key(7))
-    return models.export_pretrained(tmp_path_factory.mktemp("roberta") / "tiny", cfg, params)
+    params = linen.init_params(linen.Encoder(cfg), jax.random.key(7))
+    return linen.export_pretrained(tmp_path_factory.mktemp("roberta") / "tiny", cfg, params)
 
 
 TRAINED = {  # name: (model, method, task)

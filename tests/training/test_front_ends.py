@@ -13,7 +13,7 @@ import safetensors.numpy
 from flax import nnx
 from helpers import tiny_config
 
-from isojax import models, runs
+from isojax import linen, models, runs
 from isojax.analysis import run as analysis_run
 from isojax.data import glue
 from isojax.nnx import pretrained
@@ -129,10 +129,10 @@ def test_the_nnx_apply_is_the_linen_apply_of_the_same_variables():
     `batch_stats` (dropout off) of linen's `apply`, gradients too; with dropout on, a function
     of the key."""
     enc = models.VARIANTS["tiny"].replace(hidden_dropout=0.0, attention_dropout=0.0)
-    head = models.SequenceClassifier(
-        encoder=models.Encoder(enc), num_labels=2, normalizer="isobn", dropout_rate=0.0
+    head = linen.SequenceClassifier(
+        encoder=linen.Encoder(enc), num_labels=2, normalizer="isobn", dropout_rate=0.0
     )
-    variables = models.init_variables(head, jax.random.key(0))
+    variables = linen.init_variables(head, jax.random.key(0))
     apply = pretrained.LinenApply.of(lambda: pretrained.from_linen(head, rngs=nnx.Rngs(0)))
     ids = jax.random.randint(jax.random.key(1), (8, 12), 1, 99)
     mask = np.ones(ids.shape, np.int32)
