@@ -61,7 +61,7 @@ import numpy as np  # noqa: E402
 
 from isojax import linen, models  # noqa: E402
 from isojax.core import normalizers, whitening  # noqa: E402
-from isojax.data import glue  # noqa: E402
+from isojax.data import tasks  # noqa: E402
 from isojax.training import build, distributed, steps, throughput  # noqa: E402
 from isojax.training import config as config_lib  # noqa: E402
 
@@ -202,7 +202,7 @@ def xla_step_flops(variant: str) -> float:
             "buckets": (),
         }
     )
-    task = glue.get_task("rte")
+    task = tasks.get_task("rte")
     model = linen.SequenceClassifier(
         encoder=linen.Encoder(models.VARIANTS[variant]), num_labels=2, sentence=config.sentence
     )

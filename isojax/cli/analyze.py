@@ -204,10 +204,10 @@ def _split(args: argparse.Namespace, task) -> str:
 
 def _task(args: argparse.Namespace):
     """`--task`'s `GlueTask`."""
-    from isojax.data import glue
+    from isojax.data import tasks
 
     try:
-        return glue.get_task(args.task)
+        return tasks.get_task(args.task)
     except ValueError as err:
         raise common.UsageError(str(err)) from None
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import jax
 import ml_collections
 
-from isojax.data import glue
+from isojax.data import tasks
 from isojax.training import build, checkpointing, distributed, precision, resume, steps
 from isojax.training import config as config_lib
 
@@ -204,7 +204,7 @@ def restore(
     run_dir = pathlib.Path(run_dir)
     config = load_config(run_dir)
     folder, checkpoint = _checkpoints(run_dir, step, best)
-    task = glue.get_task(config.task)
+    task = tasks.get_task(config.task)
     policy = precision.get_policy(config.policy)
     module, _, tokenizer, hidden_size = build.build_model(config, policy, task.num_labels)
     mesh = distributed.make_mesh() if mesh is None else mesh

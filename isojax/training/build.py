@@ -23,7 +23,7 @@ from flax import nnx
 
 from isojax import linen, models
 from isojax.core import normalizers
-from isojax.data import glue
+from isojax.data import glue, tasks
 from isojax.nnx import pretrained
 from isojax.training import config as config_lib
 from isojax.training import distributed, optim, precision, steps
@@ -46,7 +46,7 @@ class Classifier:
       hidden_size: the encoder's width d.
     """
 
-    task: glue.GlueTask
+    task: tasks.GlueTask
     model: linen.SequenceClassifier
     tokenizer: Any
     state: steps.TrainState
@@ -286,7 +286,7 @@ def create_train_state(
     return jax.jit(init, out_shardings=shardings)(init_rng, run_rng, encoder_params)
 
 
-def load_examples(config: ml_collections.ConfigDict, split: str) -> list[glue.Example]:
+def load_examples(config: ml_collections.ConfigDict, split: str) -> list[tasks.Example]:
     """A split from the TSVs (`config.data_dir`) or tensorflow-datasets, truncated as asked."""
     if config.data_dir:
         examples = glue.load_tsv(config.data_dir, config.task, split, labelled=True)
@@ -297,7 +297,7 @@ def load_examples(config: ml_collections.ConfigDict, split: str) -> list[glue.Ex
 
 
 def make_objective(
-    config: ml_collections.ConfigDict, task: glue.GlueTask, steps_per_epoch: int
+    config: ml_collections.ConfigDict, task: tasks.GlueTask, steps_per_epoch: int
 ) -> steps.Objective:
     """What the train step minimises for `config` (static: compiled into the step)."""
     penalty = config.penalty
@@ -318,7 +318,7 @@ def make_objective(
 
 def train_state(
     config: ml_collections.ConfigDict,
-    task: glue.GlueTask,
+    task: tasks.GlueTask,
     model: linen.SequenceClassifier,
     encoder_params: dict | None,
     hidden_size: int,

@@ -41,7 +41,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from isojax.core import istar, penalties
-from isojax.data import batching, glue
+from isojax.data import batching, tasks
 from isojax.training import (
     build,
     checkpointing,
@@ -169,7 +169,7 @@ def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None =
 def build_run(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None = None) -> Run:
     """Loads model and data of a validated `config`, creates the train state on `mesh`
     (default: every device) and compiles nothing yet (the steps compile on first call)."""
-    task = glue.get_task(config.task)
+    task = tasks.get_task(config.task)
     policy = precision.get_policy(config.policy)
     model, encoder_params, tokenizer, hidden_size = build.build_model(
         config, policy, task.num_labels
@@ -408,7 +408,7 @@ class Loop:
         results = evaluation.evaluate_all(
             run, run.dev_encoded, state, self.config, step, position.epoch + 1, self.log
         )
-        split = glue.get_task(self.config.task).dev_splits[0]
+        split = tasks.get_task(self.config.task).dev_splits[0]
         if position.note_eval(results, split, epoch_done=epoch_done):
             # before the latest, so a resumed run never claims a best it lacks
             self.best_ckpt.save(step, state, position.to_json() | self.stamp)

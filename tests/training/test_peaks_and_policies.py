@@ -42,7 +42,7 @@ def test_variants_not_in_the_table_have_an_unknown_peak(kind):
 
 def _tiny_state(policy: str, minilm_dir):
     """A tiny-bert RTE train state built as the loop builds it, under `policy`."""
-    from isojax.data import glue
+    from isojax.data import tasks
     from isojax.training import build, distributed, precision
     from isojax.training import config as config_lib
 
@@ -50,7 +50,7 @@ def _tiny_state(policy: str, minilm_dir):
     config.update_from_flattened_dict(
         {"model": "tiny-bert", "tokenizer": str(minilm_dir), "task": "rte", "policy": policy}
     )
-    task = glue.get_task("rte")
+    task = tasks.get_task("rte")
     module, params, _, hidden = build.build_model(
         config, precision.get_policy(policy), task.num_labels
     )
