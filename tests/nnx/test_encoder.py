@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import tiny_encoder_config
 
 from isojax import linen, models
 from isojax.linen import encoder as linen_encoder
@@ -18,7 +19,7 @@ from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained
 from isojax.training import distributed
 
-TINY = models.VARIANTS["tiny"].replace(hidden_dropout=0.0, attention_dropout=0.0)
+TINY = tiny_encoder_config()
 CONFIGS = {
     "bert": TINY,
     "roberta": TINY.replace(family="roberta", pad_token_id=1, type_vocab_size=1),

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import one_device_mesh
 
 from isojax.training import throughput
 
@@ -43,7 +44,7 @@ def test_variants_not_in_the_table_have_an_unknown_peak(kind):
 def _tiny_state(policy: str, minilm_dir):
     """A tiny-bert RTE train state built as the loop builds it, under `policy`."""
     from isojax.data import tasks
-    from isojax.training import build, distributed, precision
+    from isojax.training import build, precision
     from isojax.training import config as config_lib
 
     config = config_lib.default_config()
@@ -54,7 +55,7 @@ def _tiny_state(policy: str, minilm_dir):
     module, params, _, hidden = build.build_model(
         config, precision.get_policy(policy), task.num_labels
     )
-    mesh = distributed.make_mesh(jax.devices()[:1])
+    mesh = one_device_mesh()
     return build.train_state(
         config, task, module, params, hidden, mesh, steps_per_epoch=1, total_steps=1
     )
