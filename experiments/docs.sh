@@ -10,6 +10,6 @@ if ! python -c "import sphinx, myst_parser, furo" 2>/dev/null; then
 fi
 cd "$root"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-python experiments/findings.py > /dev/null
+python -m experiments.report.findings > /dev/null
 python -m sphinx -W --keep-going -q -b html "$@" docs docs/_build/html
 echo "docs/_build/html/index.html"

@@ -8,11 +8,11 @@
 # GLUE: $ISOJAX_GLUE_DIR, default ../shared/data/glue beside the repository; where that folder
 # does not exist, tensorflow-datasets' prepared glue/stsb. Runs go to $ISOJAX_RUNS (default
 # runs/main_job); running again resumes unfinished runs and reprints the table.
-# Extra arguments go to experiments/compare.py (e.g. --methods none,isobn,batchnorm).
+# Extra arguments go to experiments/examples/compare.py (e.g. --methods none,isobn,batchnorm).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/experiments/env.sh"
 export ISOJAX_GLUE_DIR="${ISOJAX_GLUE_DIR:-$root/../shared/data/glue}"
 cd "$root"
-python experiments/compare.py --config experiments/configs/main_job.py \
+python -m experiments.examples.compare --config experiments/configs/main_job.py \
     --methods none,isobn,istar --workdir "${ISOJAX_RUNS:-$root/runs/main_job}" "$@"

@@ -5,8 +5,6 @@ their batches, packed and padded batches of the same synthetic examples, and exp
 scripts loaded as modules; a tiny random ModernBERT folder with its tokenizer."""
 
 import contextlib
-import functools
-import importlib.util
 import json
 import logging
 import pathlib
@@ -29,16 +27,6 @@ def arm(method: str) -> dict:
         if part != "none":
             fields["penalty" if part in PENALTIES else "normalizer"] = part
     return fields
-
-
-def load_experiment(relpath: str, name: str | None = None):
-    """`experiments/RELPATH` loaded as a module named `name` (its stem by default), not put in
-    `sys.modules`: each test module that loads a script has its own copy to patch."""
-    path = REPO / "experiments" / relpath
-    spec = importlib.util.spec_from_file_location(name or path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,12 +243,13 @@ def both_layouts(cfg, lengths, batch_size=8, seed=0):
 
 
 # ---------------------------------------------------------------------------------------------
-# The study runner's tiny grid (experiments/study.py).
+# The study runner's tiny grid (experiments/study/).
 # ---------------------------------------------------------------------------------------------
 
 _STUDY_GRID = """
 import ml_collections
-import study_recipe
+
+from experiments.configs import study_recipe
 
 
 def get_config(arg=None):
@@ -305,18 +294,6 @@ def study_grid(
         )  # fmt: skip
     )
     return str(path)
-
-
-@functools.cache
-def study():
-    """experiments/study.py as a module (experiments/configs on `sys.path` for its recipes),
-    one copy for the test process."""
-    import sys
-
-    configs = str(REPO / "experiments" / "configs")
-    if configs not in sys.path:
-        sys.path.insert(0, configs)
-    return load_experiment("study.py")
 
 
 # ---------------------------------------------------------------------------------------------

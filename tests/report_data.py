@@ -1,15 +1,13 @@
-"""Constructed study records for the tests of experiments/report.py
-(tests/experiments/test_report_*.py), and the report loaded once for them."""
+"""Constructed study records for the tests of the study report, experiments/report/
+(tests/experiments/test_report_*.py)."""
 
 import json
 import pathlib
 
 import numpy as np
-from helpers import load_experiment
 
-report = load_experiment("report.py")
-report_records = report.records_io
-report_rule = report.rule
+from experiments.report import page as report
+from experiments.report import records as report_records
 
 # Dev score per (task, method, seed): [epoch 1, epoch 2]. isobn beats none on STS-B on every
 # seed by 0.02-0.04 at both epochs; on RTE the differences change sign. isobn lacks seed 5.

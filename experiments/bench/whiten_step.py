@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 from isojax import linen, models  # noqa: E402
 from isojax.core import normalizers, whitening  # noqa: E402
 from isojax.data import tasks  # noqa: E402
-from isojax.training import build, distributed, steps, throughput  # noqa: E402
+from isojax.training import build, distributed, specs, steps, throughput  # noqa: E402
 from isojax.training import config as config_lib  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location(
@@ -208,7 +208,7 @@ def xla_step_flops(variant: str) -> float:
     )
     mesh = distributed.make_mesh(jax.devices()[:1])
     state = build.train_state(
-        config,
+        specs.StateSpec.of(config),
         task,
         model,
         None,

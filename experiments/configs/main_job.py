@@ -1,6 +1,6 @@
 """The README's main job: a short slice of the reproduction study that visibly learns.
 
-    python experiments/compare.py --config experiments/configs/main_job.py \
+    python -m experiments.examples.compare --config experiments/configs/main_job.py \
         --methods none,isobn,istar --workdir runs/main_job
 
 arg: the arm ("none" by default; "isobn", "istar", "isobn+istar": a normaliser and/or a penalty,
@@ -15,7 +15,8 @@ training token vectors before the epoch (SPEC.md §4).
 """
 
 import ml_collections
-import study_recipe
+
+from experiments.configs import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -3,11 +3,12 @@ CosReg leaves isotropy alone but moves the mean of one outlier dimension, swingi
 cosine between about 0.003 and 0.998). The shared recipe of `study_recipe.py`; lambda = 0 is
 the baseline (the plain task loss).
 
-    python experiments/study.py experiments/configs/study_cosreg.py --tier 2 --dry-run
+    python -m experiments.study experiments/configs/study_cosreg.py --tier 2 --dry-run
 """
 
 import ml_collections
-import study_recipe
+
+from experiments.configs import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -2,7 +2,7 @@
 is negatively correlated with the task metric; lambda < 0 helps), the shared recipe of
 `study_recipe.py` with zeta 0.2.
 
-    python experiments/study.py experiments/configs/study_istar_lambda.py --dry-run
+    python -m experiments.study experiments/configs/study_istar_lambda.py --dry-run
 
 lambda in {-5, -1, -0.5, -0.1, 0, 0.1, 0.5, 1, 5} x seeds 1-3: 27 runs per task, against the
 papers' 7 x 5 = 35 per correlation. lambda = -5 collapsed MiniLM-L6 on STS-B at lr 1e-4 in a
@@ -12,7 +12,8 @@ the baseline of the paired differences.
 """
 
 import ml_collections
-import study_recipe
+
+from experiments.configs import study_recipe
 
 WEIGHTS = [-5.0, -1.0, -0.5, -0.1, 0.0, 0.1, 0.5, 1.0, 5.0]
 

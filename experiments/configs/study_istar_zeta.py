@@ -3,7 +3,7 @@
 batch as the penalty, hurts; zeta = 1 is slightly worse than the optimum). The shared recipe of
 `study_recipe.py`.
 
-    python experiments/study.py experiments/configs/study_istar_zeta.py --tier 2 --dry-run
+    python -m experiments.study experiments/configs/study_istar_zeta.py --tier 2 --dry-run
 
 zeta in {0, 0.2, 0.5, 0.8, 1} x seeds 1-3: 15 runs. lambda = -1: the strongest weight of the
 `istar_lambda` grid that did not collapse MiniLM-L6 on STS-B (lambda = -5 did). zeta = 0.2 (the
@@ -16,7 +16,8 @@ paired with each other only.
 """
 
 import ml_collections
-import study_recipe
+
+from experiments.configs import study_recipe
 
 ZETAS = [0.0, 0.2, 0.5, 0.8, 1.0]
 

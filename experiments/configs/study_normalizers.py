@@ -1,8 +1,8 @@
 """Study `normalizers`: none vs the sentence-vector normalisers on MiniLM-L6 (SPEC.md §9, [IsoBN]
 and [EmbNorm] claims), the shared recipe of `study_recipe.py`.
 
-    python experiments/study.py experiments/configs/study_normalizers.py --dry-run
-    python experiments/study.py experiments/configs/study_normalizers.py --tier 2 \
+    python -m experiments.study experiments/configs/study_normalizers.py --dry-run
+    python -m experiments.study experiments/configs/study_normalizers.py --tier 2 \
         --budget-minutes 600
 
 Tier 1: none, batchnorm, isobn x seeds 1-3 x CoLA, MRPC, STS-B, RTE (36 runs).
@@ -17,7 +17,8 @@ commit's own `study_recipe.py`.
 """
 
 import ml_collections
-import study_recipe
+
+from experiments.configs import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -4,11 +4,12 @@ each task with the shared recipe (`study_recipe.py`: batch 32, max length 128, b
 CoLA, MRPC, STS-B, RTE: 8 runs; dev is evaluated after epochs 1, 2 and 3 (the epoch-2 figures
 are of a 3-epoch schedule, not of a 2-epoch run).
 
-    python experiments/study.py experiments/configs/study_pilot.py --dry-run
+    python -m experiments.study experiments/configs/study_pilot.py --dry-run
 """
 
 import ml_collections
-import study_recipe
+
+from experiments.configs import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -1,8 +1,8 @@
 """Study `whitening`: none vs IsoBN vs running ZCA whitening (`whiten`, SPEC.md §10.1) in the
 head of MiniLM-L6, the shared recipe of `study_recipe.py`.
 
-    python experiments/study.py experiments/configs/study_whitening.py --dry-run
-    python experiments/study.py experiments/configs/study_whitening.py --tier 2
+    python -m experiments.study experiments/configs/study_whitening.py --dry-run
+    python -m experiments.study experiments/configs/study_whitening.py --tier 2
 
 Tier 1: none, isobn, whiten x seeds 1-3 x CoLA, MRPC, STS-B, RTE (36 runs). Tier 2: seeds 4-5
 (24 runs). The hypotheses (issue 38), each under the study's rule with Holm over its family and
@@ -13,7 +13,8 @@ A new study: it runs at the commit it was started from, from a worktree pinned t
 """
 
 import ml_collections
-import study_recipe
+
+from experiments.configs import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -2,8 +2,8 @@
 and whether whitening as the literature trains it (`iternorm`, §10.3) does (issue 47). The
 shared recipe of `study_recipe.py`; each arm changes one thing (`study_recipe.VARIANTS`):
 
-    python experiments/study.py experiments/configs/study_whitening_why.py --dry-run
-    python experiments/study.py experiments/configs/study_whitening_why.py --tier 2
+    python -m experiments.study experiments/configs/study_whitening_why.py --dry-run
+    python -m experiments.study experiments/configs/study_whitening_why.py --tier 2
 
 | arm | what it isolates |
 |---|---|
@@ -24,7 +24,8 @@ A new study: it runs at the commit it was started from, from a worktree pinned t
 """
 
 import ml_collections
-import study_recipe
+
+from experiments.configs import study_recipe
 
 ARMS = ["none", "whiten", "iternorm", "iternorm-sg", "iternorm-g16", "whiten-nodrop", "whiten-a05"]
 TASKS = ["cola", "mrpc", "stsb"]

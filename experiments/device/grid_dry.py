@@ -8,13 +8,9 @@ name, so through the reassembled package on PYTHONPATH), 16 RTE rows of the stag
 the carried tensorboardX wheel is imported. Cells: the step-0 evaluation, none, isobn.
 """
 
-import pathlib
-import sys
-
 import ml_collections
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "configs"))
-import study_recipe  # noqa: E402
+from experiments.configs import study_recipe
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -185,7 +185,7 @@ if [ "${BENCH:-1}" = 1 ]; then
 fi
 [ "$weights" = 1 ] || exit 3
 
-# RUNNERS (default 1): runners sharing each grid (study.py claims a cell before training it),
+# RUNNERS (default 1): runners sharing each grid (the study runner claims a cell before training it),
 # so that one small model's cells fill the accelerator; with more than one, XLA allocates GPU
 # memory as needed instead of taking 75 % of it per process.
 # Measured on the H200 (2026-12-04, RUNNERS=12, float32 "highest"): XLA's GPU autotuning of
@@ -223,7 +223,7 @@ for entry in $grids; do
     pids=()
     for r in $(seq 1 "$runners"); do
         log="$out/$study.log" && [ "$r" = 1 ] || log="$out/$study.r$r.log"
-        timeout -k 20 "$hard_s" "$python" experiments/study.py "$grid" --tier "$tier" \
+        timeout -k 20 "$hard_s" "$python" -m experiments.study "$grid" --tier "$tier" \
             --budget-minutes "$budget" \
             --runs-dir "$runs" --results "$out/$study.jsonl" >"$log" 2>&1 &
         pids+=($!)
@@ -231,7 +231,7 @@ for entry in $grids; do
     done
     for i in "${!pids[@]}"; do
         wait "${pids[$i]}"
-        echo "study.py runner $((i + 1)) exit $? (124: stopped at the limit)"
+        echo "study runner $((i + 1)) exit $? (124: stopped at the limit)"
     done
     grep -hE '^(study |\[|  ok|  FAILED|budget)' "$out/$study.log" "$out/$study".r*.log 2>/dev/null |
         tail -n 80

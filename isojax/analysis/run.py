@@ -164,10 +164,10 @@ def noise_to_spread(clean: np.ndarray, noisy: np.ndarray) -> dict[str, float]:
 def _eval_batches(restored, examples: Sequence, batch_size: int | None):
     """The rows as the run's evaluation batches them: its `max_length` and `buckets`, in file
     order, `batch_size` (default its `eval_batch_size`) rows a batch."""
-    config = restored.config
+    spec = restored.spec
     return batching.batches(
-        batching.encode(examples, restored.tokenizer, config.max_length),
-        batch_size=batch_size or config.eval_batch_size,
-        buckets=tuple(config.buckets) or None,
+        batching.encode(examples, restored.tokenizer, spec.data.max_length),
+        batch_size=batch_size or spec.feed.eval_batch_size,
+        buckets=spec.feed.buckets or None,
         shuffle=False,
     )

@@ -36,6 +36,7 @@ from isojax import logs, runs
 from isojax.linen import pretrained as linen_pretrained
 from isojax.models import hf_import
 from isojax.runs import predict
+from isojax.training import specs
 
 ISOTROPY_ROWS = (
     ("sentence", "sentence vector (the head's input)"),
@@ -106,9 +107,9 @@ class Exported(NamedTuple):
     evaluation: dict
 
 
-def hf_tokenizer(config):
+def hf_tokenizer(spec: specs.ModelSpec):
     """The run's tokenizer as a transformers tokenizer (which saves in HF's layout)."""
-    folder = hf_import.resolve_folder(config.tokenizer or config.model)
+    folder = hf_import.resolve_folder(spec.tokenizer or spec.model)
     tokenizer = hf_import.load_tokenizer(folder)
     if tokenizer is None:
         raise runs.RunNotRestorable(f"{folder}: no tokenizer files to export")
@@ -169,7 +170,7 @@ def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> E
             folder,
             restored.model,
             variables,
-            tokenizer=hf_tokenizer(restored.config),
+            tokenizer=hf_tokenizer(restored.spec.model),
             label_names=None if task.is_regression else task.label_names,
         )
     architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
@@ -178,27 +179,21 @@ def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> E
     return Exported(folder, architecture, encoder_only, evaluation)
 
 
-def normalizer_hparams(config) -> dict:
-    """The hyper-parameters of the run's head normaliser (empty for "none")."""
-    extra = config.normalizer_kwargs.to_dict()
-    return config.isobn.to_dict() | extra if config.normalizer == "isobn" else extra
-
-
-def penalty_hparams(config) -> dict:
+def penalty_hparams(spec: specs.ObjectiveSpec) -> dict:
     """The hyper-parameters of the run's token penalty (empty for "none")."""
-    if config.penalty == "istar":
-        s = config.istar.stabilizer
-        return {
-            "weight": config.istar.weight,
-            "zeta": config.istar.zeta,
-            "include_padding": config.istar.include_padding,
-            "stabilizer": s.kind,
-            **({"tokens": s.tokens} if s.kind == "pass" else {}),
-            **({"window": s.window, "unit": s.unit} if s.kind == "epoch" else {}),
-            **({"momentum": s.momentum, "debias": s.debias} if s.kind == "ema" else {}),
+    common = {"weight": spec.weight}
+    if spec.penalty == "istar":
+        kind = spec.c0_mode
+        return common | {
+            "zeta": spec.zeta,
+            "include_padding": spec.include_padding,
+            "stabilizer": kind,
+            **({"tokens": spec.c0_tokens} if kind == "pass" else {}),
+            **({"window": spec.c0_window, "unit": spec.c0_unit} if kind == "epoch" else {}),
+            **({"momentum": spec.c0_momentum, "debias": spec.c0_debias} if kind == "ema" else {}),
         }
-    if config.penalty == "cosreg":
-        return config.cosreg.to_dict()
+    if spec.penalty == "cosreg":
+        return common | {"include_padding": spec.include_padding}
     return {}
 
 
@@ -206,21 +201,17 @@ def _hparams_text(hparams: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in hparams.items()) or "defaults"
 
 
-def _recipe(config) -> str:
-    opt = config.optimizer
-    length = f"{config.num_epochs} epochs" + (
-        f" (stopped at step {config.max_steps})" if config.max_steps else ""
+def _recipe(spec: specs.RunSpec) -> str:
+    opt, data, loop = spec.state.optim, spec.data, spec.loop
+    length = f"{loop.num_epochs} epochs" + (
+        f" (stopped at step {loop.max_steps})" if loop.max_steps else ""
     )
     return (
         f"AdamW lr {opt.learning_rate:g} ({opt.schedule}, warm-up {opt.warmup_fraction:g}), "
         f"weight decay {opt.weight_decay:g}, betas ({opt.b1:g}, {opt.b2:g}), eps "
-        f"{opt.adam_eps:g}, gradient clipping {opt.clip_norm}; batch {config.batch_size}, max "
-        f"length {config.max_length}, {length}; precision `{config.policy}`"
-        + (
-            f"; first {config.max_train_examples} training rows"
-            if config.max_train_examples
-            else ""
-        )
+        f"{opt.adam_eps:g}, gradient clipping {opt.clip_norm}; batch {spec.feed.batch_size}, "
+        f"max length {data.max_length}, {length}; precision `{spec.state.policy}`"
+        + (f"; first {data.max_train_examples} training rows" if data.max_train_examples else "")
     )
 
 
@@ -267,13 +258,14 @@ def model_card(
     restored: runs.Restored, evaluation: dict, architecture: str, encoder_only: str | None
 ) -> str:
     """The README.md of the exported folder (Hugging Face model card, YAML front matter)."""
-    config, task = restored.config, restored.task
+    spec, task = restored.spec, restored.task
+    model, objective = spec.model, spec.state.objective
     labels = (
         "regression, a similarity score in [0, 5]"
         if task.is_regression
         else ", ".join(f"{i} = {name}" for i, name in enumerate(task.label_names))
     )
-    method = "+".join(m for m in (config.normalizer, config.penalty) if m != "none") or "none"
+    method = "+".join(m for m in (model.normalizer, objective.penalty) if m != "none") or "none"
     tags = ["isojax", "glue", f"glue-{task.name}", *method.split("+")]
     lines = [
         "---",
@@ -283,7 +275,7 @@ def model_card(
         *(f"- {tag}" for tag in tags),
         "---",
         "",
-        f"# {config.model} fine-tuned on GLUE {task.folder} with isojax ({method})",
+        f"# {model.model} fine-tuned on GLUE {task.folder} with isojax ({method})",
         "",
         f"Exported by isojax {isojax.__version__} from the run `{restored.run_dir}`, "
         f"{restored.checkpoint} checkpoint (step {restored.step}, "
@@ -291,15 +283,15 @@ def model_card(
         "",
         "| | |",
         "|---|---|",
-        f"| base model | `{config.model}`"
-        + (f" (tokenizer `{config.tokenizer}`)" if config.tokenizer else "")
+        f"| base model | `{model.model}`"
+        + (f" (tokenizer `{model.tokenizer}`)" if model.tokenizer else "")
         + " |",
         f"| task | GLUE {task.folder}: {labels} |",
-        f"| normalizer | `{config.normalizer}`: {_hparams_text(normalizer_hparams(config))} |",
-        f"| penalty | `{config.penalty}`: {_hparams_text(penalty_hparams(config))} |",
+        f"| normalizer | `{model.normalizer}`: {_hparams_text(model.normalizer_kwargs)} |",
+        f"| penalty | `{objective.penalty}`: {_hparams_text(penalty_hparams(objective))} |",
         f"| head | {_head(restored, architecture, encoder_only)} |",
-        f"| recipe | {_recipe(config)} |",
-        f"| seed | {config.seed} |",
+        f"| recipe | {_recipe(spec)} |",
+        f"| seed | {spec.state.seed} |",
         f"| isojax | {isojax.__version__} |",
         "",
     ]

@@ -34,7 +34,7 @@ import jax
 import ml_collections
 
 from isojax.data import tasks
-from isojax.training import build, checkpointing, distributed, precision, resume, steps
+from isojax.training import build, checkpointing, distributed, resume, specs, steps
 from isojax.training import config as config_lib
 
 logger = logging.getLogger(__name__)
@@ -47,12 +47,13 @@ class RunNotRestorable(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Restored(build.Classifier):
     """A run's classifier at one checkpoint: the record the loop builds (`build.Classifier`:
-    task, model, tokenizer, state on `mesh` (default every device, as the run), `eval_fn`,
-    hidden size), restored, with where it comes from.
+    task, spec, model, tokenizer, state on `mesh` (default every device, as the run),
+    `eval_fn`, hidden size), restored, with where it comes from.
 
     Attributes:
       run_dir: the run folder.
-      config: the run's configuration (`config.json` over `config.default_config()`).
+      config: the run's configuration (`config.json` over `config.default_config()`,
+        validated), what `spec` was built from and what a model card describes.
       checkpoint: "latest", "best" or "step N": which checkpoint this is.
       position: the `resume.Position` saved with it (JSON: epoch, batch, last_eval, best).
     """
@@ -75,9 +76,9 @@ class Restored(build.Classifier):
     @property
     def apply(self) -> Callable:
         """The classifier called as `model.apply` is, by the run's front end: linen's
-        `model.apply`, or with `config.front_end` "nnx" its NNX twin's
+        `model.apply`, or with front end "nnx" its NNX twin's
         (`build.classifier_apply`), over the same `variables`."""
-        return build.classifier_apply(self.config, self.model)
+        return build.classifier_apply(self.spec.state.front_end, self.model)
 
     @property
     def evaluation(self) -> dict | None:
@@ -202,15 +203,15 @@ def restore(
         that changes the run (the message names each, `resume.ConfigChanged`'s words).
     """
     run_dir = pathlib.Path(run_dir)
-    config = load_config(run_dir)
+    config = load_config(run_dir)  # validated: the boundary of a restore
+    spec = specs.RunSpec.of(config)
     folder, checkpoint = _checkpoints(run_dir, step, best)
-    task = tasks.get_task(config.task)
-    policy = precision.get_policy(config.policy)
-    module, _, tokenizer, hidden_size = build.build_model(config, policy, task.num_labels)
+    task = tasks.get_task(spec.data.task)
+    module, _, tokenizer, hidden_size = build.build_model(spec.model, task.num_labels)
     mesh = distributed.make_mesh() if mesh is None else mesh
     # The schedule's length and a running stabiliser's window hold no array: one step.
     abstract = build.train_state(
-        config,
+        spec.state,
         task,
         module,
         None,
@@ -227,7 +228,7 @@ def restore(
             raise RunNotRestorable(f"{run_dir}: {err}") from None
     where = f"checkpoint step {int(state.step)} in {folder}"
     try:
-        stamped = resume.check_stamp(position.pop("config", None), config, where)
+        stamped = resume.check_stamp(position.pop("config", None), spec.fields, where)
     except resume.ConfigChanged as err:
         raise RunNotRestorable(str(err)) from None
     if not stamped:
@@ -236,9 +237,10 @@ def restore(
             where,
             run_dir / "config.json",
         )
-    _, eval_fn, _ = steps.jit_steps(state, mesh, fsdp=config.fsdp)
+    _, eval_fn, _ = steps.jit_steps(state, mesh, fsdp=spec.state.fsdp)
     return Restored(
         task=task,
+        spec=spec,
         model=module,
         tokenizer=tokenizer,
         state=state,

@@ -171,16 +171,16 @@ def load_split(
     tensorflow-datasets folder); a dev split cut to the run's `max_eval_examples`, as the run
     evaluated it. Raises `tasks.GlueDataNotFound` for a missing file, ValueError for a test
     split with `labelled`."""
-    config, task = restored.config, restored.task
-    data_dir = data_dir or config.data_dir
+    data, task = restored.spec.data, restored.task
+    data_dir = data_dir or data.data_dir
     if data_dir:
         examples = glue.load_tsv(data_dir, task, split, labelled=labelled)
         if split in task.test_splits:  # the file's own example ids, for the submission
             index = file_index(glue.tsv_path(data_dir, task, split), len(examples))
             examples = [e._replace(idx=i) for e, i in zip(examples, index, strict=True)]
     else:
-        examples = glue.load_tfds(task, split, config.tfds_data_dir, labelled=labelled)
-    limit = config.max_eval_examples
+        examples = glue.load_tfds(task, split, data.tfds_data_dir, labelled=labelled)
+    limit = data.max_eval_examples
     return examples[:limit] if split in task.dev_splits and limit is not None else examples
 
 
@@ -203,20 +203,20 @@ def predict(
       tasks.GlueDataNotFound: the split's file (or tfds copy) is absent.
       ValueError: unknown split; a test split with `labelled=True` (GLUE keeps its labels).
     """
-    task, config = restored.task, restored.config
+    task, spec = restored.task, restored.spec
     labelled = split not in task.test_splits if labelled is None else labelled
     examples = load_split(restored, split, data_dir=data_dir, labelled=labelled)
     if not labelled:  # batching wants a label per row; these are never read
         filler = 0.0 if task.is_regression else 0
         examples = [example._replace(label=filler) for example in examples]
-    encoded = batching.encode(examples, restored.tokenizer, config.max_length)
+    encoded = batching.encode(examples, restored.tokenizer, spec.data.max_length)
     logits, acc = evaluation.eval_outputs(
-        restored.eval_fn, restored.state, encoded, config, restored.mesh, restored.hidden_size
+        restored.eval_fn, restored.state, encoded, spec.feed, restored.mesh, restored.hidden_size
     )
     scores = None
     if labelled:
         scores = metrics.compute_metrics(task, logits, encoded.labels)
-        scores |= evaluation.isotropy_of(acc, restored.state, config)
+        scores |= evaluation.isotropy_of(acc, restored.state, spec.state.objective.zeta)
     return Predictions(task=task, split=split, idx=encoded.idx, logits=logits, metrics=scores)
 
 

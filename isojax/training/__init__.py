@@ -7,7 +7,9 @@
 
 The curated names: :func:`train_and_evaluate` and :func:`setup` (:mod:`~isojax.training.loop`),
 :func:`default_config` and :func:`validate_config` (:mod:`~isojax.training.config`), the papers'
-recipes :mod:`~isojax.training.configs`. The modules behind them stay importable
+recipes :mod:`~isojax.training.configs`. The config is validated once, at that boundary; below
+it every builder takes the part of its :class:`~isojax.training.specs.RunSpec` it reads
+(:mod:`~isojax.training.specs`), not the config. The modules behind them stay importable
 (``from isojax.training import steps``). ``import isojax`` does not import this package, and
 this package imports the loop (orbax, tensorboardX) only when one of its names is first read,
 so ``isojax.training.config`` alone stays light.

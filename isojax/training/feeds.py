@@ -1,21 +1,21 @@
-"""A run's batches from its config: padded or packed, whole updates or micro-batches.
+"""A run's batches from its `specs.FeedSpec`: padded or packed, whole updates or micro-batches.
 
-    for batch in feeds.update_batches(encoded, config, epoch):   # this process's rows
+    for batch in feeds.update_batches(encoded, spec, epoch):   # this process's rows
         state, metrics = train_fn(state, distributed.global_batch(batch, mesh, stacked=k > 1))
 
-`batches` chooses the layout (`config.packing`: `data.packing.packed_batches`, else
-`data.batching.batches` over `config.buckets`); `train_batches` is an epoch's shuffled training
+`batches` chooses the layout (`spec.packing`: `data.packing.packed_batches`, else
+`data.batching.batches` over `spec.buckets`); `train_batches` is an epoch's shuffled training
 batches (seed, epoch) from a given batch on, the last incomplete one dropped; `update_batches`
-groups them into `config.grad_accum_steps` micro-batches per optimizer update (`grouped`).
+groups them into `spec.grad_accum_steps` micro-batches per optimizer update (`grouped`).
 Every process reads its own rows of the same global batches.
 
 Gradient accumulation's batches: `k` micro-batches stacked into one `[k, ...]` update batch.
 
-    config.batch_size, config.grad_accum_steps = 32, 4     # 4 micro-batches of 8 per update
-    for batch in feeds.update_batches(encoded, config, epoch):   # input_ids [4, 8, t] ...
+    spec = specs.FeedSpec.of(config)   # batch_size 32, grad_accum_steps 4: 4 micro-batches of 8
+    for batch in feeds.update_batches(encoded, spec, epoch):   # input_ids [4, 8, t] ...
         state, metrics = run.train_fn(state, distributed.global_batch(batch, mesh, stacked=True))
 
-`config.batch_size` stays the examples per optimizer update. The epoch's micro-batches of
+`spec.batch_size` stays the examples per optimizer update. The epoch's micro-batches of
 `batch_size / k` examples come from the same shuffled order (`batching.epoch_order`), so update
 `u` holds exactly the examples of batch `u` without accumulation, `k` consecutive slices of it.
 Each micro-batch is padded (its own length bucket) or packed (its own rows) as the loop's
@@ -31,43 +31,42 @@ import itertools
 from collections.abc import Iterable, Iterator
 
 import jax
-import ml_collections
 import numpy as np
 
 from isojax.data import batching, packing
+from isojax.training import specs
 
 
 def batches(
     encoded: batching.Encoded,
-    config: ml_collections.ConfigDict,
+    spec: specs.FeedSpec,
     *,
     batch_size: int,
     mesh: jax.sharding.Mesh | None = None,
     **kwargs,
 ) -> Iterator[dict]:
-    """This process's rows of `encoded`'s batches: packed into rows of `config.max_length`
-    with `config.packing` (`packing.packed_batches`, row counts a multiple of the mesh's local
-    devices, default every local device), else padded to `config.buckets`
+    """This process's rows of `encoded`'s batches: packed into rows of its `max_length`
+    with `spec.packing` (`packing.packed_batches`, row counts a multiple of the mesh's local
+    devices, default every local device), else padded to `spec.buckets`
     (`batching.batches`). `kwargs`: shuffle, seed, epoch, start_batch, drop_remainder."""
     where = {"process_index": jax.process_index(), "process_count": jax.process_count()}
-    if config.packing:
+    if spec.packing:
         local_devices = jax.local_device_count() if mesh is None else mesh.local_mesh.size
-        row_buckets = None if config.row_buckets is None else tuple(config.row_buckets)
         return packing.packed_batches(
             encoded,
             batch_size=batch_size,
-            row_buckets=row_buckets,
+            row_buckets=spec.row_buckets,
             row_multiple=local_devices,
             **where,
             **kwargs,
         )
-    buckets = tuple(config.buckets) or None
+    buckets = spec.buckets or None
     return batching.batches(encoded, batch_size=batch_size, buckets=buckets, **where, **kwargs)
 
 
 def train_batches(
     encoded: batching.Encoded,
-    config: ml_collections.ConfigDict,
+    spec: specs.FeedSpec,
     epoch: int,
     start: int = 0,
     *,
@@ -76,14 +75,14 @@ def train_batches(
 ) -> Iterator[dict]:
     """This process's rows of the training batches of `epoch` (shuffled by seed and epoch),
     from batch `start` on; the last incomplete batch is dropped (`batches`). `batch_size`:
-    default `config.batch_size`."""
+    default `spec.batch_size`."""
     return batches(
         encoded,
-        config,
-        batch_size=batch_size or config.batch_size,
+        spec,
+        batch_size=batch_size or spec.batch_size,
         mesh=mesh,
         shuffle=True,
-        seed=config.seed,
+        seed=spec.seed,
         epoch=epoch,
         start_batch=start,
         drop_remainder=True,
@@ -92,22 +91,22 @@ def train_batches(
 
 def update_batches(
     encoded: batching.Encoded,
-    config: ml_collections.ConfigDict,
+    spec: specs.FeedSpec,
     epoch: int,
     start: int = 0,
     *,
     mesh: jax.sharding.Mesh | None = None,
 ) -> Iterator[dict]:
     """The batches of the optimizer updates of `epoch` from update `start` on: `train_batches`,
-    or with `config.grad_accum_steps = k > 1` each update's `k` micro-batches of
+    or with `spec.grad_accum_steps = k > 1` each update's `k` micro-batches of
     `batch_size / k` examples stacked (`grouped`)."""
-    k = config.grad_accum_steps
+    k = spec.grad_accum_steps
     if k == 1:
-        return train_batches(encoded, config, epoch, start, mesh=mesh)
+        return train_batches(encoded, spec, epoch, start, mesh=mesh)
     micro = train_batches(
-        encoded, config, epoch, start * k, mesh=mesh, batch_size=config.batch_size // k
+        encoded, spec, epoch, start * k, mesh=mesh, batch_size=spec.batch_size // k
     )
-    updates = batching.num_batches(len(encoded), config.batch_size, drop_remainder=True) - start
+    updates = batching.num_batches(len(encoded), spec.batch_size, drop_remainder=True) - start
     return grouped(micro, k, updates, pad_id=encoded.pad_id, process_index=jax.process_index())
 
 

@@ -6,7 +6,9 @@
     results = loop.train_and_evaluate(config, "runs/rte-isobn")   # resumes if interrupted
 
 The file reads in call order (flax `examples/imagenet/train.py` shape): `train_and_evaluate`
-holds the run folder and the signals, calls `setup`, which builds the classifier (linen, or its
+holds the run folder and the signals, validates the config once and takes its `specs.RunSpec`
+(below it every builder reads the spec it needs, not the config), calls `build_run`, which builds
+the classifier (linen, or its
 NNX twin with `config.front_end` "nnx": `build.classifier_apply`) and the train state on the
 device mesh (`build`, `distributed`) and encodes the task (`data.batching`; `feeds` pads each
 batch to a length bucket, or packs it with `config.packing`); then a `Loop` restores the newest
@@ -49,9 +51,9 @@ from isojax.training import (
     evaluation,
     feeds,
     optim,
-    precision,
     reporting,
     resume,
+    specs,
     steps,
     stops,
     throughput,
@@ -96,20 +98,21 @@ def train_and_evaluate(
     (`resume.check_same_run`); `config.json` is written once the restore has accepted the
     config. The profiler window and the writers are closed on every way out.
     """
-    config_lib.validate_config(config)
-    build.check_model(config)  # the model's sizes: refused before the folder is touched
+    config_lib.validate_config(config)  # the boundary: below it, builders take `spec`'s parts
+    spec = specs.RunSpec.of(config)
+    build.check_model(spec.model)  # the model's sizes: refused before the folder is touched
     distributed.initialize_distributed()
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     lead = jax.process_index() == 0
     # The folder held and the signals watched before anything is built (`stops.Watch`).
-    resume.check_same_run(config, workdir)  # a refusal leaves the folder as it was
+    resume.check_same_run(spec.fields, workdir)  # a refusal leaves the folder as it was
     with resume.hold_run_folder(workdir, lead), stops.Watch() as watch:
-        run = build_run(config, mesh=mesh)
-        if lead and config.progress:  # the progress display's first line, once the data have
-            # loaded (a refusal stays the one line on stderr; progress off: errors only)
-            logger.info("isojax: %s: %s", workdir, data_source(config))
-        loop, state = Loop.open(run, config, workdir, lead, watch)
+        run = build_run(spec, mesh=mesh)
+        if lead and spec.loop.progress:  # the progress display's first line, once the data
+            # have loaded (a refusal stays the one line on stderr; progress off: errors only)
+            logger.info("isojax: %s: %s", workdir, data_source(spec.data))
+        loop, state = Loop.open(run, workdir, lead, watch)
         try:
             if lead:  # once the restore has accepted the config
                 (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
@@ -129,14 +132,14 @@ def train_and_evaluate(
     return results
 
 
-def data_source(config: ml_collections.ConfigDict) -> str:
+def data_source(spec: specs.DataSpec) -> str:
     """Where the run reads its task (`build.load_examples`), for the run's first line: the
-    TSVs of `config.data_dir`, or, without one, tensorflow-datasets."""
-    if config.data_dir:
-        return f"{config.task} from the TSVs in {config.data_dir}"
-    where = config.tfds_data_dir or "its default data dir (~/tensorflow_datasets)"
+    TSVs of `spec.data_dir`, or, without one, tensorflow-datasets."""
+    if spec.data_dir:
+        return f"{spec.task} from the TSVs in {spec.data_dir}"
+    where = spec.tfds_data_dir or "its default data dir (~/tensorflow_datasets)"
     return (
-        f"{config.task} from tensorflow-datasets glue/{config.task} in {where}: no data_dir "
+        f"{spec.task} from tensorflow-datasets glue/{spec.task} in {where}: no data_dir "
         "was given (--data-dir DIR reads a glue_data folder)"
     )
 
@@ -144,8 +147,8 @@ def data_source(config: ml_collections.ConfigDict) -> str:
 @dataclasses.dataclass(frozen=True)
 class Run(build.Classifier):
     """Everything `train_and_evaluate` builds before its loop (also for tests and benchmarks):
-    the classifier (`build.Classifier`: task, model, tokenizer, state, mesh, `eval_fn`, hidden
-    size) with its training steps and data.
+    the classifier (`build.Classifier`: task, spec, model, tokenizer, state, mesh, `eval_fn`,
+    hidden size) with its training steps and data.
 
     `train_fn(state, batch) -> (state, metrics)`, `eval_fn(state, batch, acc) -> (acc, out)`
     and `c0_pass_fn(state, batch, acc) -> acc` are the jitted `steps` functions for `mesh`;
@@ -161,43 +164,42 @@ class Run(build.Classifier):
 
 
 def setup(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None = None) -> Run:
-    """Validates `config`, then `build_run`."""
+    """Validates `config` (the boundary), then `build_run` of its `specs.RunSpec`."""
     config_lib.validate_config(config)
-    return build_run(config, mesh=mesh)
+    return build_run(specs.RunSpec.of(config), mesh=mesh)
 
 
-def build_run(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | None = None) -> Run:
-    """Loads model and data of a validated `config`, creates the train state on `mesh`
-    (default: every device) and compiles nothing yet (the steps compile on first call)."""
-    task = tasks.get_task(config.task)
-    policy = precision.get_policy(config.policy)
-    model, encoder_params, tokenizer, hidden_size = build.build_model(
-        config, policy, task.num_labels
-    )
+def build_run(spec: specs.RunSpec, *, mesh: jax.sharding.Mesh | None = None) -> Run:
+    """Loads model and data of `spec` (a validated config's), creates the train state on
+    `mesh` (default: every device) and compiles nothing yet (the steps compile on first
+    call)."""
+    task = tasks.get_task(spec.data.task)
+    model, encoder_params, tokenizer, hidden_size = build.build_model(spec.model, task.num_labels)
     encode = lambda split: batching.encode(  # noqa: E731
-        build.load_examples(config, split), tokenizer, config.max_length
+        build.load_examples(spec.data, split), tokenizer, spec.data.max_length
     )
     train_encoded = encode("train")
     dev_encoded = {split: encode(split) for split in task.dev_splits}
-    steps_per_epoch = batching.num_batches(
-        len(train_encoded), config.batch_size, drop_remainder=True
-    )
+    feed = spec.feed
+    steps_per_epoch = batching.num_batches(len(train_encoded), feed.batch_size, drop_remainder=True)
     if steps_per_epoch == 0:
         raise config_lib.ConfigError(
-            f"config: batch_size {config.batch_size} is larger than the {len(train_encoded)} "
+            f"config: batch_size {feed.batch_size} is larger than the {len(train_encoded)} "
             "training examples (the last incomplete batch is dropped: no step would run)"
         )
-    total_steps = config.max_steps or steps_per_epoch * config.num_epochs
+    total_steps = spec.loop.max_steps or steps_per_epoch * spec.loop.num_epochs
     mesh = distributed.make_mesh() if mesh is None else mesh
-    micro = config.batch_size // config.grad_accum_steps
-    for name, size in (("batch_size / grad_accum_steps", micro), ("eval_batch_size", None)):
-        size = config.eval_batch_size if size is None else size
+    sizes = (
+        ("batch_size / grad_accum_steps", feed.micro_batch_size),
+        ("eval_batch_size", feed.eval_batch_size),
+    )
+    for name, size in sizes:
         if size % mesh.size:
             raise config_lib.ConfigError(
                 f"config: {name} {size} must be a multiple of the {mesh.size} devices"
             )
     state = build.train_state(
-        config,
+        spec.state,
         task,
         model,
         encoder_params,
@@ -207,10 +209,11 @@ def build_run(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | No
         total_steps=total_steps,
     )
     train_fn, eval_fn, c0_pass_fn = steps.jit_steps(
-        state, mesh, fsdp=config.fsdp, grad_accum_steps=config.grad_accum_steps
+        state, mesh, fsdp=spec.state.fsdp, grad_accum_steps=feed.grad_accum_steps
     )
     return Run(
         task=task,
+        spec=spec,
         state=state,
         train_fn=train_fn,
         eval_fn=eval_fn,
@@ -226,22 +229,19 @@ def build_run(config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh | No
     )
 
 
-def c0_pass(run: Run, state: steps.TrainState, config: ml_collections.ConfigDict, epoch: int):
+def c0_pass(run: Run, state: steps.TrainState, epoch: int):
     """`state` with I-STAR's C0 rebuilt by the explicit pass (SPEC.md §4): eval
-    mode, no gradient, `epoch`'s training batches in order until `istar.stabilizer.tokens`
-    token vectors (all layers; `penalties.estimate_c0`)."""
+    mode, no gradient, `epoch`'s training batches in order until `c0_tokens` token vectors
+    (all layers; `penalties.estimate_c0`) of the run's `specs.ObjectiveSpec`."""
     replicated = NamedSharding(run.mesh, P())
+    feed = run.spec.feed
     acc = penalties.estimate_c0(
         lambda acc, batch: run.c0_pass_fn(state, distributed.global_batch(batch, run.mesh), acc),
         feeds.train_batches(  # micro-batches under accumulation: a device holds those
-            run.train_encoded,
-            config,
-            epoch,
-            mesh=run.mesh,
-            batch_size=config.batch_size // config.grad_accum_steps,
+            run.train_encoded, feed, epoch, mesh=run.mesh, batch_size=feed.micro_batch_size
         ),
         jax.device_put(penalties.c0_pass_init(run.hidden_size), replicated),
-        num_points=config.istar.stabilizer.tokens,
+        num_points=run.spec.state.objective.c0_tokens,
     )
     c0 = jax.jit(penalties.c0_pass_finalize, out_shardings=replicated)(acc)
     c0 = jax.device_put(c0, state.stabilizer["c0"].sharding)  # FSDP may split it
@@ -261,15 +261,14 @@ class EpochEnd(NamedTuple):
 
 @dataclasses.dataclass
 class Loop:
-    """What `train_and_evaluate` holds while it trains, in one place: the run and its config
-    and folder, the log, the throughput meter, the two checkpointers, the position (epoch,
-    batch, summed step metrics, dev results), the two stops (`loss_watch`, `watch`), the
-    profiler window and the compiled steps. `epochs` is the loop; the methods below it are its
+    """What `train_and_evaluate` holds while it trains, in one place: the run (with its
+    `spec`) and its folder, the log, the throughput meter, the two checkpointers, the position
+    (epoch, batch, summed step metrics, dev results), the two stops (`loss_watch`, `watch`),
+    the profiler window and the compiled steps. `epochs` is the loop; the methods below it are its
     steps, in the order it calls them. Only the loop drives the meter; the log receives the
     figures; the position moves only through its own methods (`add_step`, `note_eval`)."""
 
     run: Run
-    config: ml_collections.ConfigDict
     workdir: pathlib.Path
     lead: bool
     log: reporting.RunLog
@@ -284,28 +283,29 @@ class Loop:
     executables: dict = dataclasses.field(default_factory=dict)  # batch shapes -> the step
 
     @classmethod
-    def open(cls, run: Run, config, workdir: pathlib.Path, lead: bool, watch) -> tuple[Loop, Any]:
+    def open(cls, run: Run, workdir: pathlib.Path, lead: bool, watch) -> tuple[Loop, Any]:
         """The run's `Loop` and the state it starts from (the newest usable checkpoint's, or
         step 0's): checkpointers, restore, log, throughput meter, non-finite watch, profiler."""
-        ckpt, best_ckpt = resume.checkpointers(workdir, config.keep_checkpoints)
-        state, position = resume.restore(ckpt, run.state, workdir, lead, config)
+        spec = run.spec.loop
+        ckpt, best_ckpt = resume.checkpointers(workdir, spec.keep_checkpoints)
+        state, position = resume.restore(ckpt, run.state, workdir, lead, run.spec.fields)
         profile = None
-        if config.profile_steps is not None:
-            profile = throughput.Window(workdir, *config.profile_steps, enabled=lead)
+        if spec.profile_steps is not None:
+            profile = throughput.Window(workdir, *spec.profile_steps, enabled=lead)
+        loss_watch = stops.LossWatch(spec.max_nonfinite_steps, state.loss_scale, workdir, lead)
         loop = cls(
             run=run,
-            config=config,
             workdir=workdir,
             lead=lead,
-            log=_run_log(run, config, workdir, lead),
-            meter=_meter(run, config, lead),
+            log=_run_log(run, workdir, lead),
+            meter=_meter(run, lead),
             ckpt=ckpt,
             best_ckpt=best_ckpt,
             position=position,
-            loss_watch=stops.LossWatch(config.max_nonfinite_steps, state.loss_scale, workdir, lead),
+            loss_watch=loss_watch,
             watch=watch,
             profile=profile,
-            stamp=resume.config_stamp(config),
+            stamp=resume.config_stamp(run.spec.fields),
         )
         return loop, state
 
@@ -313,8 +313,9 @@ class Loop:
         """The epoch loop, from the position to the run's end: per epoch the C0 pass, the
         training steps, the dev evaluation and the checkpoints; every stop through the watch
         (`stops.Watch.requested`). Returns the last state and step."""
-        run, config, position = self.run, self.config, self.position
-        c0_each_epoch = config.penalty == "istar" and config.istar.stabilizer.kind == "pass"
+        run, position = self.run, self.position
+        objective = run.spec.state.objective
+        c0_each_epoch = objective.penalty == "istar" and objective.c0_mode == "pass"
         num_epochs = -(-run.total_steps // run.steps_per_epoch)
         step = int(state.step)
         while step < run.total_steps and position.epoch < num_epochs:
@@ -335,7 +336,7 @@ class Loop:
 
     def c0_pass(self, state, epoch: int):
         """`state` with C0 rebuilt by the explicit pass (`c0_pass`), its time not the steps'."""
-        state = c0_pass(self.run, state, self.config, epoch)
+        state = c0_pass(self.run, state, epoch)
         if self.meter is not None:
             jax.block_until_ready(state)
             self.meter.mark()
@@ -344,15 +345,16 @@ class Loop:
     def train_epoch(self, state, step: int) -> EpochEnd:
         """Trains from the position to the end of its epoch or of the run. After each step:
         the position (`resume.Position.add_step`), the log, the non-finite watch; a checkpoint
-        every `config.checkpoint_every` steps (not at the epoch's end); a requested stop ends
-        the epoch early."""
-        run, config, position = self.run, self.config, self.position
+        every `checkpoint_every` steps (`specs.LoopSpec`; not at the epoch's end); a requested
+        stop ends the epoch early."""
+        run, position = self.run, self.position
+        feed, spec = run.spec.feed, run.spec.loop
         epoch_done = position.batch == run.steps_per_epoch
         batches = feeds.update_batches(
-            run.train_encoded, config, position.epoch, position.batch, mesh=run.mesh
+            run.train_encoded, feed, position.epoch, position.batch, mesh=run.mesh
         )
         for batch in batches:
-            batch = distributed.global_batch(batch, run.mesh, stacked=config.grad_accum_steps > 1)
+            batch = distributed.global_batch(batch, run.mesh, stacked=feed.grad_accum_steps > 1)
             state, step_metrics = self.train_fn(state, batch)(state, batch)
             step += 1
             self.after_step(step, state)
@@ -360,13 +362,13 @@ class Loop:
             epoch_done = position.add_step(step_metrics | counts, run.steps_per_epoch)
             self.log_step(step)
             self.loss_watch.update(step, step_metrics["loss"])
-            if step % config.log_every == 0 or step == run.total_steps or epoch_done:
+            if step % spec.log_every == 0 or step == run.total_steps or epoch_done:
                 self.loss_watch.check(step, position.epoch)
             if self.watch.requested(step) and step < run.total_steps:
                 return EpochEnd(state, step, epoch_done, stopped=True)
             if step == run.total_steps or epoch_done:
                 break
-            if config.checkpoint_every and step % config.checkpoint_every == 0:
+            if spec.checkpoint_every and step % spec.checkpoint_every == 0:
                 self.loss_watch.check(step, position.epoch, before="checkpointing")
                 self.save(step, state)
         return EpochEnd(state, step, epoch_done, stopped=False)
@@ -406,9 +408,9 @@ class Loop:
         self.loss_watch.check(step, position.epoch, before="evaluating")
         run = self.run
         results = evaluation.evaluate_all(
-            run, run.dev_encoded, state, self.config, step, position.epoch + 1, self.log
+            run, run.dev_encoded, state, step, position.epoch + 1, self.log
         )
-        split = tasks.get_task(self.config.task).dev_splits[0]
+        split = run.task.dev_splits[0]
         if position.note_eval(results, split, epoch_done=epoch_done):
             # before the latest, so a resumed run never claims a best it lacks
             self.best_ckpt.save(step, state, position.to_json() | self.stamp)
@@ -442,7 +444,7 @@ class Loop:
         last_eval = position.last_eval
         if last_eval is None:  # nothing to train (a finished run without results)
             last_eval = evaluation.evaluate_all(
-                self.run, self.run.dev_encoded, state, self.config, step, position.epoch, None
+                self.run, self.run.dev_encoded, state, step, position.epoch, None
             )
         best = position.best
         if best is not None and best["step"] not in self.best_ckpt.all_steps():
@@ -464,30 +466,31 @@ class Loop:
         self.best_ckpt.close()
 
 
-def _meter(run: Run, config: ml_collections.ConfigDict, lead: bool):
-    """The loop's `throughput.Meter` (None with `config.throughput` False)."""
-    if not config.throughput:
+def _meter(run: Run, lead: bool):
+    """The loop's `throughput.Meter` (None with the run's `LoopSpec.throughput` False)."""
+    spec = run.spec
+    if not spec.loop.throughput:
         return None
     return throughput.Meter(
         run.mesh,
-        precision.get_policy(config.policy).compute_dtype,
-        peak_override=config.peak_flops,
-        loop_trips=config.grad_accum_steps,
-        verbose=lead and config.progress,  # its lines join the progress display's
+        spec.state.policy.compute_dtype,
+        peak_override=spec.loop.peak_flops,
+        loop_trips=spec.feed.grad_accum_steps,
+        verbose=lead and spec.loop.progress,  # its lines join the progress display's
     )
 
 
-def _run_log(run: Run, config: ml_collections.ConfigDict, workdir: pathlib.Path, lead: bool):
+def _run_log(run: Run, workdir: pathlib.Path, lead: bool):
     """The run's `reporting.RunLog` (metrics.jsonl, TensorBoard, progress; the learning rate
     schedule it logs)."""
-    opt = config.optimizer
+    spec, opt = run.spec.loop, run.spec.state.optim
     return reporting.RunLog(
         workdir,
         total_steps=run.total_steps,
-        every=config.log_every,
+        every=spec.log_every,
         enabled=lead,
-        progress=config.progress,
-        tensorboard=config.tensorboard,
+        progress=spec.progress,
+        tensorboard=spec.tensorboard,
         learning_rate=optim.learning_rate_schedule(
             opt.learning_rate,
             run.total_steps,

@@ -34,7 +34,6 @@ import socket
 from collections.abc import Iterator
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from isojax import errors
@@ -156,25 +155,25 @@ def _changed_fields(before: dict, now: dict) -> list[str]:
     )
 
 
-def config_stamp(config: ml_collections.ConfigDict) -> dict:
-    """`{"config": {"sha256", "fields"}}`: the flattened config (JSON values) and the SHA-256 of
-    its fields that change the run (all but `_RESUMABLE_CHANGES`), saved with each checkpoint."""
-    fields = config_lib.flatten(json.loads(config.to_json()))
+def config_stamp(fields: dict) -> dict:
+    """`{"config": {"sha256", "fields"}}`: the flattened config `fields` (JSON values,
+    `specs.RunSpec.fields`) and the SHA-256 of those that change the run (all but
+    `_RESUMABLE_CHANGES`), saved with each checkpoint."""
     run = {k: v for k, v in fields.items() if k.split(".")[0] not in _RESUMABLE_CHANGES}
     digest = hashlib.sha256(json.dumps(run, sort_keys=True).encode()).hexdigest()
     return {"config": {"sha256": digest, "fields": fields}}
 
 
-def check_stamp(stamp: dict | None, config: ml_collections.ConfigDict, where: str) -> bool:
+def check_stamp(stamp: dict | None, fields: dict, where: str) -> bool:
     """Refuses (`ConfigChanged`) to restore the checkpoint `where` whose `config_stamp` differs
-    from `config` in a field that changes the run, naming each with both values. Returns False
-    for a checkpoint saved without a stamp (isojax before stamps: nothing to compare), True
-    when the config is the run's."""
+    from the flattened config `fields` (`specs.RunSpec.fields`) in a field that changes the
+    run, naming each with both values. Returns False for a checkpoint saved without a stamp
+    (isojax before stamps: nothing to compare), True when the config is the run's."""
     if stamp is None:
         return False
-    if stamp["sha256"] == config_stamp(config)["config"]["sha256"]:
+    if stamp["sha256"] == config_stamp(fields)["config"]["sha256"]:
         return True
-    before, now = stamp["fields"], config_stamp(config)["config"]["fields"]
+    before, now = stamp["fields"], fields
     changed = _changed_fields(before, now)
     if changed:
         missing = "(absent)"
@@ -198,10 +197,11 @@ def run_artefacts(workdir: pathlib.Path) -> list[str]:
     return found + (["results.json"] if (workdir / "results.json").exists() else [])
 
 
-def check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+def check_same_run(fields: dict, workdir: pathlib.Path) -> None:
     """Refuses (`ConfigChanged`) a `workdir` holding any run artefact (`run_artefacts`) of a
-    run with another config (its `config.json`), or holding some without a `config.json`
-    (unless checkpoints, whose stamps `restore` compares)."""
+    run with another config than the flattened `fields` (`specs.RunSpec.fields`; its
+    `config.json`), or holding some without a `config.json` (unless checkpoints, whose stamps
+    `restore` compares)."""
     found, saved = run_artefacts(workdir), workdir / "config.json"
     if not found:
         return
@@ -213,8 +213,7 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> 
             "config with: use a new workdir, or put the run's config.json back"
         )
     before = config_lib.flatten(json.loads(saved.read_text()))
-    now = config_lib.flatten(json.loads(config.to_json()))
-    changed = _changed_fields(before, now)
+    changed = _changed_fields(before, fields)
     if changed:
         raise ConfigChanged(
             f"{workdir} holds a run ({', '.join(found)}) with another config "
@@ -293,12 +292,12 @@ def restore(
     state: steps.TrainState,
     workdir: pathlib.Path,
     lead: bool,
-    config: ml_collections.ConfigDict | None = None,
+    fields: dict | None = None,
 ):
     """`(state, Position)` from the newest usable checkpoint, or the fresh ones. A resumed run
     drops the `metrics.jsonl` lines a killed run wrote after that checkpoint (and a torn last
-    line); a fresh start begins an empty `metrics.jsonl`. With `config`, a checkpoint trained
-    with another config (`check_stamp`) raises `ConfigChanged`."""
+    line); a fresh start begins an empty `metrics.jsonl`. With the flattened config `fields`, a
+    checkpoint trained with another config (`check_stamp`) raises `ConfigChanged`."""
     restored = ckpt.restore(state)
     path = workdir / "metrics.jsonl"
     if restored is None:
@@ -311,8 +310,8 @@ def restore(
     state, saved = restored
     stamp = saved.pop("config", None)
     step = int(state.step)
-    if config is not None:
-        check_stamp(stamp, config, f"checkpoint step {step} in {ckpt.directory}")
+    if fields is not None:
+        check_stamp(stamp, fields, f"checkpoint step {step} in {ckpt.directory}")
     position = Position.from_json(saved, f"checkpoint step {step} in {ckpt.directory}")
     if lead and path.exists():
         lines = path.read_text().splitlines(keepends=True)

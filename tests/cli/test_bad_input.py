@@ -14,7 +14,7 @@ from helpers import finetune_args, one_line
 
 from isojax import cli
 from isojax.linen import norms
-from isojax.training import build, precision
+from isojax.training import build, specs
 
 RTE_HEADER = "index\tsentence1\tsentence2\tlabel"
 STSB_HEADER = (
@@ -155,7 +155,7 @@ def test_documented_normalizer_kwargs_reach_the_head(minilm_dir):
     )
     config = cli.finetune_config(args)
     assert config.normalizer_kwargs.to_dict() == {"epsilon": 1e-5}
-    model, _, _, _ = build.build_model(config, precision.get_policy("f32"), num_labels=2)
+    model, _, _, _ = build.build_model(specs.ModelSpec.of(config), num_labels=2)
     assert dict(model.normalizer_kwargs) == {"epsilon": 1e-5}
     assert norms.make_normalizer(model.normalizer, **model.normalizer_kwargs).epsilon == 1e-5
 

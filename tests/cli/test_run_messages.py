@@ -44,7 +44,7 @@ def _first_stderr_line(capsys, monkeypatch, config, workdir) -> str:
 
     # The line comes once the data have loaded (`build_run`), before any checkpoint is read.
     monkeypatch.setattr(loop, "build_run", lambda *args, **kwargs: None)
-    monkeypatch.setattr(loop.resume, "checkpointers", stop)
+    monkeypatch.setattr(loop.Loop, "open", stop)
     with pytest.raises(_Stop):
         loop.train_and_evaluate(config, workdir)
     return capsys.readouterr().err.splitlines()[0]

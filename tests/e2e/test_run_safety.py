@@ -226,8 +226,8 @@ def test_a_checkpoint_without_a_stamp_restores_with_a_warning(caplog, killed_twi
     run_dir = tmp_path / "run"
     shutil.copytree(killed_twice[1], run_dir, ignore=shutil.ignore_patterns("best_checkpoint"))
     restored = runs.restore(run_dir)
-    stamp = resume.config_stamp(restored.config)["config"]
-    assert resume.check_stamp(stamp, restored.config, "here")
+    stamp = resume.config_stamp(restored.spec.fields)["config"]
+    assert resume.check_stamp(stamp, restored.spec.fields, "here")
     position = dict(restored.position)
     with checkpointing.Checkpointer(run_dir / "checkpoints", max_to_keep=3) as ckpt:
         ckpt.save(5, restored.state, position)  # saved as before: no "config" key

@@ -16,8 +16,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from children import finish
-from helpers import dev_lines, finetune_argv, start_child, study, study_grid
+from helpers import dev_lines, finetune_argv, start_child, study_grid
 
+from experiments.study import runner
 from isojax import cli
 from isojax.training import checkpointing, reporting, stops, throughput
 
@@ -181,7 +182,6 @@ def test_a_failed_save_after_a_stop_ends_the_study_runner(
 ):
     """SIGTERM after step 1 of the first cell, and every save fails (a full disk): the runner
     ends with status 1 and starts no other cell (it used to record each cell failed)."""
-    study_module = study()
     grid = study_grid(
         tmp_path, glue_dir, minilm_dir, methods=("none",), seeds=(1, 2), epochs=1, tier_2=False,
         pretrained=False,
@@ -200,7 +200,7 @@ def test_a_failed_save_after_a_stop_ends_the_study_runner(
     monkeypatch.setattr(checkpointing.Checkpointer, "save", full_disk)
     lines = []
     with pytest.raises(SystemExit) as stop:
-        study_module.run_grid(
+        runner.run_grid(
             grid, runs_dir=tmp_path / "runs", results=tmp_path / "r.jsonl", log=lines.append
         )
     assert stop.value.code == 1

@@ -12,35 +12,42 @@ import subprocess
 import sys
 import time
 
-import helpers
 import pytest
 from helpers import REPO, study_grid
 
-study = helpers.study()
-study_records = study.study_records
+from experiments.configs import study_recipe
+from experiments.study import records as study_records
+from experiments.study import runner
+from experiments.study.eta import epoch_minutes
+from experiments.study.grid import cell_config, load_grid
+from experiments.study.records import StudyError, read_records
 
 pytestmark = pytest.mark.e2e
 
 WRITER = """
-import importlib.util, pathlib, sys
-spec = importlib.util.spec_from_file_location("study", {study!r})
-study = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(study)
+import pathlib, sys
+from experiments.study.records import write_record
 path, who, n = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 for i in range(n):
     if who == "replacer":  # a failed line, then its retry's line replacing it (rename)
-        study.write_record(path, {{"cell": f"r{{i}}", "status": "failed"}})
-        study.write_record(path, {{"cell": f"r{{i}}", "status": "ok"}})
+        write_record(path, {{"cell": f"r{{i}}", "status": "failed"}})
+        write_record(path, {{"cell": f"r{{i}}", "status": "ok"}})
     else:
-        study.write_record(path, {{"cell": f"a{{i}}", "status": "ok"}})
+        write_record(path, {{"cell": f"a{{i}}", "status": "ok"}})
 """
 
 
 def _writer(tmp_path, results, who, n):
     script = tmp_path / "writer.py"
-    script.write_text(WRITER.format(study=str(REPO / "experiments" / "study.py")))
+    script.write_text(WRITER.format())
     return subprocess.Popen([sys.executable, str(script), str(results), who, str(n)],
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, env=_env())  # fmt: skip
+
+
+def _env() -> dict:
+    """This process's environment with the checkout's root first on PYTHONPATH (`experiments`)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return os.environ | {"PYTHONPATH": path}
 
 
 def test_the_results_lock_is_the_results_files_own(tmp_path):
@@ -56,14 +63,14 @@ def test_the_results_lock_is_the_results_files_own(tmp_path):
         fcntl.flock(held, fcntl.LOCK_UN)
     _, err = writer.communicate(timeout=60)
     assert writer.returncode == 0, err
-    assert [r["cell"] for r in study.read_records(results)] == ["a0"]
+    assert [r["cell"] for r in read_records(results)] == ["a0"]
 
     results.unlink()
     writers = [_writer(tmp_path, results, who, 40) for who in ("replacer", "appender")]
     for writer in writers:
         _, err = writer.communicate(timeout=120)
         assert writer.returncode == 0, err
-    records = study.read_records(results)
+    records = read_records(results)
     assert sorted(r["cell"] for r in records) == sorted(
         [f"r{i}" for i in range(40)] + [f"a{i}" for i in range(40)]
     )
@@ -79,10 +86,11 @@ def test_a_claim_is_exclusive_names_its_holder_and_dies_with_it(tmp_path):
     first.release()
     assert study_records.holder(tmp_path / "cell") is None
     # A holder killed with SIGKILL leaves no stale claim.
-    code = (f"import sys; sys.path.insert(0, {str(REPO / 'experiments')!r}); import study_records, "
-            f"time, pathlib; c = study_records.claim(pathlib.Path({str(tmp_path / 'cell')!r})); "
+    code = ("import pathlib, time; from experiments.study import records; "
+            f"c = records.claim(pathlib.Path({str(tmp_path / 'cell')!r})); "
             "print('held', flush=True); time.sleep(60)")  # fmt: skip
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env=_env())  # fmt: skip
     try:
         assert child.stdout.readline().strip() == "held"
         assert study_records.holder(tmp_path / "cell").startswith(f"pid {child.pid} on ")
@@ -102,14 +110,14 @@ def test_a_cell_another_runner_holds_is_skipped_and_reported(tmp_path, glue_dir,
     names = ("rte-pretrained", "rte-none-s1", "rte-isobn-s1")
     claims = [study_records.claim(runs / "tiny" / c) for c in names]
     lines = []
-    dry = study.run_grid(grid, runs_dir=runs, results=results, dry_run=True, log=lines.append)
+    dry = runner.run_grid(grid, runs_dir=runs, results=results, dry_run=True, log=lines.append)
     assert sum("(running: pid" in line for line in lines) == 3
     lines.clear()
-    counts = study.run_grid(grid, runs_dir=runs, results=results, log=lines.append)
+    counts = runner.run_grid(grid, runs_dir=runs, results=results, log=lines.append)
     assert dry["held"] == 0 and counts == {
         "cells": 3, "done": 0, "failed": 0, "ran": 0, "held": 3, "left": 3,
     }  # fmt: skip
-    assert not results.exists() or not study.read_records(results)
+    assert not results.exists() or not read_records(results)
     assert lines[-1].startswith("skipped 3 cells another runner held: rte-pretrained (pid ")
     assert lines[-1].count(f"pid {os.getpid()} on ") == 3
     for c in claims:
@@ -124,16 +132,13 @@ def test_two_runner_processes_share_a_grid(tmp_path, glue_dir, minilm_dir):
     line per step; no traceback."""
     grid = _grid_file(tmp_path, glue_dir, minilm_dir, methods=("none",))
     runs, results = tmp_path / "runs", tmp_path / "tiny.jsonl"
-    argv = [sys.executable, str(REPO / "experiments" / "study.py"), grid, "--runs-dir",
-            str(runs), "--results", str(results)]  # fmt: skip
-    path = os.pathsep.join(
-        filter(None, [os.environ.get("PYTHONPATH"), str(REPO / "experiments/configs")])
-    )
-    env = os.environ | {"JAX_PLATFORMS": "cpu", "PYTHONPATH": path}  # study_recipe for the grid
+    argv = [sys.executable, "-m", "experiments.study", grid, "--runs-dir", str(runs),
+            "--results", str(results)]  # fmt: skip
+    env = _env() | {"JAX_PLATFORMS": "cpu"}
 
     def start(name):
         with open(tmp_path / f"{name}.log", "w") as log:  # the child keeps its own descriptor
-            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
     cell = runs / "tiny" / "rte-pretrained"
     a = start("a")
@@ -147,7 +152,7 @@ def test_two_runner_processes_share_a_grid(tmp_path, glue_dir, minilm_dir):
                 with open(study_records.lock_path_of(results), "a") as lock:
                     try:
                         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        done = [r["cell"] for r in study.read_records(results)]
+                        done = [r["cell"] for r in read_records(results)]
                         assert not done, "A finished its cell before it was stopped"
                         break
                     except BlockingIOError:
@@ -166,7 +171,7 @@ def test_two_runner_processes_share_a_grid(tmp_path, glue_dir, minilm_dir):
     assert "Traceback" not in log_a + log_b
     assert f"skipped 1 cells another runner held: rte-pretrained (pid {a.pid} on " in log_b
     assert "rte-none-s1: recorded by another runner" in log_a
-    records = study.read_records(results)
+    records = read_records(results)
     assert sorted(r["cell"] for r in records) == ["rte-none-s1", "rte-pretrained"]
     for record in records:
         assert record["status"] == "ok", record["error"]
@@ -185,21 +190,19 @@ def test_a_non_finite_or_negative_budget_is_one_line(budget, tmp_path, capsys):
     grid = REPO / "experiments" / "configs" / "study_pilot.py"
     argv = [str(grid), "--budget-minutes", budget, "--dry-run", "--results",
             str(tmp_path / "p.jsonl")]  # fmt: skip
-    assert study.main(argv) == 2
+    assert runner.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--budget-minutes must be a finite number >= 0" in err
-    with pytest.raises(study.StudyError):
-        study.run_grid(str(grid), budget_minutes=float(budget), dry_run=True)
+    with pytest.raises(StudyError):
+        runner.run_grid(str(grid), budget_minutes=float(budget), dry_run=True)
 
 
 def test_the_estimate_of_an_unmeasured_model_is_unknown(tmp_path, glue_dir, minilm_dir):
-    import study_recipe
-
-    grid, recipe = study.load_grid(_grid_file(tmp_path, glue_dir, minilm_dir))
-    tiny = study.cell_config(grid, recipe, {"task": "rte", "method": "none", "seed": 1})
-    assert study.epoch_minutes([], "rte", "none", recipe, "cpu", tiny) is None
+    grid, recipe = load_grid(_grid_file(tmp_path, glue_dir, minilm_dir))
+    tiny = cell_config(grid, recipe, {"task": "rte", "method": "none", "seed": 1})
+    assert epoch_minutes([], "rte", "none", recipe, "cpu", tiny) is None
     lines = []
-    study.run_grid(str(tmp_path / "study_tiny.py"), runs_dir=tmp_path / "r", dry_run=True,
+    runner.run_grid(str(tmp_path / "study_tiny.py"), runs_dir=tmp_path / "r", dry_run=True,
                    results=tmp_path / "none.jsonl", log=lines.append)  # fmt: skip
     assert "estimate unknown" in lines[0] and "time unknown" in lines[1]
     # A measured tiny run counts for tiny runs only; the recipe's shape keeps the prior.
@@ -207,8 +210,8 @@ def test_the_estimate_of_an_unmeasured_model_is_unknown(tmp_path, glue_dir, mini
     measured = {"fields": {"task": "rte", "method": "none"}, "status": "ok", "kind": "run",
                 "wall_minutes": 0.2, "eval": [{"epoch": 1}, {"epoch": 2}], "device": "cpu",
                 "config": json.loads(tiny.to_json())}  # fmt: skip
-    assert study.epoch_minutes([measured], "rte", "none", recipe, "cpu", tiny) == 0.1
+    assert epoch_minutes([measured], "rte", "none", recipe, "cpu", tiny) == 0.1
     assert (
-        study.epoch_minutes([measured], "rte", "none", recipe, "cpu", minilm)
+        epoch_minutes([measured], "rte", "none", recipe, "cpu", minilm)
         == (study_recipe.EPOCH_MINUTES_PRIOR["rte"])
     )

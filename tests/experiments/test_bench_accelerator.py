@@ -1,23 +1,13 @@
 """experiments/bench/accelerator.py runs end to end in its tiny CPU configuration."""
 
-import importlib.util
-
 import pytest
-from helpers import REPO
 
-
-def load_bench():
-    path = REPO / "experiments" / "bench" / "accelerator.py"
-    spec = importlib.util.spec_from_file_location("accelerator_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from experiments.bench import accelerator
 
 
 @pytest.mark.e2e  # a whole run
 def test_tiny_run_prints_the_table(capsys):
-    bench = load_bench()
-    rows = bench.main(["--tiny", "--batches", "4", "--iters", "1", "--rounds", "1"])
+    rows = accelerator.main(["--tiny", "--batches", "4", "--iters", "1", "--rounds", "1"])
     out = capsys.readouterr().out
     assert "not measured: no accelerator" in out
     assert [row["variant"] for row in rows] == ["plain", "isobn", "istar"]
@@ -33,10 +23,9 @@ def test_tiny_run_prints_the_table(capsys):
 
 
 def test_peak_table():
-    bench = load_bench()
-    assert bench.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-    assert bench.peak_flops("NVIDIA H100 PCIe") == 756e12
-    assert bench.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
-    assert bench.peak_flops("TPU v5 lite") == 197e12
-    assert bench.peak_flops("TPU v4") == 275e12
-    assert bench.peak_flops("cpu") is None
+    assert accelerator.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert accelerator.peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert accelerator.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert accelerator.peak_flops("TPU v5 lite") == 197e12
+    assert accelerator.peak_flops("TPU v4") == 275e12
+    assert accelerator.peak_flops("cpu") is None

@@ -2,33 +2,23 @@
 distances it prints are those of the C0 the step uses and of the pass over the same
 parameters."""
 
-import importlib.util
-
 import numpy as np
 import pytest
-from helpers import REPO, one_device_mesh
+from helpers import one_device_mesh
 
+from experiments.bench import stabilizer_gap
 from isojax.training import config as config_lib
 
 pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
 
 
-def load_bench():
-    path = REPO / "experiments" / "bench" / "stabilizer_gap.py"
-    spec = importlib.util.spec_from_file_location("stabilizer_gap", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_stabilizer_gap_runs_on_a_tiny_model(glue_dir, minilm_dir, capsys):
-    bench = load_bench()
     argv = [
         "--model", config_lib.TINY_MODEL, "--tokenizer", str(minilm_dir),
         "--data-dir", str(glue_dir), "--max-train-examples", "24", "--batch-size", "8",
         "--max-length", "32", "--tokens", "64", "--every", "1", "--max-steps", "3",
     ]  # fmt: skip
-    rows = bench.main(argv, mesh=one_device_mesh())
+    rows = stabilizer_gap.main(argv, mesh=one_device_mesh())
     out = capsys.readouterr().out
     assert [(r.mode, r.step) for r in rows] == [(m, s) for m in ("epoch", "ema") for s in range(3)]
     assert "dC0" in out and "epoch  over 3 points" in out and "ema    over 3 points" in out

@@ -10,7 +10,11 @@ import math
 import numpy as np
 import pytest
 import scipy.stats
-from helpers import REPO, load_experiment
+from helpers import REPO
+
+from experiments.report import page as report
+from experiments.report import records as report_records
+from experiments.report import verdicts
 
 STUDIES = ("normalizers", "istar_lambda", "cosreg")
 
@@ -33,8 +37,6 @@ def _sign_flip(diffs, direction):
 
 
 def _judged_families(study, monkeypatch):
-    report = load_experiment("report.py", "report_under_test")
-    verdicts = report.verdicts
     seen = []
     render = verdicts.Family.render
 
@@ -45,7 +47,7 @@ def _judged_families(study, monkeypatch):
         return lines
 
     monkeypatch.setattr(verdicts.Family, "render", spy)
-    records = report.records_io.load(REPO / "experiments" / "results" / f"{study}.jsonl")
+    records = report_records.load(REPO / "experiments" / "results" / f"{study}.jsonl")
     data = report.build(records)
     verdicts.verdict_lines(data, {})
     return seen
@@ -110,8 +112,7 @@ def test_every_pooled_line_s_paired_test_matches_an_enumeration(monkeypatch):
     """The pooled lines' sign-flip p over the (task, seed) pairs, recomputed from the records
     (best dev epoch: the max over each run's dev scores), against every pattern enumerated:
     equal where the report enumerates (n ≤ 16), within Monte-Carlo error where it samples."""
-    report = load_experiment("report.py", "report_pooled_check")
-    records = report.records_io.load(REPO / "experiments" / "results" / "normalizers.jsonl")
+    records = report_records.load(REPO / "experiments" / "results" / "normalizers.jsonl")
     best = {}
     for r in records:
         if r["kind"] == "run" and r["status"] == "ok":

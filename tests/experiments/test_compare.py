@@ -1,13 +1,14 @@
-"""experiments/compare.py, the main job (issue 25, item 17): it prints progress and the table,
-the JSON stays in the run folders."""
+"""experiments/examples/compare.py, the main job (issue 25, item 17): it prints progress and
+the table, the JSON stays in the run folders."""
 
 import json
 
-from helpers import REPO, load_experiment
+from helpers import REPO
+
+from experiments.examples import compare
 
 
 def test_compare_prints_progress_and_the_table_not_json(monkeypatch, tmp_path, capsys):
-    compare = load_experiment("compare.py")
     row = {key: 0.5 for key in compare.ISOTROPY_KEYS}
     monkeypatch.setattr(compare, "pretrained_row", lambda config: dict(row))
 

@@ -2,29 +2,22 @@
 the report on records missing nested keys (finding 17) and the committed reports' verdict lines
 recomputed with SciPy (held probe 1)."""
 
-import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
 from helpers import logged_warning
 
+from experiments.report import page
+from experiments.study import cell, runner
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "experiments"))
-sys.path.insert(0, str(REPO / "experiments" / "configs"))
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 GRID = """
 import ml_collections
-import study_recipe
+
+from experiments.configs import study_recipe
 
 
 def get_config(arg=None):
@@ -47,31 +40,29 @@ TORN = '{"step": 1, "epoch": 0, "split": "train", "loss": 0.7}\n{"step": 2, "ep'
 
 def test_read_run_drops_a_torn_last_line(caplog, tmp_path):
     """Finding 3: `read_run` reads `metrics.jsonl` as the loop does, a torn last line dropped."""
-    study_cell = _load("study_cell")
     (tmp_path / "metrics.jsonl").write_text(TORN)
     with logged_warning(caplog, "torn last line"):
-        run = study_cell.read_run(tmp_path)
+        run = cell.read_run(tmp_path)
     assert run["steps"] == 1 and run["eval"] == []
 
 
 @pytest.mark.e2e  # a whole run
 def test_dry_run_over_a_torn_cell_prints_its_estimate(tmp_path, glue_dir, minilm_dir, caplog):
-    """Finding 3: `study.py --dry-run` over a pending cell with a torn last line and over one
-    with a bad middle line prints the plan and an estimate, never a traceback."""
-    study = _load("study")
+    """Finding 3: `python -m experiments.study --dry-run` over a pending cell with a torn last
+    line and over one with a bad middle line prints the plan and an estimate, never a traceback."""
     grid = tmp_path / "study_torn.py"
     grid.write_text(GRID.format(glue=str(glue_dir), tokenizer=str(minilm_dir)))
     cell = tmp_path / "runs" / "torn" / "rte-none-s1"
     cell.mkdir(parents=True)
     (cell / "metrics.jsonl").write_text(TORN)
     lines = []
-    study.run_grid(str(grid), runs_dir=tmp_path / "runs", results=tmp_path / "r.jsonl",
+    runner.run_grid(str(grid), runs_dir=tmp_path / "runs", results=tmp_path / "r.jsonl",
                    dry_run=True, log=lines.append)  # fmt: skip
     assert "estimate" in lines[0] and "rte-none-s1: time unknown" in lines[1]
     assert "no estimate" not in caplog.text  # the torn line dropped, the folder read
     (cell / "metrics.jsonl").write_text("not json\n" + TORN + "\n")
     lines.clear()
-    study.run_grid(str(grid), runs_dir=tmp_path / "runs", results=tmp_path / "r.jsonl",
+    runner.run_grid(str(grid), runs_dir=tmp_path / "runs", results=tmp_path / "r.jsonl",
                    dry_run=True, log=lines.append)  # fmt: skip
     assert "estimate" in lines[0] and "rte-none-s1: time unknown" in lines[1]
     assert "rte-none-s1: no estimate" in caplog.text and "not a metrics record" in caplog.text
@@ -81,7 +72,6 @@ def test_dry_run_over_a_torn_cell_prints_its_estimate(tmp_path, glue_dir, minilm
 def test_report_refuses_a_record_missing_nested_keys(tmp_path, damage, capsys):
     """Finding 17: a record whose eval row lacks `score`, whose fields lack `task`, or whose
     eval is not a list: one line naming the file and line, exit status 2."""
-    report = _load("report")
     lines = (REPO / "experiments/results/cosreg.jsonl").read_text().splitlines()[:2]
     record = json.loads(lines[1])
     if damage == "score":
@@ -92,6 +82,6 @@ def test_report_refuses_a_record_missing_nested_keys(tmp_path, damage, capsys):
         record["eval"] = {"oops": 1}
     path = tmp_path / "damaged.jsonl"
     path.write_text(lines[0] + "\n" + json.dumps(record) + "\n")
-    assert report.main([str(path)]) == 2
+    assert page.main([str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{path}:2: not a study record" in err, err

@@ -1,14 +1,12 @@
-"""`experiments/nnx_finetune.py`, the short example of the library loop with the NNX front end:
-a preset with `front_end` "nnx", a valid config, handed to `train_and_evaluate` (the runs
+"""`experiments/examples/nnx_finetune.py`, the short example of the library loop with the NNX
+front end: a preset with `front_end` "nnx", a valid config, handed to `train_and_evaluate` (the runs
 themselves are tested in tests/training/test_front_ends.py)."""
 
-from helpers import load_experiment
-
+from experiments.examples import nnx_finetune as example
 from isojax.training import config as config_lib
 
 
 def test_the_example_runs_the_main_job_through_the_library_loop(tmp_path, monkeypatch, capsys):
-    example = load_experiment("nnx_finetune.py")
     calls = []
 
     def train_and_evaluate(config, workdir):

@@ -1,22 +1,18 @@
-"""Tests for experiments/report_pooled.py, the statistics pooled over tasks, against rliable
+"""Tests for experiments/report/pooled.py, the statistics pooled over tasks, against rliable
 (`rliable.metrics`, `rliable.library.get_interval_estimates`) and against worked examples.
 
 rliable 1.2's `StratifiedBootstrap` draws its indices with `np.random.choice`, the global NumPy
 RandomState, whatever `random_state` it is given: the tests seed the global state with the
 module's seed before calling it (and restore it after), which gives rliable the draws that
-`report_pooled` takes from its own `RandomState(seed)`."""
-
-import sys
+`pooled` takes from its own `RandomState(seed)`."""
 
 import numpy as np
 import pytest
 import scipy.stats
-from helpers import REPO
 from rliable import library as rly
 from rliable import metrics
 
-sys.path.insert(0, str(REPO / "experiments"))
-import report_pooled as pool  # noqa: E402
+from experiments.report import pooled as pool
 
 DRAWS = 300  # fewer than the report's 2000: the equality holds draw by draw
 
@@ -27,7 +23,7 @@ def _matrix(seed: int, runs: int, tasks: int, decimals: int = 2) -> np.ndarray:
 
 
 def _columns(x: np.ndarray) -> list[np.ndarray]:
-    """rliable's (runs, tasks) matrix as report_pooled's one array per task."""
+    """rliable's (runs, tasks) matrix as `pooled`'s one array per task."""
     return [x[:, j] for j in range(x.shape[1])]
 
 

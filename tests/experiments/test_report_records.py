@@ -1,4 +1,4 @@
-"""Tests for the record loading of experiments/report.py (report_records): duplicated cells,
+"""Tests for the record loading of experiments/report/ (records): duplicated cells,
 bad lines, mixed commits and mixed devices refused with one line; the constant-prediction scores
 against scikit-learn on the real dev labels."""
 
@@ -11,9 +11,10 @@ from report_data import (
     _normalizers_records,
     _record,
     _write,
-    report,
-    report_records,
 )
+
+from experiments.report import page as report
+from experiments.report import records as report_records
 
 
 def test_a_duplicated_cell_is_refused_naming_both_lines(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Tests for the rule additions of issues 47 and 48 (experiments/report_rule.py and its
+"""Tests for the rule additions of issues 47 and 48 (experiments/report/rule.py and its
 helpers): the pooled test paired by seed against an exact enumeration written here and SciPy's
 `permutation_test`, "smaller than claimed" under Holm, "equivalent within ±0.010", the
 epoch-sensitive flag, the NaN refusal, the model-bound wording, the `whitening_why` families on a
@@ -7,20 +7,15 @@ synthetic JSONL, and the forest plot."""
 import itertools
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
 import scipy.stats
-from helpers import REPO, load_experiment
 
-sys.path.insert(0, str(REPO / "experiments"))
-import report_pooled as pool  # noqa: E402
-import report_records  # noqa: E402
-import report_rule as rule  # noqa: E402
-import report_stats as stats  # noqa: E402
-
-report = load_experiment("report.py", "report_rule48")
+from experiments.report import findings, numbers, rule, stats
+from experiments.report import page as report
+from experiments.report import pooled as pool
+from experiments.report import records as report_records
 
 
 def _enumerated(diffs, direction) -> float:
@@ -171,7 +166,7 @@ def test_a_nan_score_is_refused_in_one_line_naming_the_record(tmp_path, capsys):
 
 
 def _t(diffs):
-    return report.numbers.paired(dict(enumerate(diffs)), dict.fromkeys(range(len(diffs)), 0.0))
+    return numbers.paired(dict(enumerate(diffs)), dict.fromkeys(range(len(diffs)), 0.0))
 
 
 def test_smaller_than_claimed_is_holm_adjusted_over_the_family():
@@ -302,8 +297,6 @@ def test_a_grid_without_the_arms_has_no_why_family(tmp_path):
 
 
 def test_findings_page_shows_whitening_why_where_its_jsonl_exists(tmp_path):
-    import findings
-
     results = tmp_path / "results"
     (results / "gpu").mkdir(parents=True)
     page = findings.build_page(results)

@@ -1,17 +1,14 @@
-"""Tests for experiments/report_stats.py, the report's small-n statistics, against SciPy and
+"""Tests for experiments/report/stats.py, the report's small-n statistics, against SciPy and
 against exhaustive enumerations written here."""
 
 import itertools
 import math
-import sys
 
 import numpy as np
 import pytest
 import scipy.stats
-from helpers import REPO
 
-sys.path.insert(0, str(REPO / "experiments"))
-import report_stats as stats  # noqa: E402
+from experiments.report import stats
 
 # The STS-B IsoBN − none differences of the committed normalizers.jsonl (best epoch, seeds 1-3).
 STSB_ISOBN = [0.0046, 0.0009, 0.0034]
@@ -100,7 +97,7 @@ def test_sign_flip_above_16_is_monte_carlo_with_stated_draws_and_seed():
 
 
 def _exact_numpy(diffs) -> float:
-    """The exact p over 2^18 patterns, in chunks (independent of report_stats' layout)."""
+    """The exact p over 2^18 patterns, in chunks (independent of `stats`' layout)."""
     d = np.asarray(diffs)
     observed, n, hits = d.sum(), len(d), 0
     for start in range(0, 2**n, 2**14):

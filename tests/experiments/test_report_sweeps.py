@@ -1,4 +1,4 @@
-"""Tests for the sweeps of experiments/report.py (report_sweeps): the collapse rule, Pearson /
+"""Tests for the sweeps of experiments/report/ (sweeps): the collapse rule, Pearson /
 Spearman r with and without collapsed runs against SciPy, and the lines of the CosReg lambda and
 I-STAR zeta sweeps."""
 
@@ -13,9 +13,10 @@ from report_data import (
     _write,
     _zeta_line,
     _zeta_records,
-    report,
-    report_records,
 )
+
+from experiments.report import page as report
+from experiments.report import records as report_records
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""Tests for the tables, figures and statistics of experiments/report.py (`report.build`,
-report_numbers, report_tables, report_figures, the pooled normalisation): constructed results
+"""Tests for the tables, figures and statistics of experiments/report/ (`report.build`,
+numbers, tables, figures, the pooled normalisation): constructed results
 JSONLs give the medians, paired t intervals and p values, bootstrap intervals and tables that
 NumPy / SciPy give."""
 
@@ -12,9 +12,10 @@ from report_data import (
     _pooled_records,
     _record,
     _write,
-    report,
-    report_records,
 )
+
+from experiments.report import page as report
+from experiments.report import records as report_records
 
 
 def _reference_ci(diffs) -> tuple[float, float]:

@@ -1,4 +1,4 @@
-"""Tests for the verdict lines of experiments/report.py (report_rule, report_verdicts): the
+"""Tests for the verdict lines of experiments/report/ (rule, verdicts): the
 difference rule, Holm over a claim's family, and the pooled lines, on constructed JSONLs."""
 
 import pytest
@@ -9,14 +9,14 @@ from report_data import (
     _sweep_records,
     _two_arm_records,
     _write,
-    report,
-    report_rule,
 )
+
+from experiments.report import numbers, rule
 
 
 def _paired_t(diffs: list[float]) -> dict:
-    """A `report_numbers.paired` dict of these differences (through the module itself)."""
-    return report.numbers.paired(dict(enumerate(diffs)), dict.fromkeys(range(len(diffs)), 0.0))
+    """A `numbers.paired` dict of these differences (through the module itself)."""
+    return numbers.paired(dict(enumerate(diffs)), dict.fromkeys(range(len(diffs)), 0.0))
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,7 @@ def _paired_t(diffs: list[float]) -> dict:
     ],
 )
 def test_difference_verdict_rule(diffs, p_adj, direction, size, expected):
-    got = report_rule.difference_verdict(_paired_t(diffs), p_adj, direction, size)
+    got = rule.difference_verdict(_paired_t(diffs), p_adj, direction, size)
     assert got["verdict"] == expected
 
 

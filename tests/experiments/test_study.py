@@ -1,21 +1,24 @@
-"""Tests for experiments/study.py: a tiny grid (random 2-layer BERT, 16 real RTE rows, 2 epochs
-of 2 steps) is run, killed mid-cell, resumed, skipped when finished, and recorded once per cell
-with every field of issue 14."""
+"""Tests for the study runner (experiments/study/): a tiny grid (random 2-layer BERT, 16 real
+RTE rows, 2 epochs of 2 steps) is run, killed mid-cell, resumed, skipped when finished, and
+recorded once per cell with every field of issue 14."""
 
 import json
 import os
-import sys
 
-import helpers
 import jax
 import numpy as np
 import pytest
 from helpers import REPO, study_grid
 
+from experiments.configs import study_recipe
+from experiments.study import analyze as study_analyze
+from experiments.study import cell as study_cell
+from experiments.study import runner
+from experiments.study.cell import git_state, read_run, run_cell
+from experiments.study.eta import epoch_minutes
+from experiments.study.grid import cell_config, grid_axes, grid_cells, load_grid, plan
+from experiments.study.records import read_records, write_record
 from isojax.training import checkpointing, loop, stops
-
-study = helpers.study()  # experiments/configs on sys.path for the grids' recipes
-study_analyze = helpers.load_experiment("study_analyze.py")
 
 RECORD_KEYS = {
     "study", "cell", "tier", "kind", "status", "error", "fields", "seed", "config_hash", "config",
@@ -40,15 +43,15 @@ def _grid_file(tmp_path, glue_dir, minilm_dir) -> str:
 
 
 def test_cells_names_and_tiers(tmp_path, glue_dir, minilm_dir):
-    grid, _ = study.load_grid(_grid_file(tmp_path, glue_dir, minilm_dir))
-    assert [c.name for c in study.grid_cells(grid, 1)] == ["rte-none-s1", "rte-isobn-s1"]
-    assert [c.name for c in study.plan(grid, None, 2)] == [
+    grid, _ = load_grid(_grid_file(tmp_path, glue_dir, minilm_dir))
+    assert [c.name for c in grid_cells(grid, 1)] == ["rte-none-s1", "rte-isobn-s1"]
+    assert [c.name for c in plan(grid, None, 2)] == [
         "rte-pretrained",
         "rte-none-s1",
         "rte-isobn-s1",
         "rte-none-lr=-1-s1",
     ]
-    assert study.grid_axes(grid) == ["task", "method", "seed", "lr"]
+    assert grid_axes(grid) == ["task", "method", "seed", "lr"]
 
 
 def test_grid_files_load_count_and_validate():
@@ -57,12 +60,12 @@ def test_grid_files_load_count_and_validate():
     counts = {}
     names = ("normalizers", "istar_lambda", "cosreg", "istar_zeta", "pilot", "whitening")
     for name in (*names, "whitening_why"):
-        grid, recipe = study.load_grid(str(REPO / "experiments/configs" / f"study_{name}.py"))
-        counts[name] = tuple(len(study.grid_cells(grid, tier)) for tier in (1, 2, 3))
-        config = study.cell_config(grid, recipe, study.grid_cells(grid, 2)[0].values)
+        grid, recipe = load_grid(str(REPO / "experiments/configs" / f"study_{name}.py"))
+        counts[name] = tuple(len(grid_cells(grid, tier)) for tier in (1, 2, 3))
+        config = cell_config(grid, recipe, grid_cells(grid, 2)[0].values)
         assert (recipe.get_field(config, "batch_size"), config.max_length) == (32, 128)
-        for cell in study.grid_cells(grid, 3):  # every cell's config is one train accepts
-            config_lib.validate_config(study.cell_config(grid, recipe, cell.values))
+        for cell in grid_cells(grid, 3):  # every cell's config is one train accepts
+            config_lib.validate_config(cell_config(grid, recipe, cell.values))
     counts = {name: n[:2] if n[1] == n[2] else n for name, n in counts.items()}
     assert counts == {
         "normalizers": (36, 92, 132),  # tier 3: none and isobn seeds 6-10 (issue 48)
@@ -73,10 +76,10 @@ def test_grid_files_load_count_and_validate():
         "pilot": (8, 8),
         "whitening": (36, 60),
     }
-    grid, recipe = study.load_grid(str(REPO / "experiments/configs/study_istar_zeta.py"))
-    zetas = [c.values["istar.zeta"] for c in study.grid_cells(grid, 2)]
+    grid, recipe = load_grid(str(REPO / "experiments/configs/study_istar_zeta.py"))
+    zetas = [c.values["istar.zeta"] for c in grid_cells(grid, 2)]
     assert zetas == [0.0, 0.2, 0.5, 0.8, 1.0] * 3
-    config = study.cell_config(grid, recipe, study.grid_cells(grid, 2)[0].values)
+    config = cell_config(grid, recipe, grid_cells(grid, 2)[0].values)
     assert (config.penalty, config.task, config.istar.weight) == ("istar", "stsb", -1.0)
 
 
@@ -89,8 +92,8 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
     kw = dict(tier=2, runs_dir=runs, results=results)
 
     # A zero budget stops before the first cell; a dry run writes nothing.
-    assert study.run_grid(grid, budget_minutes=0, **kw)["ran"] == 0
-    assert study.run_grid(grid, dry_run=True, **kw) == {
+    assert runner.run_grid(grid, budget_minutes=0, **kw)["ran"] == 0
+    assert runner.run_grid(grid, dry_run=True, **kw) == {
         "cells": 4, "done": 0, "failed": 0, "ran": 0, "held": 0, "left": 4,
     }  # fmt: skip
     assert not results.exists()
@@ -105,7 +108,7 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
 
     monkeypatch.setattr(checkpointing.Checkpointer, "save", save_then_die)
     with pytest.raises(SimulatedKill):
-        study.run_grid(grid, **kw)
+        runner.run_grid(grid, **kw)
     lines = results.read_text().splitlines()
     assert [json.loads(line)["cell"] for line in lines] == ["rte-pretrained"]
     killed = runs / "tiny" / "rte-none-s1"
@@ -114,10 +117,10 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
     # The next call resumes it from step 2, runs the rest, records the bad cell as failed.
     monkeypatch.setattr(checkpointing.Checkpointer, "save", save)
     capsys.readouterr()
-    counts = study.run_grid(grid, **kw)
+    counts = runner.run_grid(grid, **kw)
     assert counts == {"cells": 4, "done": 4, "failed": 1, "ran": 3, "held": 0, "left": 0}
     assert f"isojax: resumed {killed} at step 2" in capsys.readouterr().err
-    records = {r["cell"]: r for r in study.read_records(results)}
+    records = {r["cell"]: r for r in read_records(results)}
     assert list(records) == ["rte-pretrained", "rte-none-s1", "rte-isobn-s1", "rte-none-lr=-1-s1"]
     assert json.loads((killed / "study_wall.json").read_text())["attempts"] == 2
 
@@ -166,11 +169,11 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
 
     # Finished and failed cells are skipped: nothing runs, the file is unchanged.
     before = results.read_text()
-    assert study.run_grid(grid, **kw)["ran"] == 0
+    assert runner.run_grid(grid, **kw)["ran"] == 0
     assert results.read_text() == before
     # --retry-failed reruns the failed cell and replaces its line (still one line per cell).
-    assert study.run_grid(grid, retry_failed=True, **kw)["ran"] == 1
-    cells = [r["cell"] for r in study.read_records(results)]
+    assert runner.run_grid(grid, retry_failed=True, **kw)["ran"] == 1
+    cells = [r["cell"] for r in read_records(results)]
     assert sorted(cells) == sorted(records) and len(cells) == 4
 
     # study_analyze: `analyze --run` of each seed-1 run equals the run's last dev evaluation.
@@ -197,7 +200,7 @@ def test_read_run_gives_exact_epoch_losses_and_a_chunked_curve(tmp_path):
             if step in (12, 25):
                 f.write(json.dumps({"step": step, "epoch": epoch + 1, "split": "dev",
                                     "score": 0.5}) + "\n")  # fmt: skip
-    run = study.read_run(tmp_path)
+    run = read_run(tmp_path)
     assert run["steps"] == 25 and [e["epoch"] for e in run["eval"]] == [1, 2]
     assert run["train_loss_epoch"] == [
         {"epoch": 1, "loss": pytest.approx(loss[:12].mean(), abs=1e-12)},
@@ -209,8 +212,6 @@ def test_read_run_gives_exact_epoch_losses_and_a_chunked_curve(tmp_path):
 
 
 def test_estimates_use_measured_minutes_per_epoch_on_the_same_device():
-    import study_recipe
-
     def rec(task, method, minutes, device, epochs=3):
         evals = [{"epoch": e + 1} for e in range(epochs)]
         return {"fields": {"task": task, "method": method}, "status": "ok", "kind": "run",
@@ -218,25 +219,25 @@ def test_estimates_use_measured_minutes_per_epoch_on_the_same_device():
 
     records = [rec("rte", "none", 9.0, "cpu"), rec("rte", "none", 12.0, "cpu"),
                rec("rte", "isobn", 15.0, "cpu"), rec("rte", "none", 0.3, "gpu")]  # fmt: skip
-    assert study.epoch_minutes(records, "rte", "none", study_recipe, "cpu") == 3.5
-    assert study.epoch_minutes(records, "rte", "isobn", study_recipe, "cpu") == 5.0
-    assert study.epoch_minutes(records, "rte", "istar", study_recipe, "cpu") == 4.0
-    assert study.epoch_minutes(records, "rte", "istar", study_recipe, "gpu") == pytest.approx(0.1)
+    assert epoch_minutes(records, "rte", "none", study_recipe, "cpu") == 3.5
+    assert epoch_minutes(records, "rte", "isobn", study_recipe, "cpu") == 5.0
+    assert epoch_minutes(records, "rte", "istar", study_recipe, "cpu") == 4.0
+    assert epoch_minutes(records, "rte", "istar", study_recipe, "gpu") == pytest.approx(0.1)
     prior = study_recipe.EPOCH_MINUTES_PRIOR["cola"]
-    assert study.epoch_minutes(records, "cola", "none", study_recipe, "cpu") == prior
+    assert epoch_minutes(records, "cola", "none", study_recipe, "cpu") == prior
 
 
 def test_write_record_refuses_duplicates_and_torn_lines(tmp_path):
     path = tmp_path / "s.jsonl"
-    study.write_record(path, {"cell": "a", "status": "ok"})
+    write_record(path, {"cell": "a", "status": "ok"})
     with pytest.raises(ValueError, match="cell a is recorded already"):
-        study.write_record(path, {"cell": "a", "status": "ok"})
+        write_record(path, {"cell": "a", "status": "ok"})
     path.write_text(path.read_text() + '{"cell": "b"')
     with pytest.raises(ValueError, match="the last line is unfinished"):
-        study.read_records(path)
+        read_records(path)
     path.write_text('{"cell": "a"}\nnot json\n')
     with pytest.raises(ValueError, match=r"s.jsonl:2: not JSON"):
-        study.read_records(path)
+        read_records(path)
 
 
 def test_a_changed_recipe_is_refused(tmp_path, glue_dir, minilm_dir):
@@ -244,21 +245,21 @@ def test_a_changed_recipe_is_refused(tmp_path, glue_dir, minilm_dir):
     results = tmp_path / "tiny.jsonl"
     results.write_text(json.dumps({"cell": "rte-none-s1", "config_hash": "0" * 16}) + "\n")
     with pytest.raises(ValueError, match="a changed recipe needs a new study name"):
-        study.run_grid(grid, runs_dir=tmp_path / "runs", results=results, dry_run=True)
+        runner.run_grid(grid, runs_dir=tmp_path / "runs", results=results, dry_run=True)
 
 
 def test_git_state_outside_a_repository_reads_the_recorded_commit(tmp_path, monkeypatch):
     """A copy of the tree without `.git` (the device machine's): the commit and state that
     experiments/device/prepare.sh recorded, else "unknown" and dirty."""
-    monkeypatch.setattr(sys.modules["study_cell"], "REPO", tmp_path)
+    monkeypatch.setattr(study_cell, "REPO", tmp_path)
     monkeypatch.delenv("ISOJAX_GIT_COMMIT", raising=False)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
-    assert study.git_state() == ("unknown", True)
+    assert git_state() == ("unknown", True)
     monkeypatch.setenv("ISOJAX_GIT_COMMIT", "c" * 40)
     monkeypatch.setenv("ISOJAX_GIT_DIRTY", "0")
-    assert study.git_state() == ("c" * 40, False)
+    assert git_state() == ("c" * 40, False)
     monkeypatch.setenv("ISOJAX_GIT_DIRTY", "1")
-    assert study.git_state() == ("c" * 40, True)
+    assert git_state() == ("c" * 40, True)
 
 
 def test_study_analyze_without_the_run_folders_says_so_in_one_line(tmp_path, capsys):
@@ -287,5 +288,5 @@ def test_the_study_reruns_a_stopped_cell_and_records_its_failure(monkeypatch, tm
 
     monkeypatch.setattr(loop, "train_and_evaluate", stopped_again)
     with pytest.raises(stops.NonFiniteLoss):  # the grid's loop records it as failed
-        study.run_cell(None, tmp_path, "run")
+        run_cell(None, tmp_path, "run")
     assert calls == [tmp_path]

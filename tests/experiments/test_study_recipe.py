@@ -1,10 +1,8 @@
 """The study recipe's arm labels (`study_recipe.arm_fields` / `arm_label`), variants included."""
 
-import helpers
 import pytest
 
-helpers.study()  # experiments/configs on sys.path
-import study_recipe  # noqa: E402
+from experiments.configs import study_recipe
 
 LABELS = ["none", "isobn", "istar", "isobn+istar", *study_recipe.VARIANTS]
 

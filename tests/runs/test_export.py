@@ -20,7 +20,7 @@ from isojax import cli, linen, runs
 from isojax.data import glue, tasks
 from isojax.models import config as config_lib
 from isojax.runs import predict
-from isojax.training import build, checkpointing, distributed, evaluation, loop, precision, resume
+from isojax.training import build, checkpointing, distributed, evaluation, loop, resume, specs
 
 pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
 
@@ -73,22 +73,21 @@ def trained(tmp_path_factory, glue_dir, minilm_dir, roberta_dir):
 def untrained_run(workdir: pathlib.Path, config) -> pathlib.Path:
     """A run folder holding the initial train state as its step-0 checkpoint (no training)."""
     task = tasks.get_task(config.task)
-    policy = precision.get_policy(config.policy)
-    model, encoder_params, _, hidden = build.build_model(config, policy, task.num_labels)
+    spec = specs.RunSpec.of(config)
+    model, encoder_params, _, hidden = build.build_model(spec.model, task.num_labels)
     state = build.create_train_state(
-        config,
+        spec.state,
         model,
         encoder_params,
-        build.make_optimizer(config, 1),
-        policy,
-        build.make_objective(config, task, 1),
+        build.make_optimizer(spec.state.optim, 1),
+        build.make_objective(spec.state.objective, task, 1),
         hidden,
         distributed.make_mesh(),
     )
     workdir.mkdir(parents=True)
     (workdir / "config.json").write_text(config.to_json(indent=2))
     with checkpointing.Checkpointer(workdir / resume.LATEST_DIR) as ckpt:
-        ckpt.save(0, state, resume.Position().to_json() | resume.config_stamp(config))
+        ckpt.save(0, state, resume.Position().to_json() | resume.config_stamp(spec.fields))
     return workdir
 
 
@@ -222,8 +221,8 @@ def test_best_restores_the_best_epochs_parameters(monkeypatch, tmp_path, glue_di
     seen = {}
     real = evaluation.evaluate
 
-    def evaluate(run, state, encoded, config):
-        result = real(run, state, encoded, config)
+    def evaluate(run, state, encoded):
+        result = real(run, state, encoded)
         seen[int(state.step)] = jax.device_get(state.params)
         return result | {"score": next(scripted)}
 

@@ -39,7 +39,7 @@ def _five_updates(config):
     state, seen = run.state, []
     start = jax.device_get(run.state.params)
     stacked = config.grad_accum_steps > 1
-    for batch in feeds.update_batches(run.train_encoded, config, 0, mesh=run.mesh):
+    for batch in feeds.update_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh):
         seen.append(batch["idx"].reshape(-1))
         state, _ = run.train_fn(state, distributed.global_batch(batch, run.mesh, stacked=stacked))
     assert len(seen) == 5
@@ -76,8 +76,8 @@ def test_batch_norm_sees_every_micro_batch(glue_dir, minilm_dir):
     """Batch norm's running statistics count each micro-batch (4 per update) under
     accumulation, as PyTorch's accumulation loop does."""
     config = _config(glue_dir, minilm_dir, normalizer="batchnorm", grad_accum_steps=4)
-    run = loop.setup(config, mesh=one_device_mesh())
-    batch = next(iter(feeds.update_batches(run.train_encoded, config, 0, mesh=run.mesh)))
+    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    batch = next(iter(feeds.update_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh)))
     assert batch["input_ids"].shape[:2] == (4, 8)
     state, _ = run.train_fn(run.state, distributed.global_batch(batch, run.mesh, stacked=True))
     assert int(jax.device_get(state.batch_stats)["norm"]["count"]) == 4
@@ -113,8 +113,8 @@ def test_micro_batches_weigh_real_examples(glue_dir, minilm_dir, monkeypatch):
     the 12 (not the mean of the two micro-batch means): fails with weights 1/k."""
     tiny_bert_without_dropout(monkeypatch)
     config = _config(glue_dir, minilm_dir, batch_size=8, buckets=(), max_length=32)
-    run = loop.setup(config, mesh=one_device_mesh())
-    first, second = list(feeds.train_batches(run.train_encoded, config, 0))[:2]
+    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    first, second = list(feeds.train_batches(run.train_encoded, run.spec.feed, 0))[:2]
     second = second | {"example_mask": np.array([1] * 4 + [0] * 4, np.int32)}
     keys = distributed.BATCH_KEYS
     one = {k: np.concatenate([first[k], second[k][:4]]) for k in keys}

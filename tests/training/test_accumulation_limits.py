@@ -54,12 +54,12 @@ def test_cosreg_under_accumulation_is_the_mean_of_the_micro_batch_penalties(runs
     config_whole, run_whole = runs[(BATCH, 1)]
     for run in (run_micro, run_whole):  # one seed: the same starting parameters
         jax.tree.map(np.testing.assert_array_equal, run.state.params, run_k.state.params)
-    stacked = next(iter(feeds.update_batches(run_k.train_encoded, config_k, 0)))
-    micro = list(feeds.train_batches(run_micro.train_encoded, config_micro, 0))[:K]
+    stacked = next(iter(feeds.update_batches(run_k.train_encoded, run_k.spec.feed, 0)))
+    micro = list(feeds.train_batches(run_micro.train_encoded, run_micro.spec.feed, 0))[:K]
     assert np.array_equal(np.concatenate([m["idx"] for m in micro]), stacked["idx"].reshape(-1))
     accumulated = float(_metrics(run_k, stacked, stacked=True)["penalty"])
     alone = [float(_metrics(run_micro, m)["penalty"]) for m in micro]
-    whole = next(iter(feeds.train_batches(run_whole.train_encoded, config_whole, 0)))
+    whole = next(iter(feeds.train_batches(run_whole.train_encoded, run_whole.spec.feed, 0)))
     together = float(_metrics(run_whole, whole)["penalty"])
     np.testing.assert_allclose(accumulated, np.mean(alone), rtol=1e-5)
     assert abs(together - accumulated) > 0.01 * together, (together, accumulated)
@@ -86,8 +86,8 @@ def test_accumulating_step_flops_count_the_program_k_times_an_upper_bound(runs):
     is an upper bound, as the guide says."""
     config_k, run_k = runs[(BATCH, K)]
     config_whole, run_whole = runs[(BATCH, 1)]
-    stacked = next(iter(feeds.update_batches(run_k.train_encoded, config_k, 0)))
-    whole = next(iter(feeds.train_batches(run_whole.train_encoded, config_whole, 0)))
+    stacked = next(iter(feeds.update_batches(run_k.train_encoded, run_k.spec.feed, 0)))
+    whole = next(iter(feeds.train_batches(run_whole.train_encoded, run_whole.spec.feed, 0)))
     counted, once = _flops(run_k, config_k, stacked, stacked=True)
     plain, _ = _flops(run_whole, config_whole, whole, stacked=False)
     np.testing.assert_allclose(counted, K * once, rtol=1e-6)  # float32 in the metrics

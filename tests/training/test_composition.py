@@ -53,7 +53,7 @@ def test_isobn_with_istar_logs_the_sum_of_its_two_losses(
 
     config = runs.load_config(workdir)
     run = loop.setup(config, mesh=one_device_mesh())
-    batch = next(iter(feeds.update_batches(run.train_encoded, config, 0, mesh=run.mesh)))
+    batch = next(iter(feeds.update_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh)))
     batch = distributed.global_batch(batch, run.mesh)
     (logits, out), updates = run.state.apply_fn(
         {"params": run.state.params, "batch_stats": run.state.batch_stats},  # step 0's

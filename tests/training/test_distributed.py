@@ -18,7 +18,7 @@ def test_sharded_step_equals_single_device_step(glue_dir, minilm_dir):
     config = sharded_config(glue_dir, minilm_dir, rng_impl="rbg")
     single = loop.setup(config, mesh=one_device_mesh())
     host_state = jax.device_get(single.state)
-    batches = list(feeds.train_batches(single.train_encoded, config, 0))
+    batches = list(feeds.train_batches(single.train_encoded, single.spec.feed, 0))
     assert len(batches) == 2
 
     def two_steps(state, train_fn, mesh):

@@ -150,10 +150,7 @@ def test_the_nnx_apply_is_the_linen_apply_of_the_same_variables():
 def test_a_study_cell_keeps_its_hash_with_the_front_end_field(monkeypatch):
     """`front_end` joined the config after studies were recorded: at its default ("linen") a
     cell's `config_hash` is the one it had without the field, and "nnx" changes it."""
-    from helpers import REPO, load_experiment
-
-    monkeypatch.syspath_prepend(str(REPO / "experiments"))
-    grid = load_experiment("study_grid.py")
+    from experiments.study import grid
 
     class Recipe:
         NON_RUN_FIELDS = ("data_dir",)

@@ -21,7 +21,7 @@ from isojax.core.normalizers import NORMALIZERS
 from isojax.data import batching
 from isojax.models import transformer
 from isojax.training import config as config_lib
-from isojax.training import distributed, feeds, loop, resume, steps
+from isojax.training import distributed, feeds, loop, resume, specs, steps
 
 # ---------------------------------------------------------------------------------------------
 # Steps.
@@ -79,7 +79,7 @@ def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, me
     )
     run = loop.setup(config, mesh=one_device_mesh())
     batch = distributed.global_batch(
-        next(feeds.train_batches(run.train_encoded, config, 0)), run.mesh
+        next(feeds.train_batches(run.train_encoded, run.spec.feed, 0)), run.mesh
     )
     state = run.state
     assert (state.stabilizer is not None) == (method == "istar")
@@ -315,10 +315,10 @@ def test_resume_refuses_a_config_that_changes_the_run(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "config.json").write_text(config.to_json())
     config.log_every, config.progress = 7, False  # harmless
-    resume.check_same_run(config, tmp_path)
+    resume.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
     config.method, config.optimizer.learning_rate = "isobn", 1e-3
     with pytest.raises(ValueError, match=r"another config \(method, optimizer.learning_rate"):
-        resume.check_same_run(config, tmp_path)
+        resume.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,18 +350,22 @@ def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
     that reaches the count included whole, and its C0 is the float64 unbiased covariance of
     those eval-mode tokens."""
     config = tiny_config(glue_dir, minilm_dir, penalty="istar", max_train_examples=24)
-    run = loop.setup(config, mesh=one_device_mesh())
-    batches = list(feeds.train_batches(run.train_encoded, config, 0))
+    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    batches = list(feeds.train_batches(run.train_encoded, run.spec.feed, 0))
     assert len(batches) == 3
     tokens = [_eval_tokens(run, run.state, b) for b in batches]
-    config.istar.stabilizer.tokens = len(tokens[0]) + extra  # 1 batch, or 1 token more: 2
+    # `istar.stabilizer.tokens`: 1 batch, or 1 token more: 2
+    objective = dataclasses.replace(run.spec.state.objective, c0_tokens=len(tokens[0]) + extra)
+    spec = dataclasses.replace(
+        run.spec, state=dataclasses.replace(run.spec.state, objective=objective)
+    )
     calls = []
 
     def counting(state, batch, acc):
         calls.append(1)
         return run.c0_pass_fn(state, batch, acc)
 
-    state = loop.c0_pass(dataclasses.replace(run, c0_pass_fn=counting), run.state, config, 0)
+    state = loop.c0_pass(dataclasses.replace(run, spec=spec, c0_pass_fn=counting), run.state, 0)
     used = 1 + extra
     assert len(calls) == used
     want = np.cov(np.concatenate(tokens[:used]), rowvar=False)
@@ -383,8 +387,8 @@ def test_c0_pass_is_rebuilt_before_each_epoch_from_the_updated_parameters(
     passes = []
     original = loop.c0_pass
 
-    def recording(run, state, config, epoch):
-        new_state = original(run, state, config, epoch)
+    def recording(run, state, epoch):
+        new_state = original(run, state, epoch)
         passes.append((run, jax.device_get(state), epoch, np.asarray(new_state.stabilizer["c0"])))
         return new_state
 
@@ -392,7 +396,7 @@ def test_c0_pass_is_rebuilt_before_each_epoch_from_the_updated_parameters(
     loop.train_and_evaluate(config, tmp_path, mesh=one_device_mesh())
     assert [(int(s.step), epoch) for _, s, epoch, _ in passes] == [(0, 0), (2, 1)]
     for run, state, epoch, c0 in passes:
-        batches = feeds.train_batches(run.train_encoded, config, epoch)
+        batches = feeds.train_batches(run.train_encoded, run.spec.feed, epoch)
         want = np.cov(np.concatenate([_eval_tokens(run, state, b) for b in batches]), rowvar=False)
         np.testing.assert_allclose(c0, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
     assert np.abs(passes[1][3] - passes[0][3]).max() > 1e-3 * np.abs(passes[0][3]).max()

@@ -13,7 +13,7 @@ from helpers import finetune_argv, one_device_mesh, tiny_config
 
 from isojax import cli
 from isojax.core import normalizers
-from isojax.training import checkpointing, reporting, resume, stops
+from isojax.training import checkpointing, reporting, resume, specs, stops
 from isojax.training import config as config_lib
 from isojax.training import loop as loop_lib
 
@@ -133,13 +133,14 @@ def test_a_folder_holding_any_run_artefact_refuses_another_config(
 ):
     config = _config(glue_dir, minilm_dir)
     _write_run(tmp_path / "run", config, artefact)
-    resume.check_same_run(config, tmp_path / "run")  # the same run: accepted
+    same = specs.RunSpec.of(config).fields
+    resume.check_same_run(same, tmp_path / "run")  # the same run: accepted
     other = _config(glue_dir, minilm_dir, seed=5)
     with pytest.raises(resume.ConfigChanged, match=rf"holds a run \({artefact}\).*seed differ"):
-        resume.check_same_run(other, tmp_path / "run")
+        resume.check_same_run(specs.RunSpec.of(other).fields, tmp_path / "run")
     (tmp_path / "run" / "config.json").unlink()
     with pytest.raises(resume.ConfigChanged, match="no config.json"):
-        resume.check_same_run(config, tmp_path / "run")
+        resume.check_same_run(same, tmp_path / "run")
 
 
 @pytest.mark.e2e  # a whole run

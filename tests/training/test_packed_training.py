@@ -62,9 +62,9 @@ def test_packed_training_equals_padded_training_after_5_steps(glue_dir, minilm_d
         state = run.state
         initial = jax.device_get(state.params)  # the same for both layouts (same seed)
         if method == "istar":
-            state = loop.c0_pass(run, state, config, 0)
+            state = loop.c0_pass(run, state, 0)
         losses = []
-        for batch in feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh):
+        for batch in feeds.train_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh):
             assert packing.is_packed(batch) == packed
             state, m = run.train_fn(state, distributed.global_batch(batch, run.mesh))
             losses.append(float(m["loss"]))
@@ -91,11 +91,11 @@ def test_packed_evaluation_counts_each_dev_example_once(glue_dir, minilm_dir):
         run = loop.setup(config)
         encoded = run.dev_encoded["dev"]
         logits, acc = evaluation.eval_outputs(
-            run.eval_fn, run.state, encoded, config, run.mesh, run.hidden_size
+            run.eval_fn, run.state, encoded, run.spec.feed, run.mesh, run.hidden_size
         )
         assert logits.shape == (12, 2)
         assert int(acc.sentence.moments.count) == 12
-        results[packed] = (logits, acc, evaluation.evaluate(run, run.state, encoded, config))
+        results[packed] = (logits, acc, evaluation.evaluate(run, run.state, encoded))
     np.testing.assert_allclose(results[True][0], results[False][0], atol=1e-5)
     assert int(results[True][1].tokens.count) == int(results[False][1].tokens.count)
     plain, packed = results[False][2], results[True][2]
@@ -112,7 +112,7 @@ def test_an_epoch_of_packed_steps_compiles_at_most_one_shape_per_row_bucket(glue
         run = loop.setup(config)
         bound = len(packing.resolve_row_buckets(None, config.batch_size, run.mesh.size))
         state, rows = run.state, set()
-        for batch in feeds.train_batches(run.train_encoded, config, 0, mesh=run.mesh):
+        for batch in feeds.train_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh):
             rows.add(batch["input_ids"].shape[0])
             state, _ = run.train_fn(state, distributed.global_batch(batch, run.mesh))
         assert run.train_fn._cache_size() == len(rows) <= bound == 2

@@ -44,7 +44,7 @@ def test_variants_not_in_the_table_have_an_unknown_peak(kind):
 def _tiny_state(policy: str, minilm_dir):
     """A tiny-bert RTE train state built as the loop builds it, under `policy`."""
     from isojax.data import tasks
-    from isojax.training import build, precision
+    from isojax.training import build, specs
     from isojax.training import config as config_lib
 
     config = config_lib.default_config()
@@ -52,12 +52,17 @@ def _tiny_state(policy: str, minilm_dir):
         {"model": "tiny-bert", "tokenizer": str(minilm_dir), "task": "rte", "policy": policy}
     )
     task = tasks.get_task("rte")
-    module, params, _, hidden = build.build_model(
-        config, precision.get_policy(policy), task.num_labels
-    )
+    module, params, _, hidden = build.build_model(specs.ModelSpec.of(config), task.num_labels)
     mesh = one_device_mesh()
     return build.train_state(
-        config, task, module, params, hidden, mesh, steps_per_epoch=1, total_steps=1
+        specs.StateSpec.of(config),
+        task,
+        module,
+        params,
+        hidden,
+        mesh,
+        steps_per_epoch=1,
+        total_steps=1,
     )
 
 

@@ -122,7 +122,7 @@ def _tiny_run(glue_dir, minilm_dir, policy, **overrides):
     run = loop.setup(config, mesh=one_device_mesh())
     batches = [
         distributed.global_batch(batch, run.mesh)
-        for batch in feeds.train_batches(run.train_encoded, config, 0)
+        for batch in feeds.train_batches(run.train_encoded, run.spec.feed, 0)
     ]
     return run, batches
 

@@ -38,7 +38,7 @@ def test_logged_flops_are_xla_cost_analysis_and_profile_window(
     assert "peak 1e+09 FLOP/s per device (config.peak_flops)" in err
 
     run = loop.setup(config, mesh=mesh)
-    batch = next(iter(feeds.train_batches(run.train_encoded, config, 0, mesh=mesh)))
+    batch = next(iter(feeds.train_batches(run.train_encoded, run.spec.feed, 0, mesh=mesh)))
     compiled = run.train_fn.lower(run.state, distributed.global_batch(batch, mesh)).compile()
     want = compiled.cost_analysis()
     want = (want[0] if isinstance(want, list) else want)["flops"]

@@ -1,19 +1,19 @@
 """Runs a study grid: one `train.train_and_evaluate` run per cell, one JSON line per finished run.
 
-    python experiments/study.py experiments/configs/study_normalizers.py --dry-run
-    python experiments/study.py experiments/configs/study_normalizers.py --budget-minutes 240
-    python experiments/study.py experiments/configs/study_normalizers.py --tier 2
-    python experiments/study.py experiments/configs/study_normalizers.py --at-recorded-commit
+    python -m experiments.study experiments/configs/study_normalizers.py --dry-run
+    python -m experiments.study experiments/configs/study_normalizers.py --budget-minutes 240
+    python -m experiments.study experiments/configs/study_normalizers.py --tier 2
+    python -m experiments.study experiments/configs/study_normalizers.py --at-recorded-commit
 
-A grid file (`experiments/configs/study_*.py`, read by `study_grid`) has `get_config(arg)`
+A grid file (`experiments/configs/study_*.py`, read by `grid`) has `get_config(arg)`
 returning a ConfigDict: `name` (the study), `base` (an isojax train config: the shared recipe),
 `tiers` (`{"1": blocks, "2": blocks, ...}`, each block a dict `{field: [values]}` whose
 Cartesian product, in the block's key order, gives cells), `pretrained` (record one step-0
 evaluation per task), `baseline` ((field, value) pairs: the arm of the paired differences) and
 `sweep` (the scalar field the report correlates with isotropy, or ""). Field names are those of
-`study_recipe.FIELDS`, the one place that knows config paths. The grid file's folder is put on
-`sys.path`, so it imports `study_recipe` directly. `--tier N` runs tiers 1..N in order. One
-cell's run, and what its folder holds, are `study_cell`'s.
+`study_recipe.FIELDS`, the one place that knows config paths; the grid file imports it as
+`from experiments.configs import study_recipe` (run from the checkout's root). `--tier N` runs
+tiers 1..N in order. One cell's run, and what its folder holds, are `cell`'s.
 
 Cell `c` runs in `RUNS/<study>/<c>` (RUNS: `--runs-dir`, default `runs/`, ignored by git), and
 its line goes to `experiments/results/<study>.jsonl` (`--results`). A cell whose line exists is
@@ -26,7 +26,7 @@ share JAX's persistent compilation cache (`--compile-cache`, default RUNS/.jax_c
 loads the steps that earlier cells compiled for the same shapes (the same executables).
 
 Several runners may share a grid (one machine or several over a shared disk, each with the same
-`--runs-dir` and `--results`): a runner claims a cell before training it (`study_records.claim`,
+`--runs-dir` and `--results`): a runner claims a cell before training it (`records.claim`,
 a flock in the cell's folder, dropped when the runner exits or dies), skips a cell another
 runner holds, and at the end lists the cells it skipped so. Lines are written whole, with one
 `write` under the lock `<results>.lock` beside the results file, and a cell already recorded is
@@ -35,8 +35,8 @@ never appended again.
 Records of a commit whose configs hash differently from this checkout's are not continued here:
 the runner refuses in one line that names the commit and the command continuing the study there.
 `--at-recorded-commit [DIR]` runs that command itself whenever the records were all made at one
-clean commit other than HEAD (`study_commit`: a worktree detached at the commit, its own
-`study.py`, this checkout's results file, runs folder and data folder).
+clean commit other than HEAD (`commit`: a worktree detached at the commit, its own
+runner, this checkout's results file, runs folder and data folder).
 
 Each line (`record`): study, cell, tier, kind ("run" | "pretrained"), status ("ok" | "failed",
 with `error`), fields (every grid axis's value, plus task/method/seed), seed, config_hash
@@ -63,13 +63,10 @@ import sys
 import time
 import traceback
 
-if str(pathlib.Path(__file__).resolve().parent) not in sys.path:  # loaded by path (tests)
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import study_commit  # noqa: E402
-import study_eta  # noqa: E402
-import study_records  # noqa: E402
-from study_cell import (  # noqa: E402, F401  (re-exported)
-    LOSS_CHUNK_STEPS,
+from experiments.study import commit as study_commit
+from experiments.study import eta as study_eta
+from experiments.study import records as study_records
+from experiments.study.cell import (
     device_name,
     folder_config_matches,
     git_state,
@@ -78,27 +75,22 @@ from study_cell import (  # noqa: E402, F401  (re-exported)
     run_cell,
     wall_seconds,
 )
-from study_eta import epoch_minutes  # noqa: E402, F401  (re-exported)
-from study_grid import (  # noqa: E402, F401  (re-exported)
+from experiments.study.grid import (
     PRETRAINED,
     Cell,
-    cell_config,
-    cell_name,
     config_hash,
     config_of,
     grid_axes,
-    grid_cells,
     load_grid,
     plan,
 )
-from study_records import (  # noqa: E402, F401  (re-exported)
+from experiments.study.records import (
     StudyError,
-    read_records,
     read_records_locked,
     write_record,
 )
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "experiments" / "results"
 logger = logging.getLogger("study")
 
@@ -368,7 +360,7 @@ def _continue_at_recorded_commit(args, options: list[tuple[str, object]], where:
         return
     worktree = pathlib.Path(where) if where else study_commit.default_worktree(REPO, commit)
     worktree = study_commit.ensure_worktree(REPO, commit, worktree)
-    argv = study_commit.old_argv(REPO, worktree, args.grid, options)
+    argv = study_commit.runner_argv(REPO, worktree, args.grid, options)
     from isojax.training import config as config_lib
 
     study_commit.reexec(argv, worktree, config_lib.default_glue_dir())
@@ -376,7 +368,7 @@ def _continue_at_recorded_commit(args, options: list[tuple[str, object]], where:
 
 def _parser() -> argparse.ArgumentParser:
     """The runner's command line."""
-    parser = _Parser(description=__doc__.split("\n\n")[0])
+    parser = _Parser(description=__doc__.split("\n\n")[0], prog="python -m experiments.study")
     parser.add_argument("grid", help="grid file, e.g. experiments/configs/study_normalizers.py")
     parser.add_argument("--tier", type=int, default=1, help="run tiers 1..TIER (default 1)")
     parser.add_argument("--budget-minutes", type=float, default=None, help="finite, >= 0")

@@ -3,7 +3,7 @@
 A grid file (`experiments/configs/study_*.py`) has `get_config(arg)` returning a ConfigDict:
 `name`, `base` (the shared recipe), `tiers` (`{"1": blocks, ...}`, each block `{field:
 [values]}` whose Cartesian product, in the block's key order, gives cells), `pretrained`,
-`baseline` and `sweep` (see `study.py`). A cell is named `task-method[-field=value...]-s<seed>`
+`baseline` and `sweep` (see `runner`). A cell is named `task-method[-field=value...]-s<seed>`
 (`cell_name`), e.g. `stsb-istar-istar.weight=-0.5-s2`; its config is the recipe with the cell's
 fields set through `study_recipe.set_fields`, and `config_hash` identifies the run it makes.
 """
@@ -15,11 +15,11 @@ import importlib.util
 import itertools
 import json
 import pathlib
-import sys
 from typing import NamedTuple
 
 import ml_collections
-from study_records import StudyError
+
+from experiments.study.records import StudyError
 
 PRETRAINED = "pretrained"
 
@@ -33,13 +33,15 @@ class Cell(NamedTuple):
 
 
 def load_grid(spec: str) -> tuple[ml_collections.ConfigDict, object]:
-    """`path.py[:arg]` -> (the grid ConfigDict, the `study_recipe` module it uses)."""
+    """`path.py[:arg]` -> (the grid ConfigDict, the `study_recipe` module it uses: the grid
+    file's own `study_recipe`, else `experiments.configs.study_recipe`). The file is loaded by
+    path; it imports the recipe as a package module (`from experiments.configs import
+    study_recipe`), so the checkout's root must be importable (`python -m experiments.study`
+    from it)."""
     path, _, arg = spec.partition(":")
     path = pathlib.Path(path).resolve()
     if not path.is_file():
         raise StudyError(f"grid file {path} not found")
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
     module_spec = importlib.util.spec_from_file_location(f"_grid_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
@@ -47,9 +49,10 @@ def load_grid(spec: str) -> tuple[ml_collections.ConfigDict, object]:
     for key in ("name", "base", "tiers"):
         if key not in grid:
             raise StudyError(f"grid file {path}: get_config() has no {key!r}")
-    import study_recipe
-
-    return grid, study_recipe
+    recipe = getattr(module, "study_recipe", None)
+    if recipe is None:
+        from experiments.configs import study_recipe as recipe
+    return grid, recipe
 
 
 def _format(value) -> str:

@@ -1,6 +1,6 @@
 """Fine-tune one task with several methods and print their dev metric and isotropy side by side.
 
-    python experiments/compare.py --config experiments/configs/main_job.py \
+    python -m experiments.examples.compare --config experiments/configs/main_job.py \
         --methods none,isobn,istar --workdir runs/main_job
 
 Each method runs `loop.train_and_evaluate(get_config(method), WORKDIR/method)`; a finished or
@@ -31,7 +31,8 @@ from isojax.training import evaluation, loop
 
 
 def load_get_config(path: str):
-    sys.path.insert(0, str(pathlib.Path(path).resolve().parent))  # e.g. study_recipe beside it
+    """The `get_config` of the file at `path`, loaded by path (a config importing the study
+    recipe imports it as `experiments.configs.study_recipe`: run from the checkout's root)."""
     spec = importlib.util.spec_from_file_location("_compare_config", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -48,7 +49,7 @@ def pretrained_row(config) -> dict:
     config.max_train_examples = config.batch_size
     run = loop.setup(config)
     split = tasks.get_task(config.task).dev_splits[0]
-    result = evaluation.evaluate(run, run.state, run.dev_encoded[split], config)
+    result = evaluation.evaluate(run, run.state, run.dev_encoded[split])
     return {key: value for key, value in result.items() if key in ISOTROPY_KEYS}
 
 
@@ -79,7 +80,9 @@ def format_table(rows: dict[str, dict]) -> str:
 
 def main(argv=None) -> int:
     install_log_handler()  # the runs' progress and notices, as `isojax finetune` shows them
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], prog="python -m experiments.examples.compare"
+    )
     parser.add_argument("--config", required=True, help="a configs/*.py file: get_config(method)")
     parser.add_argument(
         "--methods",

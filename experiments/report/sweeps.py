@@ -1,14 +1,14 @@
-"""The verdict lines of the sweep studies (`report_verdicts.verdict_lines` adds them by the
+"""The verdict lines of the sweep studies (`verdicts.verdict_lines` adds them by the
 study's swept key): [I-STAR]'s λ (`istar.weight`) and ζ (`istar.zeta`) claims, and [CosReg]'s
-λ (`cosreg.weight`), each judged by `report_rule`.
+λ (`cosreg.weight`), each judged by `rule`.
 """
 
 from __future__ import annotations
 
-import report_stats as stats
-from report_numbers import paired
-from report_rule import NO_SIZE, Family, correlation_verdict, figure_ref, pooled_entry
-from report_tables import f, fp, signed
+from experiments.report import stats
+from experiments.report.numbers import paired
+from experiments.report.rule import NO_SIZE, Family, correlation_verdict, figure_ref, pooled_entry
+from experiments.report.tables import f, fp, signed
 
 
 def istar_lambda_lines(data: dict, fig: dict) -> list[str]:

@@ -2,17 +2,22 @@
 
 A study's records carry `config_hash`; a checkout whose grid hashes a recorded cell
 differently (a library default or a recipe changed since) must not add runs of another recipe
-to the same JSONL, and `study.py` refuses. What continues the study is the code of the commit
-the records name: a `git worktree` detached at that commit, whose own `study.py` runs the grid
+to the same JSONL, and the runner refuses. What continues the study is the code of the commit
+the records name: a `git worktree` detached at that commit, whose own runner runs the grid
 with `PYTHONPATH` at the worktree (the venv's editable install would otherwise import this
 checkout's `isojax`), writing to this checkout's results file and runs folder.
 
 `continue_command` spells that out for the one-line refusal; `reexec` (the runner's
 `--at-recorded-commit [DIR]`) creates or reuses the worktree and replaces this process with the
-worktree's runner, passing only options that runner knows (an older `study.py` lacks the newer
+worktree's runner, passing only options that runner knows (an older runner lacks the newer
 ones: they are refused, not dropped), every path absolute, and `$ISOJAX_GLUE_DIR` set to this
 checkout's data folder (a worktree elsewhere has no `../shared` beside it; `data_dir` is not
 part of the config hash).
+
+The recorded commit's tree has one of two layouts (`layout`): up to 369d7aa the runner is the
+script `experiments/study.py` (run as `python WORKTREE/experiments/study.py GRID ...`); since,
+the package `experiments/study/` (run as `python -m experiments.study GRID ...` from the
+worktree, so that `-m` imports the worktree's package, not this checkout's).
 """
 
 from __future__ import annotations
@@ -80,23 +85,51 @@ def _in_worktree(repo: pathlib.Path, path: pathlib.Path, worktree: pathlib.Path)
     return worktree / relative
 
 
-def old_argv(
+FLAT = "flat"  # before the packages: the runner is the script experiments/study.py
+PACKAGE = "package"  # experiments/study/: the runner is `python -m experiments.study`
+
+
+def layout(tree: pathlib.Path) -> str:
+    """Which runner a checkout has: `PACKAGE` (experiments/study/__main__.py) or `FLAT`
+    (experiments/study.py, the layout up to 369d7aa). A checkout with neither is refused."""
+    if (tree / "experiments" / "study" / "__main__.py").is_file():
+        return PACKAGE
+    if (tree / "experiments" / "study.py").is_file():
+        return FLAT
+    raise CommitError(f"{tree} has no study runner (experiments/study/ nor experiments/study.py)")
+
+
+def runner_source(tree: pathlib.Path) -> str:
+    """The text of a checkout's runner, searched for the flags it declares: experiments/study.py,
+    or every module of experiments/study/."""
+    if layout(tree) == FLAT:
+        return (tree / "experiments" / "study.py").read_text()
+    return "".join(f.read_text() for f in sorted((tree / "experiments" / "study").glob("*.py")))
+
+
+def runner_argv(
     repo: pathlib.Path,
     worktree: pathlib.Path,
     grid_spec: str,
     options: list[tuple[str, object]],
     *,
     check: bool = True,
+    kind: str | None = None,
 ) -> list[str]:
-    """The worktree runner's command line: its interpreter (this one), its `study.py`, the grid
-    file's copy in the worktree, then `options` ((flag, value); value True: a bare flag; None
-    or False: left out). With `check`, a flag the worktree's `study.py` does not know is
-    refused (its source is searched for the quoted flag, as argparse declares it)."""
+    """The worktree runner's command line: its interpreter (this one), its runner in the
+    worktree's `layout` (or `kind`): `WORKTREE/experiments/study.py` (flat) or `-m
+    experiments.study` (package; run from the worktree, as `reexec` does), the grid file's copy
+    in the worktree, then `options` ((flag, value); value True: a bare flag; None or False: left
+    out). With `check`, a flag the worktree's runner does not know is refused (its source is
+    searched for the quoted flag, as argparse declares it)."""
     path, sep, arg = grid_spec.partition(":")
-    runner = worktree / "experiments" / "study.py"
-    source = runner.read_text() if check and runner.exists() else ""
     grid = str(_in_worktree(repo, pathlib.Path(path), worktree)) + sep + arg
-    argv = [sys.executable, str(runner), grid]
+    kind = kind or layout(worktree)
+    runner = (
+        ["-m", "experiments.study"] if kind == PACKAGE else [str(worktree / "experiments/study.py")]
+    )
+    source = runner_source(worktree) if check else ""
+    argv = [sys.executable, *runner, grid]
     for flag, value in options:
         if value is None or value is False:
             continue
@@ -106,27 +139,47 @@ def old_argv(
     return argv
 
 
+def tree_layout(repo: pathlib.Path, commit: str) -> str:
+    """`layout` of `commit` read from git, without a worktree (for the refusal's command)."""
+    found = _git(repo, "cat-file", "-e", f"{commit}:experiments/study/__main__.py")
+    return PACKAGE if found.returncode == 0 else FLAT
+
+
 def continue_command(
     repo: pathlib.Path, commit: str, grid_spec: str, options: list[tuple[str, object]]
 ) -> str:
-    """The shell command that continues the study at `commit` (for the refusal's line)."""
+    """The shell command that continues the study at `commit` (for the refusal's line): the
+    worktree, then its runner in the layout `commit` has, run from the worktree."""
     where = default_worktree(repo, commit)
-    argv = [str(a) for a in old_argv(repo, where, grid_spec, options, check=False)]
+    kind = tree_layout(repo, commit)
+    argv = [str(a) for a in runner_argv(repo, where, grid_spec, options, check=False, kind=kind)]
     argv[0] = "python"
     run = " ".join(shlex.quote(a) for a in argv)
+    quoted = shlex.quote(str(where))
     return (
-        f"git -C {shlex.quote(str(repo))} worktree add --detach {shlex.quote(str(where))} "
-        f"{commit[:10]} && PYTHONPATH={shlex.quote(str(where))} {run}"
+        f"git -C {shlex.quote(str(repo))} worktree add --detach {quoted} "
+        f"{commit[:10]} && cd {quoted} && PYTHONPATH={quoted} {run}"
     )
 
 
-def reexec(argv: list[str], worktree: pathlib.Path, glue_dir: str | None) -> None:
-    """Replaces this process with `argv` run against `worktree`'s code (never returns)."""
+def runner_env(worktree: pathlib.Path, glue_dir: str | None) -> dict[str, str]:
+    """The environment of the worktree's runner: `PYTHONPATH` the worktree (its `isojax` and
+    `experiments`, not this checkout's) and `$ISOJAX_GLUE_DIR` this checkout's data folder."""
     env = dict(os.environ, PYTHONPATH=str(worktree))
     if glue_dir and not env.get("ISOJAX_GLUE_DIR"):
         env["ISOJAX_GLUE_DIR"] = glue_dir
+    return env
+
+
+def reexec(argv: list[str], worktree: pathlib.Path, glue_dir: str | None) -> None:
+    """Replaces this process with `argv` run in `worktree` against its code (never returns):
+    from the worktree, so that `python -m experiments.study` finds the worktree's package
+    first (`-m` puts the working directory before `PYTHONPATH`); every path in `argv` is
+    absolute."""
+    env = runner_env(worktree, glue_dir)
     print(f"study: continuing at {worktree} (PYTHONPATH={worktree}): {shlex.join(argv[1:])}",
           flush=True)  # fmt: skip
     sys.stdout.flush()
     sys.stderr.flush()
+    os.chdir(worktree)
     os.execve(argv[0], argv, env)

@@ -13,7 +13,7 @@
   of runs of the normalised tasks whose normalised score exceeds τ (1 at the baseline's median,
   0 at a constant prediction's score);
 - `<stem>_forest.png` (issue 48): one row per fine-tuning verdict line and pooled line
-  (`report_verdicts.forest_rows`): the difference in the claim's frame, its 95 % interval (t,
+  (`verdicts.forest_rows`): the difference in the claim's frame, its 95 % interval (t,
   or the pooled line's stratified bootstrap), the paper's size as a vertical mark, coloured by
   verdict, an open marker where the verdict is epoch-sensitive (`draw_forest`, which the
   findings page's figure shares).
@@ -25,10 +25,18 @@ import math
 import pathlib
 
 import numpy as np
-import report_pooled as pool
-import report_verdicts as verdicts
-from report_records import CHANCE, METRIC_NAMES, PRETRAINED, arm_label, dev_rows, last_value
-from report_tables import fp
+
+from experiments.report import pooled as pool
+from experiments.report import verdicts
+from experiments.report.records import (
+    CHANCE,
+    METRIC_NAMES,
+    PRETRAINED,
+    arm_label,
+    dev_rows,
+    last_value,
+)
+from experiments.report.tables import fp
 
 
 def figure_names(data: dict) -> list[str]:
@@ -202,7 +210,7 @@ def _sweep(plt, runs: list[dict], data: dict):
 
 
 def _profile(plt, runs: list[dict], data: dict):
-    """Performance profiles (`report_pooled.profile`) of the normalised scores, one per arm."""
+    """Performance profiles (`pooled.profile`) of the normalised scores, one per arm."""
     pooled = data["pooled"]
     arms = {label: c for label, c in pooled["arms"].items() if c["normalised"]}
     values = np.concatenate([np.concatenate(c["normalised"]) for c in arms.values()])
@@ -239,7 +247,7 @@ def verdict_colour(verdict: str) -> str:
 
 
 def draw_forest(plt, rows: list[dict], title: str):
-    """The forest plot of `rows` (`report_rule.Family.forest`), top to bottom in order: the
+    """The forest plot of `rows` (`rule.Family.forest`), top to bottom in order: the
     difference and its 95 % interval, a vertical tick at the paper's size, 0 as a grey line."""
     height = 1.2 + 0.19 * len(rows)
     fig, ax = plt.subplots(figsize=(13, height))

@@ -1,6 +1,6 @@
 """Fine-tune isojax's NNX classifier on a GLUE task: the library loop with `front_end = "nnx"`.
 
-    python experiments/nnx_finetune.py --config isobn --task rte \
+    python -m experiments.examples.nnx_finetune --config isobn --task rte \
         --data-dir ../shared/data/glue --workdir /tmp/nnx-rte-isobn
 
 `--config` is what `isojax finetune --config` takes (a preset of `isojax.training.configs`,
@@ -23,7 +23,9 @@ from isojax.training import loop
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], prog="python -m experiments.examples.nnx_finetune"
+    )
     parser.add_argument("--config", default="isobn", help="a preset (isobn, istar) or a file")
     parser.add_argument("--task", default="rte")
     parser.add_argument("--data-dir", help="glue_data folder (default: tensorflow-datasets)")

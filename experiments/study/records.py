@@ -1,5 +1,5 @@
 """A study's results file (one JSON line per recorded cell) and the locks that let several
-`study.py` runners share one grid: the results file's lock and a claim per cell (issue 25,
+`runner.py` runners share one grid: the results file's lock and a claim per cell (issue 25,
 items 2 and 3).
 
 `read_records` reads the lines (a torn or non-JSON line is refused, naming it); `write_record`

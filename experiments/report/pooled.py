@@ -24,7 +24,7 @@ tests/experiments/test_report_pooled.py checks them:
 
 `pooled_verdict` reads a comparison (issue 48): P(improvement)'s interval entirely above 0.5
 and the one-sided sign-flip p of the (task, seed) differences paired by seed below 0.05 confirm
-(`paired_differences`; `report_stats.sign_flip_p`); both the other way reverse; otherwise an
+(`paired_differences`; `stats.sign_flip_p`); both the other way reverse; otherwise an
 interval of the task-averaged difference below the paper's size **and** the one-sided
 sign-flip p of the paired differences minus that size below 0.025 is "smaller than claimed"
 (the same two-part test as "confirmed": the bootstrap interval and the paired test), else
@@ -49,7 +49,7 @@ SEED = 0
 LEVEL = 0.95
 IQM_CUT = 0.25
 # "smaller than claimed" is a one-sided test of a bound, at one side of a two-sided 95 % level,
-# as the per-task lines (report_rule.ALPHA_ONE_SIDED).
+# as the per-task lines (rule.ALPHA_ONE_SIDED).
 SMALLER_ALPHA = 0.025
 
 Runs = Sequence[Sequence[float]]  # one sequence of run scores per task
@@ -178,7 +178,7 @@ def pooled_verdict(
     """The pooled rule for a claim that the arm improves on the baseline, `c` a `compare`
     dict with the paired sign-flip p values "flip_toward" (arm > baseline) and
     "flip_against" (one-sided, over the (task, seed) pairs) and "flip_below" (the one-sided
-    sign-flip p that the paired differences lie below `size`: `report_rule.below_size_p`),
+    sign-flip p that the paired differences lie below `size`: `rule.below_size_p`),
     `size` the paper's effect size on the raw scale (> 0) or None, `margin` an equivalence
     margin or None."""
     if not math.isfinite(c["p_lo"]):

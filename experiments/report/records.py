@@ -1,7 +1,7 @@
 """Loading a study's results JSONL for the report, and reading one record.
 
-A JSONL holds one line per cell (`experiments/study.py` writes it so: a failed line is replaced,
-never repeated). `load` refuses, each with one line naming the file:
+A JSONL holds one line per cell (the study runner, `experiments/study/runner.py`, writes it
+so: a failed line is replaced, never repeated). `load` refuses, each with one line naming the file:
 
 - a line that is not JSON, or a file without records;
 - a finished run without a dev evaluation, or with a score that is not a finite number (a NaN
@@ -66,7 +66,7 @@ def constant_scores(task: str) -> tuple[float, ...]:
 CHANCE = {t: max(constant_scores(t), default=0.0) for t in ("cola", "mrpc", "stsb", "rte")}
 
 
-# The keys the report reads from every record (what `experiments/study.py` writes), from its
+# The keys the report reads from every record (what `experiments/study/runner.py` writes), from its
 # `fields` and from each of its `eval` rows.
 REQUIRED = ("cell", "kind", "status", "fields", "seed", "eval")
 REQUIRED_FIELDS = ("task", "method")

@@ -2,7 +2,7 @@
 
 The rule for a paired difference (issue 22). The lines of one claim form a family (e.g. "IsoBN
 improves fine-tuning": the four tasks and their average); each line's two-sided paired t-test p
-is Holm-adjusted over its family (`report_stats.holm`), and with the claim's sign `direction`:
+is Holm-adjusted over its family (`stats.holm`), and with the claim's sign `direction`:
 
 - **confirmed**: adjusted p < 0.05 and the mean difference has the claimed sign;
 - **reversed**: adjusted p < 0.05 and it has the other sign;
@@ -25,10 +25,9 @@ import dataclasses
 import math
 import re
 
-import report_numbers as numbers
-import report_pooled as pool
-import report_stats as stats
-from report_tables import f, fp, signed, value
+from experiments.report import numbers, stats
+from experiments.report import pooled as pool
+from experiments.report.tables import f, fp, signed, value
 
 ALPHA = 0.05
 # One-sided tests of a bound ("smaller than claimed", "equivalent") at the level of one side of
@@ -98,7 +97,7 @@ def difference_verdict(
     margin: float | None = None,
     equiv_adj: float | None = None,
 ) -> dict:
-    """The verdict of one paired difference. `t`: a `report_numbers.paired` dict (its "diffs",
+    """The verdict of one paired difference. `t`: a `numbers.paired` dict (its "diffs",
     "mean", "lo", "hi"); `p_adj`: its Holm-adjusted t-test p; `direction`: the claim's sign;
     `size`: the paper's effect size (> 0, in the claimed direction) or None; `below_adj`: the
     Holm-adjusted p of "the difference lies below the size" (None: unadjusted, a family of
@@ -154,7 +153,7 @@ def equivalence_p(t: dict, margin: float | None) -> float:
 
 def correlation_verdict(corr: dict, p_adj: float, direction: int = -1) -> tuple[str, str]:
     """(verdict, reason) of one sweep's correlation. `corr`: {"all" (Pearson), "spearman",
-    "leave_one_out"} as `report_numbers.build` gives; `p_adj`: Pearson's Holm-adjusted p."""
+    "leave_one_out"} as `numbers.build` gives; `p_adj`: Pearson's Holm-adjusted p."""
     r, rho, loo = corr["all"]["r"], corr["spearman"]["r"], corr["leave_one_out"]
     if not (math.isfinite(r) and math.isfinite(p_adj)):
         return "not tested (fewer than 3 runs, or a constant)", ""
@@ -290,7 +289,7 @@ class Family:
         return f"- {claim}, {where}: **{word}** ({'; '.join(parts)})"
 
     def forest(self) -> list[dict]:
-        """The forest plot's rows (`report_figures`): per line and pooled line, the difference
+        """The forest plot's rows (`figures`): per line and pooled line, the difference
         in the claim's frame, its 95 % interval, the paper's size and the verdict."""
         rows = []
         other = self.judged(on_other=True) if self.has_other() else [None] * len(self.lines)
@@ -328,7 +327,7 @@ def pooled_entry(
 ) -> list[dict]:
     """The pooled verdict of arm `label` against `base` (the study's baseline by default) over
     the tasks where both have runs, on the pooled epoch and on the other
-    (`report_numbers.pooled_pair`), as one entry for `pooled_text`; nothing where the study
+    (`numbers.pooled_pair`), as one entry for `pooled_text`; nothing where the study
     pools nothing for it (one task, or no such arm)."""
     if not label:
         return []

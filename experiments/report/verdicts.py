@@ -1,17 +1,24 @@
 """The verdict lines of a study report: one per SPEC.md §9 claim and task the records can test,
-judged by the rule of `report_rule` (issue 22): the normalisers' claims against `none`, the
+judged by the rule of `rule` (issue 22): the normalisers' claims against `none`, the
 contrasts between two arms, the mechanism families of the `whitening_why` grid (issue 47) here,
-the sweeps' claims in `report_sweeps`. `forest_rows` gives every fine-tuning line's difference
+the sweeps' claims in `sweeps`. `forest_rows` gives every fine-tuning line's difference
 and interval for the forest plot (issue 48).
 """
 
 from __future__ import annotations
 
-import report_sweeps as sweeps
-from report_numbers import arm_of, paired
-from report_records import PRETRAINED
-from report_rule import EQUIVALENCE_MARGIN, ISOBN_SIZE, MODEL, Family, figure_ref, pooled_entry
-from report_tables import f
+from experiments.report import sweeps
+from experiments.report.numbers import arm_of, paired
+from experiments.report.records import PRETRAINED
+from experiments.report.rule import (
+    EQUIVALENCE_MARGIN,
+    ISOBN_SIZE,
+    MODEL,
+    Family,
+    figure_ref,
+    pooled_entry,
+)
+from experiments.report.tables import f
 
 
 def families(data: dict, fig: dict) -> list[Family]:
@@ -118,7 +125,7 @@ def _ev3_families(data: dict, fig: dict) -> list[Family]:
 
 
 def _contrasts(data: dict, fig: dict) -> list[Family]:
-    """The families that compare two arms directly (`report_numbers.CONTRASTS`)."""
+    """The families that compare two arms directly (`numbers.CONTRASTS`)."""
     per_task, tasks = data["per_task"], data["tasks"]
     out = []
     for key, a, b, claim, sign, size in (
@@ -189,7 +196,7 @@ def _why_families(data: dict) -> list[Family]:
 
 
 def _paired_arms(arm: dict, base: dict, kind: str) -> dict:
-    """`report_numbers.paired` of two arms' `kind` scores by seed."""
+    """`numbers.paired` of two arms' `kind` scores by seed."""
     a = dict(zip(arm["seeds"], arm["runs"][kind], strict=True))
     return paired(a, dict(zip(base["seeds"], base["runs"][kind], strict=True)))
 

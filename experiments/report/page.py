@@ -1,26 +1,26 @@
 """Rebuilds a study's report (`<study>.md` and `<study>_*.png`) from its results JSONL alone.
 
-    python experiments/report.py experiments/results/normalizers.jsonl
+    python -m experiments.report experiments/results/normalizers.jsonl
 
-Reads the lines `experiments/study.py` writes (one per cell) and writes, beside the JSONL, the
-report of these modules, each one idea:
+Reads the lines the study runner (`python -m experiments.study`) writes (one per cell) and
+writes, beside the JSONL, the report of these modules of `experiments/report/`, each one idea:
 
-- `report_records.py`: loading the JSONL (a duplicated cell, several devices, several commits
+- `records.py`: loading the JSONL (a duplicated cell, several devices, several commits
   or a dirty tree are refused with one line; the last two unless allowed by a flag) and reading
   one record;
-- `report_stats.py`: small-n statistics (paired t interval and p, exact sign-flip p, Holm,
+- `stats.py`: small-n statistics (paired t interval and p, exact sign-flip p, Holm,
   Pearson / Spearman / leave-one-value-out), each tested against SciPy;
-- `report_numbers.py`: every number of the report (`build`), as nested dicts;
-- `report_tables.py`: its Markdown tables and the formatting of its numbers;
-- `report_pooled.py`: statistics pooled over the tasks (probability of improvement,
+- `numbers.py`: every number of the report (`build`), as nested dicts;
+- `tables.py`: its Markdown tables and the formatting of its numbers;
+- `pooled.py`: statistics pooled over the tasks (probability of improvement,
   task-averaged difference, IQM of normalised scores, stratified bootstrap intervals; issue 39),
   each tested against rliable;
-- `report_rule.py`: the rule of issue 22 (Holm-adjusted paired t-test, read against the
+- `rule.py`: the rule of issue 22 (Holm-adjusted paired t-test, read against the
   paper's effect size) and the family of lines it judges together, and the pooled line of a
   claim about fine-tuning in general;
-- `report_verdicts.py`: one verdict line per SPEC.md §9 claim and task (the sweeps' claims in
-  `report_sweeps.py`);
-- `report_figures.py`: the PNG figures (matplotlib's Agg backend).
+- `verdicts.py`: one verdict line per SPEC.md §9 claim and task (the sweeps' claims in
+  `sweeps.py`);
+- `figures.py`: the PNG figures (matplotlib's Agg backend).
 
 The header names the code (commits), devices and JAX versions of the records. A refused JSONL
 gives one line on stderr and exit status 2, and writes nothing.
@@ -33,17 +33,10 @@ import math
 import pathlib
 import sys
 
-if str(pathlib.Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-import report_numbers as numbers  # noqa: E402
-import report_pooled as pool  # noqa: E402
-import report_records as records_io  # noqa: E402
-import report_rule as rule  # noqa: E402
-import report_stats as stats  # noqa: E402
-import report_tables as tables  # noqa: E402
-import report_verdicts as verdicts  # noqa: E402
-from report_figures import write_figures  # noqa: E402
+from experiments.report import numbers, rule, stats, tables, verdicts
+from experiments.report import pooled as pool
+from experiments.report import records as records_io
+from experiments.report.figures import write_figures
 
 build = numbers.build
 RecordsError = records_io.RecordsError
@@ -83,7 +76,7 @@ def _header(records: list[dict], data: dict, stem: str) -> list[str]:
     hours = sum(r.get("wall_minutes") or 0.0 for r in records) / 60.0
     md = [f"# Study `{stem}`", ""]
     md.append(
-        f"Rebuilt by `python experiments/report.py experiments/results/{stem}.jsonl` from "
+        f"Rebuilt by `python -m experiments.report experiments/results/{stem}.jsonl` from "
         f"{len(records)} records: {len(ok)} finished runs, {len(failed)} failed, "
         f"{len(records) - len(runs)} pre-trained evaluations; {hours:.1f} h of runs. "
         f"Code: {', '.join(f'{c} x{n}' for c, n in commits.items())}; device: "
@@ -262,7 +255,7 @@ def _pooled(data: dict, files: dict) -> list[str]:
         "## Pooled over tasks",
         "",
         f"Each arm against `{data['baseline']}` over the tasks where both have runs, treated as "
-        f"a sample of the benchmark ({pooled['kind']} epoch; `report_pooled.py`, after rliable): "
+        f"a sample of the benchmark ({pooled['kind']} epoch; `pooled.py`, after rliable): "
         "P(arm > baseline), per task the Mann–Whitney U over n_arm · n_base (ties ½), averaged "
         "over the tasks; the task-averaged difference of means on the raw score; the IQM (25 % "
         "trimmed mean over every run of every task) of the normalised score (score − chance) / "
@@ -294,7 +287,7 @@ def write_report(
     allow_mixed_commits: bool = False,
 ) -> pathlib.Path:
     """Writes `<stem>.md` and `<stem>_*.png` beside `results`; returns the Markdown path.
-    A refused JSONL (`report_records.load`) raises RecordsError before anything is written."""
+    A refused JSONL (`records.load`) raises RecordsError before anything is written."""
     results = pathlib.Path(results)
     records = records_io.load(
         results, allow_mixed_devices=allow_mixed_devices, allow_mixed_commits=allow_mixed_commits
@@ -308,7 +301,9 @@ def write_report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], prog="python -m experiments.report"
+    )
     parser.add_argument(
         "results", help="a study's JSONL, e.g. experiments/results/normalizers.jsonl"
     )

@@ -1,4 +1,4 @@
-"""Time estimates of a study's cells (`study.py`'s plan, progress lines and dry run).
+"""Time estimates of a study's cells (`runner.py`'s plan, progress lines and dry run).
 
 A cell's minutes are its epochs times the minutes per epoch measured on earlier cells of the
 same task (and method, and device, where there are such), of the same model and shape; before

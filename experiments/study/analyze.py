@@ -1,7 +1,7 @@
 """Before/after isotropy analysis of a study: `isojax analyze` of the pre-trained encoder and
 `isojax analyze --run` of one seed's fine-tuned run per task x arm (issue 14, item 3).
 
-    python experiments/study_analyze.py experiments/results/normalizers.jsonl \
+    python -m experiments.study.analyze experiments/results/normalizers.jsonl \
         --runs-dir runs --seed 1
 
 For every finished run of the results file with seed `--seed` (one per task x arm), the run's
@@ -14,7 +14,7 @@ max length (`analysis.analyze_encoder`). Each goes to `experiments/results/<stud
 cosine of [CLS], of the pooled vector and of the classifier's input (after the normaliser), and
 the last layer's token IsoScore. A cell whose `summary.json` exists is not analysed again, so
 the script can be rerun as a grid grows. Needs the run folders (`--runs-dir` as given to
-`study.py`) of the cells not analysed yet; not the results file alone, unlike `report.py`. Run
+`runner.py`) of the cells not analysed yet; not the results file alone, unlike `page.py`. Run
 folders are not committed: without them, one line says where they were looked for.
 """
 
@@ -30,7 +30,7 @@ import jax
 from isojax import analysis, linen, runs
 from isojax.data import tasks
 from isojax.runs import predict
-from isojax.training import build
+from isojax.training import build, specs
 
 COLUMNS = (
     ("[CLS] EV_3", "cls", "EV_3"),
@@ -60,7 +60,9 @@ def analyze_pretrained(run_dir: pathlib.Path, out: pathlib.Path) -> dict:
     )
     if params is None:  # tiny-bert (tests): random weights, as `isojax analyze` draws them
         params = linen.init_params(module, jax.random.key(config.seed))
-    examples = build.load_examples(config, tasks.get_task(config.task).dev_splits[0])
+    examples = build.load_examples(
+        specs.DataSpec.of(config), tasks.get_task(config.task).dev_splits[0]
+    )
     rep = analysis.analyze_encoder(
         module, params, tokenizer, examples, max_length=config.max_length,
         batch_size=config.eval_batch_size,
@@ -104,14 +106,16 @@ def missing_runs(chosen: list[dict], study_dir: pathlib.Path, out_root: pathlib.
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], prog="python -m experiments.study.analyze"
+    )
     parser.add_argument("results", help="experiments/results/<study>.jsonl")
-    parser.add_argument("--runs-dir", default="runs", help="the RUNS_DIR given to study.py")
+    parser.add_argument("--runs-dir", default="runs", help="the RUNS_DIR given to the study runner")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     results = pathlib.Path(args.results)
     if not results.is_file():
-        print(f"study_analyze: {results}: no such results file", file=sys.stderr)
+        print(f"study.analyze: {results}: no such results file", file=sys.stderr)
         return 2
     records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     chosen = [
@@ -126,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     missing = missing_runs(chosen, pathlib.Path(args.runs_dir) / study, out_root)
     if missing:
         print(
-            f"study_analyze: {len(missing)} of the {len(chosen)} runs to analyse are not in "
+            f"study.analyze: {len(missing)} of the {len(chosen)} runs to analyse are not in "
             f"{pathlib.Path(args.runs_dir) / study} (e.g. {missing[0]}): run folders are not "
-            "committed; give --runs-dir the folder study.py ran them in (its --runs-dir), or "
-            "run the cells again there (python experiments/study.py <grid file> --runs-dir "
+            "committed; give --runs-dir the folder the runner ran them in (its --runs-dir), or "
+            "run the cells again there (python -m experiments.study <grid file> --runs-dir "
             f"{args.runs_dir})",
             file=sys.stderr,
         )
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Study `{study}`: isotropy before and after fine-tuning (seed {args.seed})",
         "",
-        f"Rebuilt by `python experiments/study_analyze.py {results} --seed {args.seed}` from "
+        f"Rebuilt by `python -m experiments.study.analyze {results} --seed {args.seed}` from "
         "the runs' last checkpoints (`isojax analyze --run`) and the pre-trained encoder "
         "(`isojax analyze`), on each task's dev rows. Head input: the normalised sentence "
         "vector the classifier reads (the pooled vector itself for `none`). Per-layer "

@@ -1,4 +1,4 @@
-"""The Markdown tables of a study report, from `report_numbers.build`'s dicts, and the
+"""The Markdown tables of a study report, from `numbers.build`'s dicts, and the
 formatting of its numbers (`f`, `fp`, `signed`, `interval`, `value`) that the verdict lines share.
 """
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from report_numbers import ISOTROPY, SWEEP_KEYS
-from report_records import CHANCE, DEV_SIZE, PRETRAINED, constant_scores
+from experiments.report.numbers import ISOTROPY, SWEEP_KEYS
+from experiments.report.records import CHANCE, DEV_SIZE, PRETRAINED, constant_scores
 
 # SPEC.md §9: Pearson r / p of isotropy vs the task metric over 35 runs per cell ([I-STAR]).
 ISTAR_PAPER = {

@@ -1,7 +1,7 @@
 """One cell of a study grid: train (or resume, or read back) its run folder, evaluate the step-0
 model of a "pretrained" cell, and read what the folder holds into the run part of the cell's
 record (`read_run`); the commit and device that the record names (`git_state`, `device_name`).
-`study.py` runs the grid around these.
+`runner.py` runs the grid around these.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import subprocess
 import time
 
 import ml_collections
-from study_grid import PRETRAINED, config_hash
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from experiments.study.grid import PRETRAINED, config_hash
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 LOSS_CHUNK_STEPS = 10  # steps per point of a record's train_loss curve
 
 
@@ -138,7 +139,7 @@ def _pretrained_eval(config: ml_collections.ConfigDict) -> list[dict]:
     run = loop.setup(config)
     rows = []
     for split, encoded in run.dev_encoded.items():
-        result = evaluation.evaluate(run, run.state, encoded, config)
+        result = evaluation.evaluate(run, run.state, encoded)
         rows.append({"step": 0, "epoch": 0, "split": split, **result})
     return rows
 

@@ -23,9 +23,10 @@ import collections
 import math
 
 import numpy as np
-import report_pooled as pool
-import report_stats as stats
-from report_records import (
+
+from experiments.report import pooled as pool
+from experiments.report import stats
+from experiments.report.records import (
     CHANCE,
     DEV_SIZE,
     PRETRAINED,
@@ -183,7 +184,7 @@ def _task_average(out: dict, arms: dict) -> dict:
 
 
 def pooled(data: dict, kind: str, with_iqm: bool = True) -> dict:
-    """The pooled statistics (`report_pooled`) of every arm against the baseline over the tasks
+    """The pooled statistics (`pooled`) of every arm against the baseline over the tasks
     where both have runs, on the `kind` score ("best": the [IsoBN] protocol; "last": a sweep).
     The IQM (`with_iqm`) is of the normalised scores (score − chance) / (baseline median −
     chance), over the tasks whose baseline median beats chance by 1/√n_dev (`beats_chance`);
@@ -219,7 +220,7 @@ def pooled(data: dict, kind: str, with_iqm: bool = True) -> dict:
 
 
 def pooled_pair(data: dict, label: str, base: str, kind: str) -> dict:
-    """`report_pooled.compare` of arm `label` against arm `base` on the `kind` score over the
+    """`pooled.compare` of arm `label` against arm `base` on the `kind` score over the
     tasks where both have runs, with the paired test (issue 48): "paired_n" (task, seed) pairs,
     "paired_diffs" (those differences), "flip_toward" / "flip_against" (the one-sided sign-flip
     p that `label` is above / below `base`) and "flip_method"; {"tasks": []} where fewer than 2
