@@ -138,7 +138,7 @@ def _process(app, what, name, obj, options, lines):
 
 def _noindex() -> set[str]:
     """The curated names that repeat an object an earlier curated module documents (the linen
-    `Encoder` is `isojax.models.Encoder`): their pages are written with `:no-index:`."""
+    `Encoder` is `isojax.linen.Encoder`): their pages are written with `:no-index:`."""
     import importlib
 
     seen, repeated = set(), set()

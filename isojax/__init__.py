@@ -25,11 +25,14 @@ encoders and the classifier. I-STAR as a loss term, with a fixed ``C0``::
 
     loss = task_loss + lam * isojax.istar_penalty(hidden_states, token_mask, c0=c0, zeta=0.2)
 
-The layers, bottom up: :mod:`isojax.core` (the maths), :mod:`isojax.linen` and
-:mod:`isojax.nnx` (the front ends), :mod:`isojax.models` (encoders, Hugging Face weights in and
-out), :mod:`isojax.data` (GLUE), :mod:`isojax.training` (the fine-tuning loop),
+The layers, bottom up: :mod:`isojax.core` (the maths), :mod:`isojax.models` (the encoders'
+front-end-free half: configs, transformer maths, Hugging Face weights in and out) and
+:mod:`isojax.data` (GLUE), :mod:`isojax.linen` and :mod:`isojax.nnx` (the front ends: the
+normalisers, IsoScore*, the encoders, the classifier, ``load_pretrained`` /
+``from_pretrained`` and ``export_pretrained``), :mod:`isojax.training` (the fine-tuning loop),
 :mod:`isojax.runs` (restore, predict, export), :mod:`isojax.analysis` (isotropy reports) and
-:mod:`isojax.cli` (the ``isojax`` command). ``import isojax`` imports the first three only.
+:mod:`isojax.cli` (the ``isojax`` command). ``import isojax`` imports ``core``, ``models``,
+``linen`` and ``nnx`` only.
 """
 
 from isojax import linen, nnx

@@ -1,5 +1,6 @@
 """Helpers the test modules share (no test module imports another): the checkout's root, the
-study-style arm labels, the tiny run config, the tiny random encoder configs of every family and
+study-style arm labels, the tiny run config, the one-device mesh, tiny-bert's encoder config
+without dropout, the tiny random encoder configs of every family and
 their batches, packed and padded batches of the same synthetic examples, and experiments/
 scripts loaded as modules; a tiny random ModernBERT folder with its tokenizer."""
 
@@ -55,6 +56,32 @@ def tiny_config(glue_dir, minilm_dir, **overrides):
     for key, value in overrides.items():
         config.update_from_flattened_dict({key: value})
     return config
+
+
+def one_device_mesh():
+    """The mesh of the first device alone: a single-device run whatever the host offers
+    (`XLA_FLAGS` forces several CPU devices in some tests)."""
+    import jax
+
+    from isojax.training import distributed
+
+    return distributed.make_mesh(jax.devices()[:1])
+
+
+def tiny_encoder_config(**changes):
+    """tiny-bert's `EncoderConfig` (`models.VARIANTS["tiny"]`) without dropout, `changes` on top:
+    a forward pass recomputed exactly, for comparisons between runs or front ends."""
+    from isojax import models
+
+    return models.VARIANTS["tiny"].replace(hidden_dropout=0.0, attention_dropout=0.0, **changes)
+
+
+def tiny_bert_without_dropout(monkeypatch) -> None:
+    """Runs of the "tiny-bert" model build `tiny_encoder_config()` until `monkeypatch` undoes
+    it (the head's dropout is the run config's `dropout_rate`)."""
+    from isojax import models
+
+    monkeypatch.setitem(models.VARIANTS, "tiny", tiny_encoder_config())
 
 
 def sharded_config(glue_dir, minilm_dir, **overrides):
@@ -182,20 +209,19 @@ def make_head(family, normalizer):
     random (LayerNorm scales and biases too), no dropout."""
     import jax
 
-    from isojax import models
+    from isojax import linen
     from isojax.models import config as config_lib
-    from isojax.models import heads
 
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
     sentence = "pooled" if cfg.has_pooler else "cls"
-    head = models.SequenceClassifier(
-        models.Encoder(cfg),
+    head = linen.SequenceClassifier(
+        linen.Encoder(cfg),
         num_labels=NUM_LABELS,
         sentence=sentence,
         normalizer=normalizer,
         dropout_rate=0.0,
     )
-    variables = heads.init_variables(head, jax.random.key(0))
+    variables = linen.init_variables(head, jax.random.key(0))
     # Random (not unit) LayerNorm scales and biases, so every parameter matters.
     leaves, tree = jax.tree.flatten(variables["params"])
     keys = jax.random.split(jax.random.key(1), len(leaves))

@@ -5,7 +5,7 @@ BERT-base-sized encoder, plain and with IsoBN and I-STAR (as ratios to plain). P
     python experiments/bench/accelerator.py --tiny          # tiny config, seconds (CPU default)
 
 Each setting is one jitted AdamW step built here from the public model APIs
-(`isojax.models.SequenceClassifier` over `isojax.models.Encoder`, random weights, compute
+(`isojax.linen.SequenceClassifier` over `isojax.linen.Encoder`, random weights, compute
 bfloat16, parameters float32; `isojax.linen.norms` IsoBN on the pooled vector;
 `isojax.core.penalties`
 I-STAR penalty over every layer's tokens with C0 = identity), on one device, with all `len`
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from isojax import models
+from isojax import linen
 from isojax.core import penalties
 from isojax.models import config as config_lib
 from isojax.training import throughput
@@ -79,10 +79,10 @@ def non_embedding_params(params) -> int:
     return total - embeddings
 
 
-def make_head(cfg: config_lib.EncoderConfig, variant: str, dtype) -> models.SequenceClassifier:
+def make_head(cfg: config_lib.EncoderConfig, variant: str, dtype) -> linen.SequenceClassifier:
     """The classifier of one variant: IsoBN on the pooled vector for "isobn", none otherwise."""
-    return models.SequenceClassifier(
-        models.Encoder(cfg, dtype=dtype),
+    return linen.SequenceClassifier(
+        linen.Encoder(cfg, dtype=dtype),
         num_labels=2,
         normalizer="isobn" if variant == "isobn" else "none",
         dtype=dtype,
@@ -252,7 +252,7 @@ def main(argv=None) -> list[dict]:
         print("not measured: no accelerator (tiny configuration on CPU, to test the script)")
 
     dtype = jnp.bfloat16
-    variables = models.init_variables(make_head(cfg, "isobn", dtype), jax.random.key(0))
+    variables = linen.init_variables(make_head(cfg, "isobn", dtype), jax.random.key(0))
     n_params = non_embedding_params(variables["params"])
     settings = [
         Setting(variables, cfg, v, b, length, device, dtype) for b in batches for v in VARIANTS

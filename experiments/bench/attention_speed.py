@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from isojax import models
+from isojax import linen, models
 from isojax.models import transformer
 from isojax.training import throughput
 
@@ -38,8 +38,8 @@ from isojax.training import throughput
 def make_step(variant: str, attend, dtype):
     """A jitted loss-and-gradient step of `variant` whose attention is `attend`."""
     cfg = models.VARIANTS[variant].replace(attention_dropout=0.0, hidden_dropout=0.0)
-    encoder = models.Encoder(cfg, dtype=dtype)
-    head = models.SequenceClassifier(encoder, num_labels=2, dropout_rate=0.0, dtype=dtype)
+    encoder = linen.Encoder(cfg, dtype=dtype)
+    head = linen.SequenceClassifier(encoder, num_labels=2, dropout_rate=0.0, dtype=dtype)
 
     def loss(params, ids, mask, labels):
         original = transformer.attend
@@ -69,7 +69,7 @@ def bench_variant(variant: str, args) -> None:
         "fused": make_step(variant, transformer.attend, dtype),
         "einsum": make_step(variant, transformer.attend_reference, dtype),
     }
-    params = models.init_variables(arms["fused"][0], jax.random.key(0), seq_len=8)["params"]
+    params = linen.init_variables(arms["fused"][0], jax.random.key(0), seq_len=8)["params"]
     inputs = (params, ids, mask, labels)
     flops = {n: throughput.step_flops(s.lower(*inputs).compile()) for n, (_, s) in arms.items()}
     for _, step in arms.values():  # compile (and warm)

@@ -25,8 +25,8 @@ import optax
 import torch
 import transformers
 
-from isojax import models
-from isojax.models import heads, hf_import
+from isojax import linen
+from isojax.models import hf_import
 
 
 def seconds(step) -> float:
@@ -48,8 +48,8 @@ def time_both(steps: dict, repeats: int) -> dict:
 
 def _jax_step(pre, ids, mask, types, labels, deterministic: bool, prng: str):
     """isojax's jitted forward and backward of the classifier, as a blocking call."""
-    head = models.SequenceClassifier(pre.module, num_labels=2)
-    variables = heads.init_variables(head, jax.random.key(0), pre.params)
+    head = linen.SequenceClassifier(pre.module, num_labels=2)
+    variables = linen.init_variables(head, jax.random.key(0), pre.params)
 
     @jax.jit
     def grad_step(params, rng):
@@ -101,7 +101,7 @@ def main():
     args = parser.parse_args()
     deterministic = not args.dropout
 
-    pre = models.load_pretrained(args.model)
+    pre = linen.load_pretrained(args.model)
     rng = np.random.default_rng(0)
     ids = rng.integers(1000, pre.config.vocab_size, (args.batch, args.length)).astype(np.int32)
     mask = np.ones_like(ids)

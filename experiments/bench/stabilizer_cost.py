@@ -27,7 +27,7 @@ import numpy as np
 
 from isojax.core import istar, penalties
 from isojax.linen import istar as linen_istar
-from isojax.models import load_pretrained
+from isojax.linen import load_pretrained
 
 
 def median_seconds(calls: dict, repeats: int) -> dict[str, float]:

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from isojax import models
+from isojax import linen, models
 
 LR, WEIGHT_DECAY = 2e-5, 0.01
 
@@ -68,7 +68,7 @@ def torch_model(head, params, folder: str, threads: int):
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    models.export_pretrained(folder, head, params)
+    linen.export_pretrained(folder, head, params)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     model = transformers.AutoModelForSequenceClassification.from_pretrained(folder)
@@ -100,8 +100,8 @@ def bench_variant(variant: str, args) -> None:
     import torch
 
     cfg = models.VARIANTS[variant]
-    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=2)
-    params = models.init_variables(head, jax.random.key(0))["params"]
+    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=2)
+    params = linen.init_variables(head, jax.random.key(0))["params"]
     ids, mask, labels = rows(args, cfg.vocab_size)
     with tempfile.TemporaryDirectory() as folder:
         model = torch_model(head, params, folder, args.threads)

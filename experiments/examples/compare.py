@@ -25,7 +25,7 @@ import sys
 import time
 
 from isojax.cli.common import install_log_handler
-from isojax.data import glue
+from isojax.data import tasks
 from isojax.training import config as config_lib
 from isojax.training import evaluation, loop
 
@@ -48,7 +48,7 @@ def pretrained_row(config) -> dict:
     config.normalizer, config.penalty = "none", "none"
     config.max_train_examples = config.batch_size
     run = loop.setup(config)
-    split = glue.get_task(config.task).dev_splits[0]
+    split = tasks.get_task(config.task).dev_splits[0]
     result = evaluation.evaluate(run, run.state, run.dev_encoded[split])
     return {key: value for key, value in result.items() if key in ISOTROPY_KEYS}
 
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         config_lib.validate_config(config)  # every run's config is checked before the first starts
 
     first = configs[methods[0]]
-    split = glue.get_task(first.task).dev_splits[0]
+    split = tasks.get_task(first.task).dev_splits[0]
     rows = {}
     if not args.no_pretrained:
         start = time.perf_counter()

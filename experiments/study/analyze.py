@@ -27,8 +27,8 @@ import sys
 
 import jax
 
-from isojax import analysis, models, runs
-from isojax.data import glue
+from isojax import analysis, linen, runs
+from isojax.data import tasks
 from isojax.runs import predict
 from isojax.training import build, specs
 
@@ -59,9 +59,9 @@ def analyze_pretrained(run_dir: pathlib.Path, out: pathlib.Path) -> dict:
         config.model, config.tokenizer, max_length=config.max_length
     )
     if params is None:  # tiny-bert (tests): random weights, as `isojax analyze` draws them
-        params = models.init_params(module, jax.random.key(config.seed))
+        params = linen.init_params(module, jax.random.key(config.seed))
     examples = build.load_examples(
-        specs.DataSpec.of(config), glue.get_task(config.task).dev_splits[0]
+        specs.DataSpec.of(config), tasks.get_task(config.task).dev_splits[0]
     )
     rep = analysis.analyze_encoder(
         module, params, tokenizer, examples, max_length=config.max_length,
@@ -93,12 +93,12 @@ def missing_runs(chosen: list[dict], study_dir: pathlib.Path, out_root: pathlib.
     """The run folders (`study_dir/<cell>`, with `config.json`) that the analysis would read and
     that are absent: a cell's folder where its summary is not cached, and for each task the
     first cell's folder where the pre-trained summary is not."""
-    needed, tasks = [], set()
+    needed, seen_tasks = [], set()
     for r in chosen:
         task = r["fields"]["task"]
         cached = (out_root / r["cell"] / "summary.json").exists()
-        if task not in tasks:
-            tasks.add(task)
+        if task not in seen_tasks:
+            seen_tasks.add(task)
             cached = cached and (out_root / f"{task}-pretrained" / "summary.json").exists()
         if not cached:
             needed.append(study_dir / r["cell"])

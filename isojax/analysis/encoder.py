@@ -340,15 +340,15 @@ def analyze_encoder(
     """The isotropy report of a BERT-family encoder on GLUE examples.
 
     Args:
-      module: an `isojax.models` encoder (its ``config`` gives L and d).
+      module: an `isojax.linen` encoder (its ``config`` gives L and d).
       params: its ``'params'`` collection.
       tokenizer: the checkpoint's tokenizer (``tokenizers.Tokenizer`` or transformers fast).
-      examples: ``glue.Example`` rows (single sentences or pairs).
+      examples: ``tasks.Example`` rows (single sentences or pairs).
       max_length: tokens per row, special tokens included (longer rows are truncated).
       batch_size: sentences per forward pass.
       buckets: padded lengths (see `batching.resolve_buckets`).
       zeta: IsoScore* shrinkage for the per-layer scores.
-      task, train_examples: the task's name and its train ``glue.Example``s: the report then
+      task, train_examples: the task's name and its train ``tasks.Example``s: the report then
         holds each sentence vector's principal-outlier 1-D score (`Report.outlier_score`).
     """
     if not examples:

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from isojax.core import geometry
-from isojax.data import glue, metrics
+from isojax.data import metrics, tasks
 
 
 def sentence_vectors(
@@ -70,7 +70,7 @@ def sentence_vectors(
 
 
 def principal_outlier_score(
-    task: str | glue.GlueTask,
+    task: str | tasks.GlueTask,
     train: np.ndarray,
     train_labels: np.ndarray,
     dev: np.ndarray,
@@ -83,7 +83,7 @@ def principal_outlier_score(
       rule (``{"threshold", "below", "above", "train_accuracy"}`` or ``{"sign"}``), "dev":
       compute_metrics of the dev predictions, "score": their GLUE score}``.
     """
-    task = glue.get_task(task)
+    task = tasks.get_task(task)
     if len(train) < 2 or len(dev) < 1:
         raise ValueError(f"principal_outlier_score needs 2 train and 1 dev rows, got {len(train)}")
     out = geometry.outlier_dimensions(train)
@@ -113,7 +113,7 @@ def principal_outlier_score(
 
 
 def scores(
-    task: str | glue.GlueTask,
+    task: str | tasks.GlueTask,
     train: tuple[dict[str, np.ndarray], np.ndarray],
     dev: tuple[dict[str, np.ndarray], np.ndarray],
 ) -> dict[str, dict]:

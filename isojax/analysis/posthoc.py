@@ -42,7 +42,7 @@ import numpy as np
 from isojax import errors
 from isojax.core import isotropy, stats
 from isojax.core import posthoc as core_posthoc
-from isojax.data import batching, glue, metrics
+from isojax.data import batching, metrics, tasks
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def pair_score(task, cosines, labels) -> tuple[str, float | None]:
     ``labels [n]``: ``("spearman", ρ)`` for a regression task, ``("roc_auc", AUC)`` of the
     task's `SIMILAR_CLASS`, ``(name, None)`` where one class is missing; ``("", None)`` for a
     task without one."""
-    task = glue.get_task(task)
+    task = tasks.get_task(task)
     if task.is_regression:
         return "spearman", metrics.spearman(cosines, labels)
     if task.name not in SIMILAR_CLASS:
@@ -255,7 +255,7 @@ def sentence_vectors(
     sentence, in order, from one eval-mode pass of the encoder (no dropout)."""
     if not sentences:
         raise ValueError("sentence_vectors needs at least one sentence")
-    examples = [glue.Example(text, None, 0, i) for i, text in enumerate(sentences)]
+    examples = [tasks.Example(text, None, 0, i) for i, text in enumerate(sentences)]
 
     @jax.jit
     def step(params, ids, mask, types):
@@ -354,11 +354,11 @@ def analyze_posthoc(
     """Fit each of ``transforms`` on the train sentences, apply it to the dev sentences.
 
     Args:
-      module, params, tokenizer: a pre-trained `isojax.models` encoder, its ``'params'`` and
+      module, params, tokenizer: a pre-trained `isojax.linen` encoder, its ``'params'`` and
         its tokenizer.
-      task: a GLUE task name or `glue.GlueTask`.
-      train_examples: ``glue.Example`` rows to fit on (labels unused).
-      eval_examples: labelled ``glue.Example`` rows to transform and score.
+      task: a GLUE task name or `tasks.GlueTask`.
+      train_examples: ``tasks.Example`` rows to fit on (labels unused).
+      eval_examples: labelled ``tasks.Example`` rows to transform and score.
       transforms: names from `TRANSFORMS`.
       max_length, batch_size, buckets: as `encoder.analyze_encoder`'s.
 
@@ -368,7 +368,7 @@ def analyze_posthoc(
       RankDeficient: ``bert-whitening`` of train vectors of numerical rank below its ``k``
         (checked before the eval sentences are encoded).
     """
-    task = glue.get_task(task)
+    task = tasks.get_task(task)
     for split, examples in (("train", train_examples), ("eval", eval_examples)):
         if len(examples) < 2:
             raise TooFewSentences(

@@ -43,11 +43,11 @@ def analyze_run(
 
     Args:
       restored: a run's classifier at one checkpoint (`isojax.runs.restore`).
-      examples: ``glue.Example`` rows of the run's task.
+      examples: ``tasks.Example`` rows of the run's task.
       batch_size: sentences per forward pass (default the run's ``eval_batch_size``); rows
         are encoded with the run's ``max_length`` and padded to its ``buckets``.
       zeta: IsoScore* shrinkage for the per-layer scores.
-      train_examples: the task's train ``glue.Example``s: the report then holds each sentence
+      train_examples: the task's train ``tasks.Example``s: the report then holds each sentence
         vector's principal-outlier 1-D score, the head input's included
         (`encoder.Report.outlier_score`, `isojax.analysis.outliers`).
     """

@@ -435,7 +435,7 @@ NEEDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `isojax` console script; returns the exit status."""
     from isojax import errors
-    from isojax.data.glue import GlueDataNotFound
+    from isojax.data.tasks import GlueDataNotFound
 
     common.install_log_handler()
     parser = build_parser()

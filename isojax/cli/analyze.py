@@ -204,10 +204,10 @@ def _split(args: argparse.Namespace, task) -> str:
 
 def _task(args: argparse.Namespace):
     """`--task`'s `GlueTask`."""
-    from isojax.data import glue
+    from isojax.data import tasks
 
     try:
-        return glue.get_task(args.task)
+        return tasks.get_task(args.task)
     except ValueError as err:
         raise common.UsageError(str(err)) from None
 
@@ -216,7 +216,7 @@ def _encoder(args: argparse.Namespace):
     """`(module, params, tokenizer)` of `--model` (tiny-bert initialised from `--seed`)."""
     import jax
 
-    from isojax import models
+    from isojax import linen
     from isojax.training import build
 
     try:
@@ -227,7 +227,7 @@ def _encoder(args: argparse.Namespace):
     except ValueError as err:
         raise common.UsageError(str(err)) from None
     if params is None:  # tiny-bert: random weights
-        params = models.init_params(module, jax.random.key(args.seed))
+        params = linen.init_params(module, jax.random.key(args.seed))
     return module, params, tokenizer
 
 

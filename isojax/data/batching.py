@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from isojax.data import glue
+from isojax.data import tasks
 
 if TYPE_CHECKING:
     import tokenizers
@@ -82,7 +82,7 @@ def _pad_id(tokenizer, backend: tokenizers.Tokenizer) -> int | None:
 
 
 def encode(
-    examples: Sequence[glue.Example],
+    examples: Sequence[tasks.Example],
     tokenizer,
     max_length: int,
     *,
@@ -97,7 +97,7 @@ def encode(
     not changed.
 
     Args:
-      examples: `glue.Example`s, all single sentences or all pairs.
+      examples: `tasks.Example`s, all single sentences or all pairs.
       tokenizer: a `tokenizers.Tokenizer` or a transformers fast tokenizer.
       max_length: most tokens per row, special tokens included.
       pad_id: padding token id; default: the tokenizer's (`pad_token_id`, its padding

@@ -1,12 +1,11 @@
 """GLUE's TSV source, and `load`, the entry point to it and to the tensorflow-datasets source
 (`isojax.data.tfds_source`, also reached as `glue.load_tfds`). The task registry, `Example` and
-the errors live in `isojax.data.tasks` and are importable from here too (`glue.get_task`,
-`glue.TASKS`, `glue.GlueTask`, `glue.Example`, `glue.GlueDataNotFound`,
-`glue.GlueDataInvalid`).
+the errors live in `isojax.data.tasks` (`tasks.get_task`, `tasks.TASKS`, `tasks.GlueTask`,
+`tasks.Example`, `tasks.GlueDataNotFound`, `tasks.GlueDataInvalid`), and only there.
 
 Both sources return the same `Example`s in file order (`idx` = 0-based data row, as in TFDS):
 
-    task = glue.get_task("rte")
+    task = tasks.get_task("rte")
     train = glue.load_tsv("glue_data", task, "train", labelled=True)   # glue_data/RTE/train.tsv
     dev = glue.load_tfds(task, "dev", data_dir="~/tensorflow_datasets")   # glue/rte validation
     test = glue.load_tsv("glue_data", task, "test")   # unlabelled: every label is None
@@ -37,25 +36,10 @@ import os
 import pathlib
 from collections.abc import Iterator
 
-from isojax.data.tasks import (
-    TASKS,
-    Example,
-    GlueDataInvalid,
-    GlueDataNotFound,
-    GlueTask,
-    get_task,
-    how_to_supply,
-)
+from isojax.data import tasks
 from isojax.data.tfds_source import load_tfds
 
 __all__ = [
-    "TASKS",
-    "Example",
-    "GlueDataInvalid",
-    "GlueDataNotFound",
-    "GlueTask",
-    "get_task",
-    "how_to_supply",
     "load",
     "load_tfds",
     "load_tsv",
@@ -77,7 +61,9 @@ def tsv_rows(path: pathlib.Path) -> Iterator[tuple[int, list[str]]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise GlueDataInvalid(f"{path}:{number}: not UTF-8 ({error.reason})") from None
+                raise tasks.GlueDataInvalid(
+                    f"{path}:{number}: not UTF-8 ({error.reason})"
+                ) from None
             if number == 1:
                 line = line.removeprefix("\ufeff")
             line = line.removesuffix("\n").removesuffix("\r")
@@ -85,43 +71,43 @@ def tsv_rows(path: pathlib.Path) -> Iterator[tuple[int, list[str]]]:
                 blank = number if blank is None else blank
                 continue
             if blank is not None:
-                raise GlueDataInvalid(
+                raise tasks.GlueDataInvalid(
                     f"{path}:{blank}: blank line before line {number} (only the end of a file "
                     "may have blank lines)"
                 )
             yield number, line.split("\t")
 
 
-def _parse_label(task: GlueTask, value: str, where: str) -> int | float:
+def _parse_label(task: tasks.GlueTask, value: str, where: str) -> int | float:
     if task.is_regression:
         try:
             score = float(value)
         except ValueError:
             score = math.nan
         if not math.isfinite(score):
-            raise GlueDataInvalid(
+            raise tasks.GlueDataInvalid(
                 f"{where}: {task.label_column!r} is {value!r}, not a finite number"
             )
         return score
     try:
         return task.label_values.index(value)
     except ValueError:
-        raise GlueDataInvalid(
+        raise tasks.GlueDataInvalid(
             f"{where}: unknown label {value!r} in column {task.label_column!r}; "
             f"expected one of {list(task.label_values)}"
         ) from None
 
 
-def tsv_path(data_dir: str | os.PathLike, task: str | GlueTask, split: str) -> pathlib.Path:
+def tsv_path(data_dir: str | os.PathLike, task: str | tasks.GlueTask, split: str) -> pathlib.Path:
     """`data_dir/<TASK>/<split>.tsv`, e.g. `glue_data/MNLI/dev_matched.tsv`."""
-    task = get_task(task)
+    task = tasks.get_task(task)
     task.check_split(split)
     return pathlib.Path(data_dir).expanduser() / task.folder / f"{split}.tsv"
 
 
 def load_tsv(
-    data_dir: str | os.PathLike, task: str | GlueTask, split: str, *, labelled: bool = False
-) -> list[Example]:
+    data_dir: str | os.PathLike, task: str | tasks.GlueTask, split: str, *, labelled: bool = False
+) -> list[tasks.Example]:
     """Examples of one split from the `glue_data/<TASK>/<split>.tsv` layout, in file order.
 
     Args:
@@ -143,12 +129,13 @@ def load_tsv(
         that are not UTF-8 (a `ValueError`; the message names the file and the 1-based line).
       ValueError: unknown task or split; a test split with `labelled`.
     """
-    task = get_task(task)
+    task = tasks.get_task(task)
     task.check_split(split, labelled=labelled)
     path = tsv_path(data_dir, task, split)
     if not path.is_file():
-        raise GlueDataNotFound(
-            f"GLUE {task.name} {split} file not found: {path}; " + how_to_supply(task, split, None)
+        raise tasks.GlueDataNotFound(
+            f"GLUE {task.name} {split} file not found: {path}; "
+            + tasks.how_to_supply(task, split, None)
         )
     test = split in task.test_splits
     rows = tsv_rows(path)
@@ -160,7 +147,9 @@ def load_tsv(
     needed = task.text_columns if test else (*task.text_columns, task.label_column)
     for name in needed:
         if name not in columns:
-            raise GlueDataInvalid(f"{path}:1: header lacks column {name!r}; header is {header}")
+            raise tasks.GlueDataInvalid(
+                f"{path}:1: header lacks column {name!r}; header is {header}"
+            )
     text_cols = [columns[name] for name in task.text_columns]
     label_col = None if test else columns[task.label_column]
 
@@ -168,13 +157,13 @@ def load_tsv(
     for number, fields in rows:
         where = f"{path}:{number}"
         if len(fields) != len(header):
-            raise GlueDataInvalid(
+            raise tasks.GlueDataInvalid(
                 f"{where}: {len(fields)} tab-separated fields, expected {len(header)} "
                 f"(columns {header})"
             )
         texts = [fields[i] for i in text_cols]
         examples.append(
-            Example(
+            tasks.Example(
                 text_a=texts[0],
                 text_b=texts[1] if task.is_pair else None,
                 label=None if label_col is None else _parse_label(task, fields[label_col], where),
@@ -185,14 +174,14 @@ def load_tsv(
 
 
 def load(
-    task: str | GlueTask,
+    task: str | tasks.GlueTask,
     split: str,
     *,
     source: str = "tsv",
     data_dir: str | os.PathLike | None = None,
     download: bool = True,
     labelled: bool = False,
-) -> list[Example]:
+) -> list[tasks.Example]:
     """One entry point for both sources: `source="tsv"` (`data_dir` = glue_data) or "tfds".
 
     `labelled=True` (training, evaluation) refuses a test split with a ValueError.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from isojax.data import glue
+from isojax.data import tasks
 
 
 def _as_1d(name: str, values) -> np.ndarray:
@@ -130,11 +130,11 @@ METRICS = {
 }
 
 
-def compute_metrics(task: str | glue.GlueTask, predictions, labels) -> dict[str, float]:
+def compute_metrics(task: str | tasks.GlueTask, predictions, labels) -> dict[str, float]:
     """The GLUE metrics of a task.
 
     Args:
-      task: a task name or `glue.GlueTask`.
+      task: a task name or `tasks.GlueTask`.
       predictions: class ids `[n]` or logits `[n, num_labels]` (argmax taken); for STS-B the
         scores `[n]` or `[n, 1]`.
       labels: `[n]` class ids or scores, padding examples already removed.
@@ -144,7 +144,7 @@ def compute_metrics(task: str | glue.GlueTask, predictions, labels) -> dict[str,
       task has two, and `'score'`: the task's single GLUE number (the metric or the mean).
       For MNLI call it once per dev split (matched, mismatched).
     """
-    task = glue.get_task(task)
+    task = tasks.get_task(task)
     predictions = np.asarray(predictions)
     if not task.is_regression and predictions.ndim == 2 and predictions.shape[1] > 1:
         if predictions.shape[1] != task.num_labels:
@@ -183,7 +183,7 @@ class Accumulator:
         """Number of real examples added so far."""
         return sum(len(labels) for labels in self._labels)
 
-    def compute(self, task: str | glue.GlueTask) -> dict[str, float]:
+    def compute(self, task: str | tasks.GlueTask) -> dict[str, float]:
         """`compute_metrics` over everything added."""
         if not self._labels:
             raise ValueError("no batches were added")

@@ -1,6 +1,11 @@
 r"""isojax's Flax linen front end: the normalisers, IsoScore* and the encoders as ``nn.Module``\ s.
 
-The same names as :mod:`isojax.nnx`, over the same pure functions of :mod:`isojax.core`.
+The same names as :mod:`isojax.nnx` where the two front ends share a concept, over the same pure
+functions of :mod:`isojax.core` and :mod:`isojax.models`: the normalisers
+(:mod:`~isojax.linen.norms`), IsoScore* (:mod:`~isojax.linen.istar`), the encoders
+(:mod:`~isojax.linen.encoder`: BERT, RoBERTa, DistilBERT, ALBERT, ModernBERT), the classifier
+(:mod:`~isojax.linen.heads`) and Hugging Face checkpoints in and out
+(:mod:`~isojax.linen.pretrained`: ``load_pretrained``, ``export_pretrained``).
 Running statistics live in the ``'batch_stats'`` collection, in float32 whatever the compute
 dtype; ``use_running_average`` chooses the batch's statistics (and updates them) or the running
 ones, as ``flax.linen.BatchNorm`` does. IsoBN inside your own model:
@@ -33,6 +38,8 @@ True
 """
 
 from isojax.core.normalizers import NORMALIZERS
+from isojax.linen.encoder import Encoder, init_params
+from isojax.linen.heads import SequenceClassifier, init_variables
 from isojax.linen.istar import (
     IsoScoreStar,
     init_batch_stats,
@@ -50,23 +57,29 @@ from isojax.linen.norms import (
     Whiten,
     make_normalizer,
 )
-from isojax.models.encoder import Encoder
-from isojax.models.heads import SequenceClassifier
+from isojax.linen.pretrained import Pretrained, export_pretrained, load_pretrained
+from isojax.models.transformer import EncoderOutput
 
 __all__ = [
     "CLASSES",
     "NORMALIZERS",
     "BatchNorm",
     "Encoder",
+    "EncoderOutput",
     "Identity",
     "IsoBN",
     "IsoScoreStar",
     "IterNorm",
     "LayerNorm",
+    "Pretrained",
     "Recenter",
     "SequenceClassifier",
     "Whiten",
+    "export_pretrained",
     "init_batch_stats",
+    "init_params",
+    "init_variables",
+    "load_pretrained",
     "make_isoscore_star",
     "make_normalizer",
     "penalty_and_update",

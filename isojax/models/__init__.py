@@ -1,28 +1,21 @@
-"""BERT-family encoders (BERT, RoBERTa, DistilBERT, ALBERT), HF checkpoints, the task head.
+"""The encoders' front-end-free half: configs (`EncoderConfig`), the pure transformer and
+ModernBERT maths, dropout masks, the head's maths, and Hugging Face weights in and out as pure
+functions over the parameter tree; both front ends (`isojax.linen`, `isojax.nnx`) build their
+modules over them.
 
 Both take padded rows (one example per row) or packed rows (`isojax.data.packing`: a
 pairwise `segment_attention_mask`, per-example `position_ids` and a `cls_index` gather).
 """
 
 from isojax.models.config import FAMILIES, VARIANTS, EncoderConfig
-from isojax.models.encoder import Encoder, init_params
-from isojax.models.heads import SequenceClassifier, init_variables
-from isojax.models.hf_export import export_pretrained
-from isojax.models.hf_import import LoadReport, Pretrained, load_pretrained
+from isojax.models.hf_import import LoadReport
 from isojax.models.transformer import EncoderOutput, segment_attention_mask
 
 __all__ = [
     "FAMILIES",
     "VARIANTS",
-    "Encoder",
     "EncoderConfig",
     "EncoderOutput",
     "LoadReport",
-    "Pretrained",
-    "SequenceClassifier",
-    "export_pretrained",
-    "init_params",
-    "init_variables",
-    "load_pretrained",
     "segment_attention_mask",
 ]

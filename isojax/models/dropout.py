@@ -1,5 +1,6 @@
-"""Dropout for the encoders: 16-bit keep masks, four per threefry hash, and an unbiased
-inverted `Dropout` layer over them (issue 13: dropout bits were 10 % of MiniLM's train step).
+"""Dropout for the encoders: 16-bit keep masks, four per threefry hash, and unbiased inverted
+dropout over them (pure functions; the layers are `isojax.linen.encoder.Dropout` and
+`isojax.nnx.encoder.Dropout`) (issue 13: dropout bits were 10 % of MiniLM's train step).
 
 Srivastava et al., `Dropout <https://jmlr.org/papers/v15/srivastava14a.html>`_, JMLR 2014,
 section 2 (inverted scaling as in every modern framework).
@@ -7,7 +8,6 @@ section 2 (inverted scaling as in every modern framework).
 
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.extend.random
 import jax.numpy as jnp
@@ -72,7 +72,7 @@ def dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
     """Inverted dropout of `x` at `rate` with `dropout_keep_mask`'s mask under `key`: `x / keep`
     where kept, else 0, `keep` the mask's exact keep probability (a multiple of 2^-16, so the
     layer is unbiased); 0 for `rate` 1. The one implementation, called by the linen `Dropout`
-    and by `isojax.nnx.encoder.Dropout`."""
+    (`isojax.linen.encoder`) and by `isojax.nnx.encoder.Dropout`."""
     if rate == 1.0:
         return jnp.zeros_like(x)
     keep = 1.0 - rate
@@ -80,18 +80,3 @@ def dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
     # Divide by the keep probability the mask really has (a multiple of 2^-16): unbiased.
     kept = round(keep * 2**DROPOUT_BITS) / 2**DROPOUT_BITS
     return jnp.where(mask, x / jnp.asarray(kept, x.dtype), jnp.zeros_like(x))
-
-
-class Dropout(nn.Module):
-    """Inverted dropout (`dropout`) drawn from the `'dropout'` rng; identity when
-    `deterministic` or `rate` is 0."""
-
-    rate: float
-
-    @nn.compact
-    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-        if deterministic or self.rate == 0.0:
-            return x
-        if self.rate == 1.0:
-            return jnp.zeros_like(x)
-        return dropout(x, self.rate, self.make_rng("dropout"))

@@ -1,4 +1,4 @@
-"""Sequence classification / regression head over any BERT-family encoder.
+"""Sequence classification / regression head over any BERT-family encoder: the pure maths.
 
     s = pooler(h_[CLS]) or h_[CLS]        z = norm(s)        logits = W Dropout(z) + b
 
@@ -15,27 +15,12 @@ References:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
-import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from isojax.linen import norms
-
 SENTENCE_VECTORS = ("pooled", "cls")
-
-
-def _make_normalizer(head: SequenceClassifier, dtype) -> nn.Module:
-    return norms.make_normalizer(
-        head.normalizer,
-        dtype=dtype,
-        param_dtype=head.param_dtype,
-        axis_name=head.axis_name,
-        **dict(head.normalizer_kwargs),
-    )
 
 
 def encoder_options(
@@ -66,7 +51,7 @@ def classify(
 ) -> tuple[jax.Array, dict]:
     """The head on an `EncoderOutput`: `s = pooled or cls`, `z = norm(s)`,
     `logits = classifier(dropout(z))` in float32; the one implementation, called by the linen
-    `SequenceClassifier` and `isojax.nnx.heads.SequenceClassifier`.
+    `isojax.linen.SequenceClassifier` and `isojax.nnx.SequenceClassifier`.
 
     Args:
       out: the encoder's `EncoderOutput`.
@@ -96,160 +81,32 @@ def check_head(sentence: str, num_labels: int) -> None:
         raise ValueError(f"num_labels must be >= 1, got {num_labels}")
 
 
-class SequenceClassifier(nn.Module):
-    """Classifier or regressor on a sentence vector of `encoder`.
+def fold_affine(
+    apply: Callable[[jax.Array], jax.Array], kernel: jax.Array, bias: jax.Array, name: str
+) -> tuple[jax.Array, jax.Array]:
+    r"""A linear layer `(kernel [d, n], bias [n])` with the inference-time normaliser `apply`
+    folded in: `(R W, c W + b)` for `apply(x) = x R + c`.
 
-    Packed batches (`isojax.data.packing`): with `cls_index` the sentence vectors are the
-    `[examples, hidden]` [CLS] (or pooled) vectors gathered at each example's (row, start), in
-    the order of the unpacked batch, and `example_mask` `[examples]` masks the normaliser's
-    statistics over exactly the vectors the unpacked batch would give it.
-
-    Attributes:
-      encoder: any linen module called as `encoder(input_ids, attention_mask, token_type_ids,
-        deterministic=...)` that returns an `EncoderOutput` (its params sit under 'encoder');
-        for packed batches also with `position_ids=` and `cls_index=` (`isojax.models.Encoder`).
-      num_labels: classes; 1 means regression.
-      sentence: "pooled" (the pooler output, as the IsoBN reference) or "cls" (raw [CLS]).
-      normalizer: a name of `isojax.linen.norms.NORMALIZERS`; "none" is the identity.
-      normalizer_kwargs: hyper-parameters for `norms.make_normalizer` (e.g. momentum, beta).
-      dropout_rate: dropout before the linear layer (HF: classifier_dropout or hidden dropout).
-      axis_name: mapped axis over which the normaliser's batch statistics are reduced.
-      dtype: compute dtype of the normaliser; logits are always float32.
-      param_dtype: float32.
-    """
-
-    encoder: nn.Module
-    num_labels: int
-    sentence: str = "pooled"
-    normalizer: str = "none"
-    normalizer_kwargs: Mapping[str, Any] = flax.core.FrozenDict()
-    dropout_rate: float = 0.1
-    axis_name: str | None = None
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-
-    def setup(self):
-        check_head(self.sentence, self.num_labels)
-        self.norm = None if self.normalizer == "none" else _make_normalizer(self, self.dtype)
-        self.dropout = nn.Dropout(self.dropout_rate)
-        self.classifier = nn.Dense(
-            self.num_labels,
-            dtype=jnp.float32,
-            param_dtype=self.param_dtype,
-            kernel_init=nn.initializers.normal(0.02),
-        )
-
-    def __call__(
-        self,
-        input_ids: jax.Array,
-        attention_mask: jax.Array,
-        token_type_ids: jax.Array | None = None,
-        *,
-        position_ids: jax.Array | None = None,
-        cls_index: jax.Array | None = None,
-        deterministic: bool = True,
-        use_running_average: bool | None = None,
-        example_mask: jax.Array | None = None,
-        cls_only: bool = False,
-    ) -> tuple[jax.Array, dict]:
-        """Logits of a batch, one row per example, or of packed rows, one logit row per
-        `cls_index` entry.
-
-        Args:
-          input_ids, token_type_ids: `[batch, len]`.
-          attention_mask: `[batch, len]`, or `[batch, 1, len, len]` for packed rows
-            (`isojax.models.transformer.segment_attention_mask`).
-          position_ids: `[batch, len]` 0-based position within each example (packed rows).
-          cls_index: `[examples, 2]` (row, position) of each example's [CLS] (packed rows).
-          deterministic: no dropout (evaluation).
-          use_running_average: the normaliser uses (and does not update) its running
-            statistics; defaults to `deterministic`. Training with it False needs
-            `mutable=['batch_stats']`.
-          example_mask: `[batch]` (`[examples]` with `cls_index`) 1 for real examples, 0 for
-            the fillers of the last batch, which the normaliser then leaves out of its batch
-            statistics.
-          cls_only: the encoder computes its last layer at the [CLS] tokens only
-            (`isojax.models.Encoder`): the same logits for less work, and no
-            `hidden_states`. Training steps without a token penalty use it; an encoder whose
-            call has no `cls_only` parameter computes every token as before.
-
-        Returns:
-          `logits [batch, num_labels]` float32 and `{'encoder': EncoderOutput, 'sentence':
-          [batch, hidden] before the normaliser, 'pre_logits': [batch, hidden] after it}`
-          (`[examples, ...]` with `cls_index`).
-        """
-        extra = encoder_options(type(self.encoder).__call__, position_ids, cls_index, cls_only)
-        out = self.encoder(
-            input_ids, attention_mask, token_type_ids, deterministic=deterministic, **extra
-        )
-        if use_running_average is None:
-            use_running_average = deterministic
-        norm = None
-        if self.norm is not None:
-            norm = lambda s: self.norm(s, use_running_average, mask=example_mask)  # noqa: E731
-        return classify(
-            out,
-            self.sentence,
-            norm,
-            lambda z: self.dropout(z, deterministic=deterministic),
-            self.classifier,
-        )
-
-
-def init_variables(
-    head: SequenceClassifier,
-    rng: jax.Array,
-    encoder_params: Mapping | None = None,
-    *,
-    seq_len: int = 8,
-) -> dict:
-    """Fresh variables for `head` (`{'params': ..., 'batch_stats': ...}` as the normaliser
-    needs), with the encoder's parameters replaced by `encoder_params` (e.g.
-    `load_pretrained(...).params`) when given."""
-    ids = jnp.zeros((2, seq_len), jnp.int32)
-    variables = flax.core.unfreeze(head.init(rng, ids, jnp.ones_like(ids)))
-    if encoder_params is not None:
-        shapes = jax.tree.map(jnp.shape, variables["params"]["encoder"])
-        given = jax.tree.map(jnp.shape, dict(encoder_params))
-        if shapes != given:
-            raise ValueError("encoder_params do not match the head's encoder parameter tree")
-        variables["params"]["encoder"] = encoder_params
-    return variables
-
-
-def folded_classifier(head: SequenceClassifier, variables: Mapping) -> tuple[jax.Array, jax.Array]:
-    r"""The classifier with the inference-time normaliser folded in: `(kernel [h, n], bias [n])`.
-
-    At inference the normaliser uses running statistics only; when it is affine,
-    `norm(x) = x R + c`, the logits `norm(x) W + b = x (R W) + (c W + b)`. `R` and `c` are read
-    off by probing the normaliser with 0 and the unit vectors, and affinity is checked on
-    random inputs.
+    `R` and `c` are read off by probing `apply` with 0 and the unit vectors, and affinity is
+    checked on random inputs. The one implementation behind both front ends' exports
+    (`isojax.linen.heads.folded_classifier`).
 
     Args:
-      head: the `SequenceClassifier`.
-      variables: its variables, `{'params': ..., 'batch_stats': ...}` (or the params alone
-        for a stateless normaliser).
+      apply: the normaliser on `[rows, d]` float32, with its running statistics.
+      kernel, bias: the linear layer after it, float32.
+      name: the normaliser's name, for the error.
 
     Raises:
-      ValueError: the normaliser is not affine at inference (layer norm).
+      ValueError: `apply` is not affine (layer norm).
     """
-    params = variables["params"] if "params" in variables else variables
-    kernel = jnp.asarray(params["classifier"]["kernel"], jnp.float32)
-    bias = jnp.asarray(params["classifier"]["bias"], jnp.float32)
-    if head.normalizer == "none":
-        return kernel, bias
-    collections = variables if "params" in variables else {"params": variables}
-    norm_vars = {name: tree["norm"] for name, tree in collections.items() if "norm" in tree}
-    norm = _make_normalizer(head, jnp.float32)
     d = kernel.shape[0]
-    apply = jax.jit(lambda x: norm.apply(norm_vars, x, use_running_average=True))
     probe = apply(jnp.concatenate([jnp.zeros((1, d)), jnp.eye(d)]).astype(jnp.float32))
     offset, rows = probe[0], probe[1:] - probe[0]  # c [d], R [d, d]
     x = jax.random.normal(jax.random.key(0), (4, d), jnp.float32)
     affine = jnp.dot(x, rows, precision=jax.lax.Precision.HIGHEST) + offset
     if not jnp.allclose(apply(x), affine, rtol=1e-4, atol=1e-4 * float(jnp.abs(affine).max())):
         raise ValueError(
-            f"normalizer {head.normalizer!r} is not affine at inference, so transformers' "
+            f"normalizer {name!r} is not affine at inference, so transformers' "
             "sequence classifiers cannot reproduce it: export the encoder alone"
         )
     hi = jax.lax.Precision.HIGHEST

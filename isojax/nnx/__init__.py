@@ -9,7 +9,8 @@ pure functions (one copy of the maths; `isojax.linen.norms`, `isojax.core.runnin
   pass's `C0`, and `penalty_and_update` (`isojax.nnx.istar`);
 - `Encoder` (BERT, RoBERTa, DistilBERT, ALBERT; packed inputs, `cls_only`) and
   `SequenceClassifier` (`isojax.nnx.encoder`, `isojax.nnx.heads`), over the pure functions of
-  `isojax.models.transformer` and `isojax.models.heads`;
+  `isojax.models.transformer` and `isojax.models.heads` (as the linen `isojax.linen.Encoder`
+  and `SequenceClassifier`);
 - `from_pretrained` / `export_pretrained` (a Hugging Face folder or the weights package, through
   the linen name tables) and `from_linen` / `to_linen` / `linen_variables` /
   `load_linen_variables`, the twin in either direction (`isojax.nnx.pretrained`).

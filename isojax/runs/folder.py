@@ -33,7 +33,7 @@ from collections.abc import Callable
 import jax
 import ml_collections
 
-from isojax.data import glue
+from isojax.data import tasks
 from isojax.training import build, checkpointing, distributed, resume, specs, steps
 from isojax.training import config as config_lib
 
@@ -206,7 +206,7 @@ def restore(
     config = load_config(run_dir)  # validated: the boundary of a restore
     spec = specs.RunSpec.of(config)
     folder, checkpoint = _checkpoints(run_dir, step, best)
-    task = glue.get_task(spec.data.task)
+    task = tasks.get_task(spec.data.task)
     module, _, tokenizer, hidden_size = build.build_model(spec.model, task.num_labels)
     mesh = distributed.make_mesh() if mesh is None else mesh
     # The schedule's length and a running stabiliser's window hold no array: one step.

@@ -38,7 +38,7 @@ import re
 import numpy as np
 
 from isojax import runs
-from isojax.data import batching, glue, metrics
+from isojax.data import batching, glue, metrics, tasks
 from isojax.training import evaluation
 
 # (task, test split) -> the benchmark's file name.
@@ -120,13 +120,13 @@ class Predictions:
 
     Attributes:
       task, split: what was predicted.
-      idx: `[n]` int64 row index in the split's file (`glue.Example.idx`, GLUE's `index`).
+      idx: `[n]` int64 row index in the split's file (`tasks.Example.idx`, GLUE's `index`).
       logits: `[n, num_labels]` float32 (STS-B: `[n, 1]`, the score).
       metrics: for a labelled split, the task metrics (`metrics.compute_metrics`) and the
         isotropy of the split's embeddings (`steps.isotropy_metrics`); None for a test split.
     """
 
-    task: glue.GlueTask
+    task: tasks.GlueTask
     split: str
     idx: np.ndarray
     logits: np.ndarray
@@ -150,7 +150,7 @@ class Predictions:
         return self.logits[:, 0]
 
 
-def splits_of(task: glue.GlueTask, name: str) -> tuple[str, ...]:
+def splits_of(task: tasks.GlueTask, name: str) -> tuple[str, ...]:
     """ "dev" -> the task's dev split(s), "test" -> its test split(s) (MNLI: matched and
     mismatched); an exact split name -> itself. ValueError names the choices."""
     chosen = {"dev": task.dev_splits, "test": task.test_splits}.get(name)
@@ -166,10 +166,10 @@ def splits_of(task: glue.GlueTask, name: str) -> tuple[str, ...]:
 
 def load_split(
     restored: runs.Restored, split: str, *, data_dir: str | None = None, labelled: bool
-) -> list[glue.Example]:
+) -> list[tasks.Example]:
     """The split's examples from `data_dir` (default the run's `data_dir`; none: the run's
     tensorflow-datasets folder); a dev split cut to the run's `max_eval_examples`, as the run
-    evaluated it. Raises `glue.GlueDataNotFound` for a missing file, ValueError for a test
+    evaluated it. Raises `tasks.GlueDataNotFound` for a missing file, ValueError for a test
     split with `labelled`."""
     data, task = restored.spec.data, restored.task
     data_dir = data_dir or data.data_dir
@@ -200,7 +200,7 @@ def predict(
       labelled: score the predictions (needs labels; default: unless a test split).
 
     Raises:
-      glue.GlueDataNotFound: the split's file (or tfds copy) is absent.
+      tasks.GlueDataNotFound: the split's file (or tfds copy) is absent.
       ValueError: unknown split; a test split with `labelled=True` (GLUE keeps its labels).
     """
     task, spec = restored.task, restored.spec

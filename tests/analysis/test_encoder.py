@@ -12,8 +12,8 @@ import tokenizers
 from isojax.analysis import encoder as analysis
 from isojax.core import isotropy
 from isojax.data import glue
+from isojax.linen import encoder as encoder_lib
 from isojax.models import config as config_lib
-from isojax.models import encoder as encoder_lib
 
 
 def np_isoscore(cov):

@@ -163,7 +163,7 @@ def test_documented_normalizer_kwargs_reach_the_head(minilm_dir):
 def test_cli_refuses_infinite_weight_decay_and_a_tokenizer_larger_than_the_vocabulary(
     capsys, tmp_path, glue_dir, minilm_dir
 ):
-    from isojax import models
+    from isojax import linen
     from isojax.models import config as model_config
 
     code = cli.main(
@@ -183,8 +183,8 @@ def test_cli_refuses_infinite_weight_decay_and_a_tokenizer_larger_than_the_vocab
             max_position_embeddings=40,
         )
     )
-    small = models.export_pretrained(
-        tmp_path / "small", cfg, models.init_params(models.Encoder(cfg), jax.random.key(0))
+    small = linen.export_pretrained(
+        tmp_path / "small", cfg, linen.init_params(linen.Encoder(cfg), jax.random.key(0))
     )
     argv = finetune_args(glue_dir, minilm_dir, tmp_path / "b")
     argv[argv.index("tiny-bert")] = str(small)

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from isojax.data import glue, tfds_source
+from isojax.data import glue, tasks, tfds_source
 
 # SOURCE.md of ../shared/data/glue: data rows and label counts (train, dev).
 COUNTS = {
@@ -26,7 +26,7 @@ def test_row_counts_and_label_distribution(glue_dir, task, split):
     assert dict(collections.Counter(e.label for e in examples)) == labels
     assert [e.idx for e in examples] == list(range(rows))
     assert all(isinstance(e.label, int) for e in examples)
-    pair = glue.get_task(task).is_pair
+    pair = tasks.get_task(task).is_pair
     assert all((e.text_b is not None) == pair and e.text_a for e in examples)
 
 
@@ -49,8 +49,8 @@ def test_file_quirks(glue_dir):
     assert mrpc[0].label == 1
     # CoLA: no header (row 0 is data), and the last dev line has no newline.
     cola = glue.load_tsv(glue_dir, "cola", "dev")
-    assert cola[0] == glue.Example("The sailors rode the breeze clear of the rocks.", None, 1, 0)
-    assert cola[-1] == glue.Example("John talked to Bill about himself.", None, 1, 1042)
+    assert cola[0] == tasks.Example("The sailors rode the breeze clear of the rocks.", None, 1, 0)
+    assert cola[-1] == tasks.Example("John talked to Bill about himself.", None, 1, 1042)
     # RTE: entailment = 0 as in TFDS; fields with unbalanced quotes stay verbatim.
     rte = glue.load_tsv(glue_dir, "rte", "train")
     assert sum('"' in e.text_a + e.text_b for e in rte) > 0
@@ -58,22 +58,22 @@ def test_file_quirks(glue_dir):
 
 
 def test_registry_is_complete():
-    assert sorted(glue.TASKS) == ["cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst2", "stsb"]
-    assert {t.name: t.num_labels for t in glue.TASKS.values()} == {
+    assert sorted(tasks.TASKS) == ["cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst2", "stsb"]
+    assert {t.name: t.num_labels for t in tasks.TASKS.values()} == {
         "cola": 2, "sst2": 2, "mrpc": 2, "stsb": 1, "qqp": 2, "mnli": 3, "qnli": 2, "rte": 2,
     }  # fmt: skip
-    assert glue.get_task("STS-B") is glue.TASKS["stsb"] and glue.TASKS["stsb"].is_regression
-    mnli = glue.get_task("mnli")
+    assert tasks.get_task("STS-B") is tasks.TASKS["stsb"] and tasks.TASKS["stsb"].is_regression
+    mnli = tasks.get_task("mnli")
     assert mnli.splits == ("train", "dev_matched", "dev_mismatched")  # the labelled ones
     assert mnli.all_splits == (*mnli.splits, "test_matched", "test_mismatched")
     assert mnli.tfds_split("dev_mismatched") == "validation_mismatched"
     assert mnli.tfds_split("test_matched") == "test_matched"
-    assert all(glue.get_task(t).test_splits == ("test",) for t in glue.TASKS if t != "mnli")
-    assert glue.get_task("rte").tfds_split("test") == "test"
-    assert glue.get_task("rte").tfds_split("dev") == "validation"
+    assert all(tasks.get_task(t).test_splits == ("test",) for t in tasks.TASKS if t != "mnli")
+    assert tasks.get_task("rte").tfds_split("test") == "test"
+    assert tasks.get_task("rte").tfds_split("dev") == "validation"
     assert glue.tsv_path("g", "mnli", "dev_matched").as_posix() == "g/MNLI/dev_matched.tsv"
-    assert glue.get_task("mrpc").metrics == ("f1", "accuracy")
-    assert glue.get_task("cola").metrics == ("matthews_correlation",)
+    assert tasks.get_task("mrpc").metrics == ("f1", "accuracy")
+    assert tasks.get_task("cola").metrics == ("matthews_correlation",)
     with pytest.raises(ValueError, match=r"no split 'dev'.*'dev_matched'"):
         glue.tsv_path("g", "mnli", "dev")
 
@@ -116,14 +116,14 @@ STANDARD_FILES = {
 @pytest.mark.parametrize("task, split", sorted(STANDARD_FILES))
 def test_standard_layout_of_tasks_not_held_locally(tmp_path, task, split):
     header, row, expected = STANDARD_FILES[(task, split)]
-    folder = tmp_path / glue.get_task(task).folder
+    folder = tmp_path / tasks.get_task(task).folder
     folder.mkdir()
     (folder / f"{split}.tsv").write_text(f"{header}\n{row}\n", encoding="utf-8")
-    assert glue.load_tsv(tmp_path, task, split) == [glue.Example(*expected, 0)]
+    assert glue.load_tsv(tmp_path, task, split) == [tasks.Example(*expected, 0)]
 
 
 def _write(tmp_path, task, text, split="dev"):
-    folder = tmp_path / glue.get_task(task).folder
+    folder = tmp_path / tasks.get_task(task).folder
     folder.mkdir(exist_ok=True)
     path = folder / f"{split}.tsv"
     path.write_text(text, encoding="utf-8")
@@ -131,7 +131,7 @@ def _write(tmp_path, task, text, split="dev"):
 
 
 def test_missing_file_names_the_path_and_both_ways_to_supply_glue(tmp_path):
-    with pytest.raises(glue.GlueDataNotFound, match=r"RTE/train\.tsv") as caught:
+    with pytest.raises(tasks.GlueDataNotFound, match=r"RTE/train\.tsv") as caught:
         glue.load_tsv(tmp_path, "rte", "train")
     assert isinstance(caught.value, FileNotFoundError)
     message = str(caught.value)
@@ -172,7 +172,7 @@ def test_wrong_number_of_fields_names_file_and_line(tmp_path, row):
         tmp_path, "rte", f"index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n{row}\n"
     )
     with pytest.raises(
-        glue.GlueDataInvalid, match=rf"{path}:3: \d tab-separated fields, expected 4"
+        tasks.GlueDataInvalid, match=rf"{path}:3: \d tab-separated fields, expected 4"
     ):
         glue.load_tsv(tmp_path, "rte", "dev")
 
@@ -185,8 +185,8 @@ def test_blank_lines_at_the_end_are_skipped(tmp_path, ending):
     """A newline too many at the end of a file is common and harmless: the same examples."""
     _write(tmp_path, "rte", RTE_DEV.removesuffix("\n") + ending)
     assert glue.load_tsv(tmp_path, "rte", "dev") == [
-        glue.Example("a", "b", 0, 0),
-        glue.Example("c", "d", 1, 1),
+        tasks.Example("a", "b", 0, 0),
+        tasks.Example("c", "d", 1, 1),
     ]
 
 
@@ -195,7 +195,7 @@ def test_blank_line_before_a_data_row_names_its_line(tmp_path, blank):
     """A blank line inside the file (a cut or merged file) is refused with its line number."""
     lines = RTE_DEV.splitlines(keepends=True)
     path = _write(tmp_path, "rte", "".join([*lines[:2], blank, *lines[2:]]))
-    with pytest.raises(glue.GlueDataInvalid, match=rf"^{path}:3: blank line before line 4"):
+    with pytest.raises(tasks.GlueDataInvalid, match=rf"^{path}:3: blank line before line 4"):
         glue.load_tsv(tmp_path, "rte", "dev")
 
 
@@ -206,7 +206,7 @@ def test_crlf_and_bom_files_load_as_lf_ones(tmp_path):
     )
     rows = ['0\tg\tf\ty\t0\ts\ts\tA "man\tB\t4.25', "1\tg\tf\ty\t1\ts\ts\tC\tD\t0"]
     text = "\n".join([header, *rows]) + "\n"
-    expected = [glue.Example('A "man', "B", 4.25, 0), glue.Example("C", "D", 0.0, 1)]
+    expected = [tasks.Example('A "man', "B", 4.25, 0), tasks.Example("C", "D", 0.0, 1)]
     for name, data in (
         ("lf", text.encode()),
         ("crlf", text.replace("\n", "\r\n").encode()),
@@ -235,7 +235,7 @@ def _imports(path) -> set[str]:
 def test_data_modules_import_no_cycle_and_keep_their_names():
     """glue (the TSVs, `load`) and tfds_source both import the registry module `tasks`; tfds_source
     never imports glue, and the import graph of isojax.data (function-level imports included)
-    has no cycle. The registry's names stay importable from glue."""
+    has no cycle. The registry's names live in `tasks` alone: glue does not re-export them."""
     folder = pathlib.Path(glue.__file__).parent
     modules = {path.stem: path for path in folder.glob("*.py") if path.stem != "__init__"}
     graph = {
@@ -257,12 +257,11 @@ def test_data_modules_import_no_cycle_and_keep_their_names():
 
     for name in graph:
         visit(name)
-    from isojax.data import tasks
 
     for name in ("TASKS", "GlueTask", "Example", "get_task", "GlueDataNotFound", "GlueDataInvalid"):
-        assert getattr(glue, name) is getattr(tasks, name), name
+        assert hasattr(tasks, name) and not hasattr(glue, name), name
     assert glue.load_tfds is tfds_source.load_tfds
-    assert issubclass(glue.GlueDataInvalid, ValueError)
+    assert issubclass(tasks.GlueDataInvalid, ValueError)
 
 
 def test_invalid_utf8_names_file_and_line(tmp_path):
@@ -302,7 +301,7 @@ def test_test_split_rows_are_unlabelled(glue_dir, task):
     assert [e.idx for e in examples] == list(range(rows))
     assert all(e.label is None for e in examples)
     assert (examples[0].text_a, examples[0].text_b) == first
-    pair = glue.get_task(task).is_pair
+    pair = tasks.get_task(task).is_pair
     assert all((e.text_b is not None) == pair and e.text_a for e in examples)
 
 
@@ -334,7 +333,7 @@ STANDARD_TEST_FILES = {
 def test_standard_test_files_of_tasks_not_held_locally(tmp_path, task, split):
     header, row, (text_a, text_b) = STANDARD_TEST_FILES[(task, split)]
     _write(tmp_path, task, f"{header}\n{row}\n", split=split)
-    assert glue.load_tsv(tmp_path, task, split) == [glue.Example(text_a, text_b, None, 0)]
+    assert glue.load_tsv(tmp_path, task, split) == [tasks.Example(text_a, text_b, None, 0)]
 
 
 def test_bad_test_file_names_file_and_line(tmp_path):
@@ -344,5 +343,5 @@ def test_bad_test_file_names_file_and_line(tmp_path):
     path = _write(tmp_path, "cola", "index\ttext\n0\ta\n", split="test")  # CoLA test has a header
     with pytest.raises(ValueError, match=rf"{path}:1: header lacks column 'sentence'"):
         glue.load_tsv(tmp_path, "cola", "test")
-    with pytest.raises(glue.GlueDataNotFound, match=r"MNLI/test_matched\.tsv"):
+    with pytest.raises(tasks.GlueDataNotFound, match=r"MNLI/test_matched\.tsv"):
         glue.load_tsv(tmp_path, "mnli", "test_matched")

@@ -16,7 +16,7 @@ import pytest
 import tokenizers
 from helpers import LENGTHS, MAX_LENGTH, NUM_LABELS, TINY_HF, both_layouts, make_head, synthetic
 
-from isojax import models
+from isojax import linen, models
 from isojax.core import penalties
 from isojax.data import batching, glue, packing
 from isojax.models import config as config_lib
@@ -280,8 +280,8 @@ def test_unpacked_call_unchanged_and_explicit_positions():
     a `[b, 1, t, t]` mask that repeats the key mask gives the same values as the `[b, t]` one."""
     for family in ("bert", "roberta"):
         cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
-        encoder = models.Encoder(cfg)
-        params = models.init_params(encoder, jax.random.key(0))
+        encoder = linen.Encoder(cfg)
+        params = linen.init_params(encoder, jax.random.key(0))
         ids = jnp.array([[2, 5, 6, 7, 8], [2, 9, 10, 11, 12]])
         mask = jnp.ones_like(ids)
         given = jnp.broadcast_to(jnp.arange(5), ids.shape)

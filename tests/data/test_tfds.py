@@ -9,7 +9,7 @@ import urllib.error
 import numpy as np
 import pytest
 
-from isojax.data import glue, tfds_source
+from isojax.data import glue, tasks, tfds_source
 
 
 def _tfds():
@@ -38,10 +38,10 @@ def test_missing_tfds_fails_under_ci_and_skips_elsewhere(monkeypatch):
         _tfds()
 
 
-@pytest.mark.parametrize("name", sorted(glue.TASKS))
+@pytest.mark.parametrize("name", sorted(tasks.TASKS))
 def test_registry_matches_tfds_features(name):
     tfds = _tfds()
-    task = glue.get_task(name)
+    task = tasks.get_task(name)
     builder = tfds.builder(f"glue/{name}")
     features = builder.info.features
     assert set(features) == {*task.tfds_text_features, "label", "idx"}
@@ -115,7 +115,7 @@ def test_load_dispatches_to_tfds(tfds_dir, glue_dir):
 
 def test_unprepared_tfds_offline_names_the_folder_and_both_ways(tmp_path):
     _tfds()
-    with pytest.raises(glue.GlueDataNotFound) as caught:
+    with pytest.raises(tasks.GlueDataNotFound) as caught:
         glue.load_tfds("rte", "dev", data_dir=tmp_path, download=False)
     message = str(caught.value)
     assert "\n" not in message
@@ -139,7 +139,7 @@ def test_failed_download_says_so_after_one_attempt(tmp_path, monkeypatch):
     for task, url in [("rte", "glue/data/RTE.zip"), ("mrpc", "msr_paraphrase_")]:
         attempts.clear()
         with pytest.raises(
-            glue.GlueDataNotFound, match=rf"download of \S*{url}\S* failed"
+            tasks.GlueDataNotFound, match=rf"download of \S*{url}\S* failed"
         ) as caught:
             glue.load_tfds(task, "train", data_dir=tmp_path)
         assert len(attempts) == 1

@@ -2,13 +2,12 @@
 distances it prints are those of the C0 the step uses and of the pass over the same
 parameters."""
 
-import jax
 import numpy as np
 import pytest
+from helpers import one_device_mesh
 
 from experiments.bench import stabilizer_gap
 from isojax.training import config as config_lib
-from isojax.training import distributed
 
 pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
 
@@ -19,7 +18,7 @@ def test_stabilizer_gap_runs_on_a_tiny_model(glue_dir, minilm_dir, capsys):
         "--data-dir", str(glue_dir), "--max-train-examples", "24", "--batch-size", "8",
         "--max-length", "32", "--tokens", "64", "--every", "1", "--max-steps", "3",
     ]  # fmt: skip
-    rows = stabilizer_gap.main(argv, mesh=distributed.make_mesh(jax.devices()[:1]))
+    rows = stabilizer_gap.main(argv, mesh=one_device_mesh())
     out = capsys.readouterr().out
     assert [(r.mode, r.step) for r in rows] == [(m, s) for m in ("epoch", "ema") for s in range(3)]
     assert "dC0" in out and "epoch  over 3 points" in out and "ema    over 3 points" in out

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from helpers import LENGTHS, TINY_HF, both_layouts, make_head
 
-from isojax import models
+from isojax import linen
 from isojax.models import config as config_lib
-from isojax.models import heads, transformer
+from isojax.models import transformer
 
 
 def _qkv(b=3, q_len=20, k_len=20, seed=0):
@@ -51,8 +51,8 @@ def _modernbert_head():
           "intermediate_size": 48, "num_hidden_layers": 3, "local_attention": 4,
           "max_position_embeddings": 64, "pad_token_id": 0}  # fmt: skip
     cfg = config_lib.EncoderConfig.from_hf(hf)
-    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=3, dropout_rate=0.0)
-    return cfg, head, heads.init_variables(head, jax.random.key(0))
+    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=3, dropout_rate=0.0)
+    return cfg, head, linen.init_variables(head, jax.random.key(0))
 
 
 @pytest.mark.parametrize("family", [*TINY_HF, "modernbert"])

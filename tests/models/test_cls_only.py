@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import LENGTHS, both_layouts, make_head
 
-from isojax import models
+from isojax import linen
 from isojax.data import packing
 from isojax.models import transformer
 from isojax.training import steps
@@ -80,7 +80,7 @@ def test_cls_only_in_train_mode_with_remat():
     """Dropout draws the same masks with and without remat, so the two agree; and the result
     differs from eval mode (dropout is on in the last layer too)."""
     cfg, head, variables = make_head("bert", "batchnorm")
-    remat_head = head.clone(encoder=models.Encoder(cfg, remat=True), dropout_rate=0.1)
+    remat_head = head.clone(encoder=linen.Encoder(cfg, remat=True), dropout_rate=0.1)
     head = head.clone(dropout_rate=0.1)
     _, packed = both_layouts(cfg, LENGTHS)
     key = jax.random.key(3)
@@ -103,7 +103,7 @@ def test_the_train_step_skips_tokens_only_without_a_token_penalty():
     assert steps.Objective(penalty="cosreg", weight=1.0).reads_tokens
 
 
-class EveryTokenEncoder(models.Encoder):
+class EveryTokenEncoder(linen.Encoder):
     """A user's encoder whose call has no `cls_only` parameter."""
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None, **kwargs):

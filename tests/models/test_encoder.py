@@ -16,9 +16,10 @@ import torch
 import transformers
 from helpers import TINY_HF, batch
 
-from isojax import models
+from isojax import linen, models
 from isojax.models import config as config_lib
-from isojax.models import heads, hf_import
+from isojax.models import dropout as dropout_lib
+from isojax.models import hf_import
 
 
 def torch_model(hf: dict, cls=transformers.AutoModel, seed: int = 0, **overrides):
@@ -41,7 +42,9 @@ def run_both(family, dtype=jnp.float32, seed=0):
     hf = TINY_HF[family]
     cfg = config_lib.EncoderConfig.from_hf(hf)
     model = torch_model(hf, seed=seed)
-    params, report = hf_import.params_from_state_dict(cfg, torch_state_dict(model))
+    params, report = hf_import.params_from_state_dict(
+        cfg, torch_state_dict(model), init=linen.encoder.fresh_params
+    )
     assert report.missing == () and report.mismatched == ()
     ids, mask, types = batch(cfg, seed)
     kwargs = dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
@@ -49,7 +52,7 @@ def run_both(family, dtype=jnp.float32, seed=0):
         kwargs["token_type_ids"] = torch.tensor(types)
     with torch.no_grad():
         ref = model(**kwargs, output_hidden_states=True)
-    encoder = models.Encoder(cfg, dtype=dtype)
+    encoder = linen.Encoder(cfg, dtype=dtype)
     types = types if cfg.type_vocab_size else None
     out = jax.jit(encoder.apply)({"params": params}, ids, mask, types)
     return cfg, ref, out, params
@@ -86,9 +89,11 @@ def test_head_logits_match_transformers_sequence_classifier(family):
             hf, transformers.AutoModelForSequenceClassification, num_labels=num_labels
         )
         sd = torch_state_dict(model)
-        encoder_params, report = hf_import.params_from_state_dict(cfg, sd)
+        encoder_params, report = hf_import.params_from_state_dict(
+            cfg, sd, init=linen.encoder.fresh_params
+        )
         assert report.unexpected == ("classifier.bias", "classifier.weight")
-        head = models.SequenceClassifier(models.Encoder(cfg), num_labels=num_labels)
+        head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=num_labels)
         params = {
             "encoder": encoder_params,
             "classifier": {"kernel": sd["classifier.weight"].T, "bias": sd["classifier.bias"]},
@@ -113,10 +118,10 @@ def test_head_with_normalizers(normalizer):
     from isojax.linen import norms
 
     cfg = config_lib.VARIANTS["tiny"]
-    head = models.SequenceClassifier(
-        models.Encoder(cfg), num_labels=2, sentence="cls", normalizer=normalizer
+    head = linen.SequenceClassifier(
+        linen.Encoder(cfg), num_labels=2, sentence="cls", normalizer=normalizer
     )
-    variables = heads.init_variables(head, jax.random.key(0))
+    variables = linen.init_variables(head, jax.random.key(0))
     ids, mask, types = batch(cfg, b=3)
     example_mask = jnp.array([1, 1, 0])
 
@@ -145,9 +150,9 @@ def test_head_with_normalizers(normalizer):
 
 def test_head_rejects_pooled_without_pooler():
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF["distilbert"])
-    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=2, sentence="pooled")
+    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=2, sentence="pooled")
     with pytest.raises(ValueError, match="no pooler"):
-        heads.init_variables(head, jax.random.key(0))
+        linen.init_variables(head, jax.random.key(0))
 
 
 def test_bfloat16_compute_close_to_float32_params_stay_float32():
@@ -156,11 +161,11 @@ def test_bfloat16_compute_close_to_float32_params_stay_float32():
     op), 5e-2 on the pooler; parameters remain float32."""
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF["bert"])
     ids, mask, types = batch(cfg)
-    enc16 = models.Encoder(cfg, dtype=jnp.bfloat16)
-    params = models.init_params(enc16, jax.random.key(1))
+    enc16 = linen.Encoder(cfg, dtype=jnp.bfloat16)
+    params = linen.init_params(enc16, jax.random.key(1))
     assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
     out16 = jax.jit(enc16.apply)({"params": params}, ids, mask, types)
-    out32 = jax.jit(models.Encoder(cfg).apply)({"params": params}, ids, mask, types)
+    out32 = jax.jit(linen.Encoder(cfg).apply)({"params": params}, ids, mask, types)
     for h16, h32 in zip(out16.hidden_states, out32.hidden_states, strict=True):
         assert h16.dtype == jnp.bfloat16
         np.testing.assert_allclose(h16.astype(jnp.float32), h32, atol=0.1)
@@ -169,8 +174,8 @@ def test_bfloat16_compute_close_to_float32_params_stay_float32():
         < 0.02
     )
     np.testing.assert_allclose(out16.pooled.astype(jnp.float32), out32.pooled, atol=5e-2)
-    head = models.SequenceClassifier(enc16, num_labels=2, dtype=jnp.bfloat16)
-    variables = heads.init_variables(head, jax.random.key(2), params)
+    head = linen.SequenceClassifier(enc16, num_labels=2, dtype=jnp.bfloat16)
+    variables = linen.init_variables(head, jax.random.key(2), params)
     logits, _ = jax.jit(head.apply)(variables, ids, mask, types)
     assert logits.dtype == jnp.float32
 
@@ -178,24 +183,24 @@ def test_bfloat16_compute_close_to_float32_params_stay_float32():
 def test_remat_same_values_and_gradients():
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF["bert"])
     ids, mask, types = batch(cfg)
-    params = models.init_params(models.Encoder(cfg), jax.random.key(0))
+    params = linen.init_params(linen.Encoder(cfg), jax.random.key(0))
 
     def loss(remat, p):
-        out = models.Encoder(cfg, remat=remat).apply({"params": p}, ids, mask, types)
+        out = linen.Encoder(cfg, remat=remat).apply({"params": p}, ids, mask, types)
         return sum(jnp.sum(h**2) for h in out.hidden_states) + jnp.sum(out.pooled)
 
     g0 = jax.jit(jax.grad(functools.partial(loss, False)))(params)
     g1 = jax.jit(jax.grad(functools.partial(loss, True)))(params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), g0, g1)
     assert jax.tree.structure(
-        models.init_params(models.Encoder(cfg, remat=True), jax.random.key(0))
+        linen.init_params(linen.Encoder(cfg, remat=True), jax.random.key(0))
     ) == jax.tree.structure(params)
 
 
 def test_dropout_uses_rng_and_is_off_when_deterministic():
     cfg = config_lib.VARIANTS["tiny"]
-    encoder = models.Encoder(cfg)
-    params = models.init_params(encoder, jax.random.key(0))
+    encoder = linen.Encoder(cfg)
+    params = linen.init_params(encoder, jax.random.key(0))
     ids, mask, types = batch(cfg)
     apply = jax.jit(encoder.apply, static_argnames="deterministic")
     eval_out = apply({"params": params}, ids, mask, types)
@@ -225,7 +230,7 @@ def test_dropout_uses_rng_and_is_off_when_deterministic():
     )
     np.testing.assert_array_equal(a.cls, b.cls)
     assert not np.allclose(a.cls, c.cls) and not np.allclose(a.cls, eval_out.cls)
-    no_dropout = models.Encoder(cfg.replace(hidden_dropout=0.0, attention_dropout=0.0))
+    no_dropout = linen.Encoder(cfg.replace(hidden_dropout=0.0, attention_dropout=0.0))
     d = jax.jit(no_dropout.apply, static_argnames="deterministic")(
         {"params": params},
         ids,
@@ -239,8 +244,8 @@ def test_dropout_uses_rng_and_is_off_when_deterministic():
 
 def test_padding_does_not_change_real_tokens():
     cfg = config_lib.VARIANTS["tiny"]
-    encoder = models.Encoder(cfg)
-    params = models.init_params(encoder, jax.random.key(0))
+    encoder = linen.Encoder(cfg)
+    params = linen.init_params(encoder, jax.random.key(0))
     ids, mask, types = batch(cfg, b=3)
     apply = jax.jit(encoder.apply)
     full = apply({"params": params}, ids, mask, types)
@@ -249,7 +254,7 @@ def test_padding_does_not_change_real_tokens():
 
 
 def _count_flax(cfg):
-    shapes = jax.eval_shape(lambda: models.init_params(models.Encoder(cfg), jax.random.key(0), 1))
+    shapes = jax.eval_shape(lambda: linen.init_params(linen.Encoder(cfg), jax.random.key(0), 1))
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
 
 
@@ -294,18 +299,18 @@ def test_config_errors_name_the_problem():
         config_lib.EncoderConfig.from_hf(
             {**TINY_HF["bert"], "position_embedding_type": "relative_key"}
         )
-    encoder = models.Encoder(config_lib.VARIANTS["tiny"])
+    encoder = linen.Encoder(config_lib.VARIANTS["tiny"])
     too_long = jnp.zeros((1, 65), jnp.int32)
     with pytest.raises(ValueError, match="max_position_embeddings 64"):
         encoder.init(jax.random.key(0), too_long, jnp.ones_like(too_long))
 
 
 def test_frozen_dict_kwargs_reach_normalizer():
-    head = models.SequenceClassifier(
-        models.Encoder(config_lib.VARIANTS["tiny"]), num_labels=2, normalizer="isobn",
+    head = linen.SequenceClassifier(
+        linen.Encoder(config_lib.VARIANTS["tiny"]), num_labels=2, normalizer="isobn",
         normalizer_kwargs=flax.core.FrozenDict(momentum=0.5),
     )  # fmt: skip
-    variables = heads.init_variables(head, jax.random.key(0))
+    variables = linen.init_variables(head, jax.random.key(0))
     ids, mask, types = batch(config_lib.VARIANTS["tiny"])
     (_, extras), updates = head.apply(
         variables, ids, mask, types, use_running_average=False, mutable=["batch_stats"]
@@ -341,7 +346,7 @@ def test_dropout_keep_mask_rate_independence_and_determinism(impl):
     for adjacent pairs (independence); a function of the key."""
     keep, shape = 0.9, (301, 1001)  # n not a multiple of 4
     key = jax.random.key(3, impl=impl)
-    mask = np.asarray(models.dropout.dropout_keep_mask(key, keep, shape))
+    mask = np.asarray(dropout_lib.dropout_keep_mask(key, keep, shape))
     assert mask.shape == shape and mask.dtype == bool
     flat = mask.reshape(-1)
     n = flat.size
@@ -355,28 +360,28 @@ def test_dropout_keep_mask_rate_independence_and_determinism(impl):
         assert_rate(mask[:, lane::4], keep)
     assert_rate(flat[:-1] & flat[1:], keep**2)
     assert_rate(flat[: n // 2] & flat[n // 2 :][: n // 2], keep**2)
-    again = models.dropout.dropout_keep_mask(key, keep, shape)
+    again = dropout_lib.dropout_keep_mask(key, keep, shape)
     np.testing.assert_array_equal(mask, again)
-    other = np.asarray(models.dropout.dropout_keep_mask(jax.random.key(4, impl=impl), keep, shape))
+    other = np.asarray(dropout_lib.dropout_keep_mask(jax.random.key(4, impl=impl), keep, shape))
     assert 0.1 < (other != mask).mean() < 0.3  # 2 p (1 - p) = 0.18 for independent masks
-    assert not models.dropout.dropout_keep_mask(key, 0.0, (7,)).any()
-    assert models.dropout.dropout_keep_mask(key, 1.0, (7,)).all()
+    assert not dropout_lib.dropout_keep_mask(key, 0.0, (7,)).any()
+    assert dropout_lib.dropout_keep_mask(key, 1.0, (7,)).all()
 
 
 def test_dropout_scales_kept_values_and_drops_the_rest():
     x = jnp.asarray(np.random.default_rng(0).uniform(1.0, 2.0, (64, 50)), jnp.float32)
-    layer = models.dropout.Dropout(0.25)
+    layer = linen.encoder.Dropout(0.25)
     out = np.asarray(layer.apply({}, x, False, rngs={"dropout": jax.random.key(0)}))
     kept = out != 0
     np.testing.assert_allclose(out[kept], np.asarray(x)[kept] / 0.75, rtol=1e-6)
     assert abs(kept.mean() - 0.75) < 5 * np.sqrt(0.75 * 0.25 / kept.size)
     np.testing.assert_array_equal(layer.apply({}, x, True), x)
-    zeros = models.dropout.Dropout(1.0).apply({}, x, False, rngs={"dropout": jax.random.key(0)})
+    zeros = linen.encoder.Dropout(1.0).apply({}, x, False, rngs={"dropout": jax.random.key(0)})
     np.testing.assert_array_equal(zeros, np.zeros_like(x))
     # 0.9 is no multiple of 2^-16: the mask keeps with 58982 / 65536, and that is the divisor,
     # so E[dropout(x)] = x exactly.
     out = np.asarray(
-        models.dropout.Dropout(0.1).apply({}, x, False, rngs={"dropout": jax.random.key(1)})
+        linen.encoder.Dropout(0.1).apply({}, x, False, rngs={"dropout": jax.random.key(1)})
     )
     kept = out != 0
     np.testing.assert_allclose(out[kept], np.asarray(x)[kept] * 65536 / 58982, rtol=1e-6)
@@ -392,7 +397,7 @@ def test_dropout_keep_mask_shards_without_collectives(impl):
     key = jax.random.key(5, impl=impl)
 
     def masked(x, key):
-        return jnp.where(models.dropout.dropout_keep_mask(key, 0.9, x.shape), x, 0.0)
+        return jnp.where(dropout_lib.dropout_keep_mask(key, 0.9, x.shape), x, 0.0)
 
     compiled = jax.jit(masked).lower(x, key).compile()
     hlo = compiled.as_text()
@@ -404,7 +409,7 @@ def test_dropout_keep_mask_shards_without_collectives(impl):
 def test_fused_qkv_keeps_the_dense_parameter_layout():
     """Query/key/value stay three nn.Dense-shaped parameters (checkpoint layout, issue 13)."""
     cfg = config_lib.VARIANTS["tiny"]
-    params = models.init_params(models.Encoder(cfg), jax.random.key(0))
+    params = linen.init_params(linen.Encoder(cfg), jax.random.key(0))
     attention = params["layer_0"]["attention"]
     h = cfg.hidden_size
     assert set(attention) == {"query", "key", "value", "out"}

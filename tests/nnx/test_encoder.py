@@ -9,16 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import tiny_encoder_config
 
-from isojax import models
+from isojax import linen, models
+from isojax.linen import encoder as linen_encoder
 from isojax.models import dropout as dropout_lib
-from isojax.models import encoder as linen_encoder
 from isojax.nnx import encoder as nnx_encoder
 from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained
 from isojax.training import distributed
 
-TINY = models.VARIANTS["tiny"].replace(hidden_dropout=0.0, attention_dropout=0.0)
+TINY = tiny_encoder_config()
 CONFIGS = {
     "bert": TINY,
     "roberta": TINY.replace(family="roberta", pad_token_id=1, type_vocab_size=1),
@@ -203,7 +204,7 @@ def test_classifier_parity_train_and_eval(normalizer):
 
 @pytest.fixture(scope="module")
 def minilm(minilm_dir):
-    return pretrained.from_pretrained(minilm_dir), models.load_pretrained(minilm_dir)
+    return pretrained.from_pretrained(minilm_dir), linen.load_pretrained(minilm_dir)
 
 
 def test_minilm_parity(minilm):

@@ -9,14 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import tiny_encoder_config
 
-from isojax import models
-from isojax.models import encoder as linen_encoder
+from isojax.linen import encoder as linen_encoder
 from isojax.nnx import encoder as nnx_encoder
 from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained
 
-TINY = models.VARIANTS["tiny"].replace(hidden_dropout=0.0, attention_dropout=0.0)
+TINY = tiny_encoder_config()
 IDS = jax.random.randint(jax.random.key(1), (4, 12), 3, 100)
 
 

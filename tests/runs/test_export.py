@@ -16,8 +16,8 @@ import transformers
 from helpers import TINY_HF, arm, tiny_config
 
 import isojax
-from isojax import cli, models, runs
-from isojax.data import glue
+from isojax import cli, linen, runs
+from isojax.data import glue, tasks
 from isojax.models import config as config_lib
 from isojax.runs import predict
 from isojax.training import build, checkpointing, distributed, evaluation, loop, resume, specs
@@ -45,8 +45,8 @@ def roberta_dir(tmp_path_factory, minilm_dir):
     tokenizer pads), loaded by `config.model` like any pre-trained folder."""
     hf = TINY_HF["roberta"] | dict(vocab_size=30522, pad_token_id=0, max_position_embeddings=40)
     cfg = config_lib.EncoderConfig.from_hf(hf)
-    params = models.init_params(models.Encoder(cfg), jax.random.key(7))
-    return models.export_pretrained(tmp_path_factory.mktemp("roberta") / "tiny", cfg, params)
+    params = linen.init_params(linen.Encoder(cfg), jax.random.key(7))
+    return linen.export_pretrained(tmp_path_factory.mktemp("roberta") / "tiny", cfg, params)
 
 
 TRAINED = {  # name: (model, method, task)
@@ -72,7 +72,7 @@ def trained(tmp_path_factory, glue_dir, minilm_dir, roberta_dir):
 
 def untrained_run(workdir: pathlib.Path, config) -> pathlib.Path:
     """A run folder holding the initial train state as its step-0 checkpoint (no training)."""
-    task = glue.get_task(config.task)
+    task = tasks.get_task(config.task)
     spec = specs.RunSpec.of(config)
     model, encoder_params, _, hidden = build.build_model(spec.model, task.num_labels)
     state = build.create_train_state(
@@ -113,7 +113,7 @@ def test_exported_run_equals_predict_in_transformers(capsys, tmp_path, trained, 
     """The exported folder (IsoBN / batch norm folded into the classifier) gives the logits of
     `predict` within 1e-4 on the dev rows, its labels map to the task's names, and the
     predictions file says the same; `predict --split dev` prints the run's own metrics."""
-    run_dir, task = trained[name], glue.get_task(TRAINED[name][2])
+    run_dir, task = trained[name], tasks.get_task(TRAINED[name][2])
     code, out, err = run_cli(capsys, ["export", run_dir, tmp_path / "hf"])
     assert code == 0, err
     family = "Roberta" if name.startswith("roberta") else "Bert"
@@ -198,7 +198,7 @@ def test_submission_files_for_the_four_local_tasks(capsys, tmp_path, untrained, 
         header, rows = read_tsv(folder / name)
         assert header == ["index", "prediction"]
         assert len(rows) == TEST_ROWS[task]
-        _, test_rows = read_tsv(glue_dir / glue.get_task(task).folder / "test.tsv")
+        _, test_rows = read_tsv(glue_dir / tasks.get_task(task).folder / "test.tsv")
         assert [r[0] for r in rows] == [r[0] for r in test_rows]  # the file's own index
         values = [r[1] for r in rows]
         if task == "stsb":

@@ -4,8 +4,8 @@
 import jax
 import numpy as np
 import pytest
+from helpers import one_device_mesh, tiny_bert_without_dropout
 
-from isojax import models
 from isojax.training import config as config_lib
 from isojax.training import distributed, feeds, loop, steps
 
@@ -35,7 +35,7 @@ def _config(glue_dir, minilm_dir, **overrides):
 
 
 def _five_updates(config):
-    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    run = loop.setup(config, mesh=one_device_mesh())
     state, seen = run.state, []
     start = jax.device_get(run.state.params)
     stacked = config.grad_accum_steps > 1
@@ -52,10 +52,7 @@ def test_four_micro_batches_of_8_equal_batches_of_32(glue_dir, minilm_dir, monke
     optimizer state agree to 1e-5, the step counts updates (the LR schedule's count), and
     both runs saw the same examples in the same order. Packed micro-batches hold different
     numbers of rows, and the stacked batch pads them to a common count."""
-    tiny = models.VARIANTS["tiny"]
-    monkeypatch.setitem(
-        models.VARIANTS, "tiny", tiny.replace(hidden_dropout=0.0, attention_dropout=0.0)
-    )
+    tiny_bert_without_dropout(monkeypatch)
     want, want_idx, start = _five_updates(_config(glue_dir, minilm_dir, packing=packed))
     got, got_idx, _ = _five_updates(
         _config(glue_dir, minilm_dir, packing=packed, grad_accum_steps=4)
@@ -114,10 +111,7 @@ def test_stack_pads_packed_rows_and_moves_global_rows():
 def test_micro_batches_weigh_real_examples(glue_dir, minilm_dir, monkeypatch):
     """Micro-batches of 8 and of 4 real examples (+4 fillers) make the update of one batch of
     the 12 (not the mean of the two micro-batch means): fails with weights 1/k."""
-    tiny = models.VARIANTS["tiny"]
-    monkeypatch.setitem(
-        models.VARIANTS, "tiny", tiny.replace(hidden_dropout=0.0, attention_dropout=0.0)
-    )
+    tiny_bert_without_dropout(monkeypatch)
     config = _config(glue_dir, minilm_dir, batch_size=8, buckets=(), max_length=32)
     run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     first, second = list(feeds.train_batches(run.train_encoded, run.spec.feed, 0))[:2]

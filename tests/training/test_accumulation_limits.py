@@ -7,9 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import REPO, tiny_config
+from helpers import REPO, one_device_mesh, tiny_bert_without_dropout, tiny_config
 
-from isojax import models
 from isojax.training import distributed, feeds, loop, throughput
 
 K, BATCH = 4, 8  # the audit's: micro-batches of 2 examples
@@ -21,20 +20,17 @@ def _run(glue_dir, minilm_dir, batch_size, grad_accum_steps):
         grad_accum_steps=grad_accum_steps, max_length=48, buckets=(16, 32), packing=False,
         dropout_rate=0.0, num_epochs=3,
     )  # fmt: skip
-    return config, loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    return config, loop.setup(config, mesh=one_device_mesh())
 
 
 @pytest.fixture(scope="module")
 def runs(glue_dir, minilm_dir):
-    tiny = models.VARIANTS["tiny"]
-    models.VARIANTS["tiny"] = tiny.replace(hidden_dropout=0.0, attention_dropout=0.0)
-    try:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        tiny_bert_without_dropout(monkeypatch)
         yield {
             (b, k): _run(glue_dir, minilm_dir, b, k)
             for b, k in [(BATCH, K), (BATCH // K, 1), (BATCH, 1)]
         }
-    finally:
-        models.VARIANTS["tiny"] = tiny
 
 
 def _guide() -> str:

@@ -7,16 +7,15 @@ the task loss of the classifier's own forward pass; for tiny-bert and for a tiny
 folder (whose I-STAR reads all of its layers' tokens too).
 """
 
-import dataclasses
 import json
 
 import jax
 import numpy as np
 import pytest
-from helpers import tiny_modernbert_folder
+from helpers import one_device_mesh, tiny_bert_without_dropout, tiny_modernbert_folder
 
 import isojax
-from isojax import cli, models, runs
+from isojax import cli, runs
 from isojax.models import transformer
 from isojax.training import distributed, feeds, loop, steps
 
@@ -29,12 +28,7 @@ WEIGHT = 0.5
 def test_isobn_with_istar_logs_the_sum_of_its_two_losses(
     model, tmp_path, glue_dir, minilm_dir, monkeypatch
 ):
-    tiny = models.VARIANTS["tiny"]  # no dropout: the forward pass is recomputed exactly
-    monkeypatch.setitem(
-        models.VARIANTS,
-        "tiny",
-        dataclasses.replace(tiny, hidden_dropout=0.0, attention_dropout=0.0),
-    )
+    tiny_bert_without_dropout(monkeypatch)  # the forward pass is recomputed exactly
     extra = {"tokenizer": minilm_dir}  # ModernBERT's folder has its tokenizer (and no dropout)
     if model == "modernbert":
         model, extra = str(tiny_modernbert_folder(tmp_path / "tiny-modernbert", glue_dir)), {}
@@ -58,7 +52,7 @@ def test_isobn_with_istar_logs_the_sum_of_its_two_losses(
     assert c0.shape == (32, 32) and not np.allclose(c0, np.eye(32))  # the pass's C0
 
     config = runs.load_config(workdir)
-    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    run = loop.setup(config, mesh=one_device_mesh())
     batch = next(iter(feeds.update_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh)))
     batch = distributed.global_batch(batch, run.mesh)
     (logits, out), updates = run.state.apply_fn(

@@ -3,7 +3,7 @@ parameters replicated or FSDP-sharded); two processes: tests/e2e/test_distribute
 
 import jax
 import pytest
-from helpers import assert_tree_close, sharded_config
+from helpers import assert_tree_close, one_device_mesh, sharded_config
 from jax.sharding import PartitionSpec as P
 
 from isojax.training import distributed, feeds, loop, steps
@@ -16,7 +16,7 @@ def test_sharded_step_equals_single_device_step(glue_dir, minilm_dir):
     RngBitGenerator), whose masks must not depend on the sharding either; the default
     threefry keys: tests/e2e/test_distributed.py."""
     config = sharded_config(glue_dir, minilm_dir, rng_impl="rbg")
-    single = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    single = loop.setup(config, mesh=one_device_mesh())
     host_state = jax.device_get(single.state)
     batches = list(feeds.train_batches(single.train_encoded, single.spec.feed, 0))
     assert len(batches) == 2

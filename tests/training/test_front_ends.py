@@ -3,7 +3,6 @@ the classifier through the same train state, steps, checkpoints and run folder a
 (`isojax.nnx.pretrained.LinenApply`), and the two agree number for number with dropout off (the
 NNX dropout streams draw other masks than linen's from the same key)."""
 
-import dataclasses
 import json
 
 import jax
@@ -11,9 +10,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 from flax import nnx
-from helpers import tiny_config
+from helpers import tiny_bert_without_dropout, tiny_config, tiny_encoder_config
 
-from isojax import models, runs
+from isojax import linen, runs
 from isojax.analysis import run as analysis_run
 from isojax.data import glue
 from isojax.nnx import pretrained
@@ -22,13 +21,6 @@ from isojax.training import config as config_lib
 from isojax.training import loop
 
 MEASURED = ("_per_s", "_time_s", "flops_per_step", "_bytes", "mfu")
-
-
-def _no_dropout(monkeypatch) -> None:
-    """tiny-bert's encoder without dropout (the head's: `dropout_rate` 0)."""
-    tiny = models.VARIANTS["tiny"]
-    off = dataclasses.replace(tiny, hidden_dropout=0.0, attention_dropout=0.0)
-    monkeypatch.setitem(models.VARIANTS, "tiny", off)
 
 
 def _records(workdir) -> list[dict]:
@@ -57,7 +49,7 @@ def _assert_same_run(linen_dir, nnx_dir, tol=1e-5) -> int:
 def test_linen_and_nnx_runs_agree(glue_dir, minilm_dir, tmp_path, monkeypatch, fields):
     """RTE, 2 epochs, IsoBN and I-STAR (its C0 pass before each epoch): every logged loss and
     dev metric of the NNX run within 1e-5 of the linen run's, and the same results."""
-    _no_dropout(monkeypatch)
+    tiny_bert_without_dropout(monkeypatch)
     results = {}
     for front_end in ("linen", "nnx"):
         config = tiny_config(
@@ -128,11 +120,11 @@ def test_the_nnx_apply_is_the_linen_apply_of_the_same_variables():
     """`LinenApply` over the tiny classifier: the eval-mode logits and the train-mode
     `batch_stats` (dropout off) of linen's `apply`, gradients too; with dropout on, a function
     of the key."""
-    enc = models.VARIANTS["tiny"].replace(hidden_dropout=0.0, attention_dropout=0.0)
-    head = models.SequenceClassifier(
-        encoder=models.Encoder(enc), num_labels=2, normalizer="isobn", dropout_rate=0.0
+    enc = tiny_encoder_config()
+    head = linen.SequenceClassifier(
+        encoder=linen.Encoder(enc), num_labels=2, normalizer="isobn", dropout_rate=0.0
     )
-    variables = models.init_variables(head, jax.random.key(0))
+    variables = linen.init_variables(head, jax.random.key(0))
     apply = pretrained.LinenApply.of(lambda: pretrained.from_linen(head, rngs=nnx.Rngs(0)))
     ids = jax.random.randint(jax.random.key(1), (8, 12), 1, 99)
     mask = np.ones(ids.shape, np.int32)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import arm, tiny_config
+from helpers import arm, one_device_mesh, tiny_config
 
 from isojax.core import isotropy, penalties
 from isojax.core.normalizers import NORMALIZERS
@@ -77,7 +77,7 @@ def test_repeated_steps_lower_the_loss_for_every_method(glue_dir, minilm_dir, me
         **{"istar.stabilizer.kind": stabilizer, "istar.stabilizer.unit": "steps"},
         **{"istar.stabilizer.window": 2, "istar.stabilizer.momentum": 0.75},
     )
-    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    run = loop.setup(config, mesh=one_device_mesh())
     batch = distributed.global_batch(
         next(feeds.train_batches(run.train_encoded, run.spec.feed, 0)), run.mesh
     )
@@ -283,9 +283,7 @@ def test_two_steps_end_to_end(glue_dir, minilm_dir, tmp_path, task, method, stab
         **{"istar.stabilizer.kind": stabilizer},
     )
     config.tensorboard = task == "rte"
-    result = loop.train_and_evaluate(
-        config, tmp_path, mesh=distributed.make_mesh(jax.devices()[:1])
-    )
+    result = loop.train_and_evaluate(config, tmp_path, mesh=one_device_mesh())
     assert (result["step"], result["epoch"]) == (2, 1)
     dev = result["dev"]
     metric = {"cola": "matthews_correlation", "mrpc": "f1", "rte": "accuracy", "stsb": "pearson"}
@@ -395,7 +393,7 @@ def test_c0_pass_is_rebuilt_before_each_epoch_from_the_updated_parameters(
         return new_state
 
     monkeypatch.setattr(loop, "c0_pass", recording)
-    loop.train_and_evaluate(config, tmp_path, mesh=distributed.make_mesh(jax.devices()[:1]))
+    loop.train_and_evaluate(config, tmp_path, mesh=one_device_mesh())
     assert [(int(s.step), epoch) for _, s, epoch, _ in passes] == [(0, 0), (2, 1)]
     for run, state, epoch, c0 in passes:
         batches = feeds.train_batches(run.train_encoded, run.spec.feed, epoch)

@@ -7,14 +7,13 @@ on an error)."""
 import json
 import pathlib
 
-import jax
 import jax.numpy as jnp
 import pytest
-from helpers import finetune_argv, tiny_config
+from helpers import finetune_argv, one_device_mesh, tiny_config
 
 from isojax import cli
 from isojax.core import normalizers
-from isojax.training import checkpointing, distributed, reporting, resume, specs, stops
+from isojax.training import checkpointing, reporting, resume, specs, stops
 from isojax.training import config as config_lib
 from isojax.training import loop as loop_lib
 
@@ -27,7 +26,7 @@ def _config(glue_dir, minilm_dir, **over):
 
 
 def _one_device():
-    return distributed.make_mesh(jax.devices()[:1])
+    return one_device_mesh()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import one_device_mesh
 
 from isojax.training import throughput
 
@@ -42,17 +43,17 @@ def test_variants_not_in_the_table_have_an_unknown_peak(kind):
 
 def _tiny_state(policy: str, minilm_dir):
     """A tiny-bert RTE train state built as the loop builds it, under `policy`."""
-    from isojax.data import glue
-    from isojax.training import build, distributed, specs
+    from isojax.data import tasks
+    from isojax.training import build, specs
     from isojax.training import config as config_lib
 
     config = config_lib.default_config()
     config.update_from_flattened_dict(
         {"model": "tiny-bert", "tokenizer": str(minilm_dir), "task": "rte", "policy": policy}
     )
-    task = glue.get_task("rte")
+    task = tasks.get_task("rte")
     module, params, _, hidden = build.build_model(specs.ModelSpec.of(config), task.num_labels)
-    mesh = distributed.make_mesh(jax.devices()[:1])
+    mesh = one_device_mesh()
     return build.train_state(
         specs.StateSpec.of(config),
         task,

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import arm
+from helpers import arm, one_device_mesh
 
 from isojax.training import config as config_lib
 from isojax.training import distributed, feeds, precision
@@ -119,7 +119,7 @@ def _tiny_run(glue_dir, minilm_dir, policy, **overrides):
             **overrides,
         }
     )
-    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
+    run = loop.setup(config, mesh=one_device_mesh())
     batches = [
         distributed.global_batch(batch, run.mesh)
         for batch in feeds.train_batches(run.train_encoded, run.spec.feed, 0)

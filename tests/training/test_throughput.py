@@ -4,7 +4,7 @@ import json
 
 import jax
 import pytest
-from helpers import tiny_config
+from helpers import one_device_mesh, tiny_config
 
 from isojax.training import distributed, feeds, loop, throughput
 
@@ -29,7 +29,7 @@ def test_logged_flops_are_xla_cost_analysis_and_profile_window(
     step time, the rates and `flops_per_step` equal to XLA's cost analysis of the compiled
     step (the same program, compiled here again); MFU is those FLOPs over `peak_flops`. The
     profile window (1, 3) writes a trace under <workdir>/profile; the memory line is printed."""
-    mesh = distributed.make_mesh(jax.devices()[:1])
+    mesh = one_device_mesh()
     # progress on: the start-of-run lines belong to the progress display
     config = _config(glue_dir, minilm_dir, peak_flops=1e9, profile_steps=(1, 3), progress=True)
     loop.train_and_evaluate(config, tmp_path / "run", mesh=mesh)
@@ -60,7 +60,7 @@ def test_logged_flops_are_xla_cost_analysis_and_profile_window(
 def test_off_by_default_no_trace_and_unknown_peak_said(tmp_path, glue_dir, minilm_dir, capsys):
     """Without profile_steps no profile folder is written; on CPU the peak is unknown: no
     MFU in the log, and one line says why. With `throughput` False no figures at all."""
-    mesh = distributed.make_mesh(jax.devices()[:1])
+    mesh = one_device_mesh()
     config = _config(glue_dir, minilm_dir, progress=True)
     loop.train_and_evaluate(config, tmp_path / "a", mesh=mesh)
     assert "isojax: MFU: no peak known for device 'cpu'" in capsys.readouterr().err

@@ -27,8 +27,9 @@ the family's offset is added here) and `cls_index` (where each example's [CLS] s
 example is encoded as it would be alone in an unpacked row.
 
 This file holds the linen modules: parameter names, shapes, initialisers and modes (the
-checkpoint layout). Their maths is `isojax.models.transformer`'s pure functions, which the NNX
-modules (`isojax.nnx.encoder`) call too. Parameters are float32 (`param_dtype`); `dtype` is the
+checkpoint layout; `tests/linen/test_param_tree.py` pins it). Their maths is
+`isojax.models.transformer`'s pure functions, which the NNX modules (`isojax.nnx.encoder`)
+call too. Parameters are float32 (`param_dtype`); `dtype` is the
 compute dtype of every matmul.
 
 References:
@@ -46,8 +47,8 @@ import jax
 import jax.numpy as jnp
 
 from isojax.models import config as config_lib
+from isojax.models import dropout as dropout_lib
 from isojax.models import modernbert
-from isojax.models.dropout import Dropout
 from isojax.models.transformer import (
     EncoderOutput,
     attention_context,
@@ -60,8 +61,23 @@ from isojax.models.transformer import (
     transformer_layer,
 )
 
-__all__ = ["Embeddings", "Encoder", "EncoderOutput", "SelfAttention", "TransformerLayer"]
-__all__ += ["init_params", "segment_attention_mask"]
+__all__ = ["Dropout", "Embeddings", "Encoder", "EncoderOutput", "SelfAttention"]
+__all__ += ["TransformerLayer", "init_params", "segment_attention_mask"]
+
+
+class Dropout(nn.Module):
+    """Inverted dropout (`isojax.models.dropout.dropout`) drawn from the `'dropout'` rng;
+    identity when `deterministic` or `rate` is 0."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        if self.rate == 1.0:
+            return jnp.zeros_like(x)
+        return dropout_lib.dropout(x, self.rate, self.make_rng("dropout"))
 
 
 class DenseParams(nn.Module):
@@ -469,3 +485,10 @@ def init_params(encoder: Encoder, rng: jax.Array, seq_len: int = 8) -> dict:
     initialises: N(0, initializer_range) weights, zero biases, unit LayerNorm scales."""
     ids = jnp.zeros((1, seq_len), jnp.int32)
     return encoder.init(rng, ids, jnp.ones_like(ids))["params"]
+
+
+def fresh_params(cfg: config_lib.EncoderConfig, rng: jax.Array) -> dict:
+    """`init_params` of a float32 `Encoder(cfg)` on one token: the `init` that
+    `isojax.models.hf_import.load_weights` takes (the weights a checkpoint lacks, and the
+    shapes it must have)."""
+    return init_params(Encoder(cfg), rng, seq_len=1)
