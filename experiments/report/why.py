@@ -28,7 +28,9 @@ line; a bad one (no checkpoint, a config that does not restore, missing data) is
 its folder and the others go on; the exit status is then 1. `--figure` (default
 `experiments/results/whitening_why_mechanism.png`) draws every line of `--out`: one row per
 task, the dev score against the noise-to-spread (log scale), the head input's effective rank
-and its principal outlier's 1-D score, one point per run, coloured by arm.
+and its principal outlier's 1-D score, one point per run, coloured by arm; a dashed line at the
+best constant prediction's score (`experiments.report.records.CHANCE`), a dotted one where the
+1-D score equals the dev score.
 """
 
 from __future__ import annotations
@@ -272,13 +274,14 @@ def arm_colours(lines: list[dict]) -> dict[str, str]:
 
 
 def draw(lines: list[dict], png: pathlib.Path) -> pathlib.Path:
-    """The figure of `lines`: a row per task, `PANELS` across, the best dev score up."""
+    """The figure of `lines`: a row per task, `PANELS` across, the best dev score up; dashed,
+    the task's best constant prediction; dotted, the 1-D rule scoring as the whole head."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from experiments.report.records import METRIC_NAMES
+    from experiments.report.records import CHANCE, METRIC_NAMES
 
     tasks = sorted({line["task"] for line in lines})
     colours = arm_colours(lines)
@@ -297,6 +300,8 @@ def draw(lines: list[dict], png: pathlib.Path) -> pathlib.Path:
                 ax.set_xscale("log")
             if key == "outlier_score":  # the 1-D rule doing as well as the whole head
                 ax.axline((0, 0), slope=1, color="grey", lw=0.8, ls=":")
+            if task in CHANCE:  # the best constant prediction's score
+                ax.axhline(CHANCE[task], color="grey", lw=0.8, ls="--")
             ax.set_xlabel(label, fontsize=8)
         row[0].set_ylabel(
             f"{task} ({len(mine)} runs): best dev\n{METRIC_NAMES.get(task, 'score')}", fontsize=8
