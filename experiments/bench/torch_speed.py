@@ -5,6 +5,8 @@ encoder variant: prints figures; not a test.
                                                           # 8x128 (about 10 s a step), 7 rounds
     .venv/bin/python experiments/bench/torch_speed.py --variant tiny --rounds 1 --length 16
                                                           # smoke test
+    .venv/bin/python experiments/bench/torch_speed.py --variant modernbert-base@8 --layers 11 \
+        --rounds 3 [--remat]                              # the depth sweep of benchmarks.md
 
 Each variant's classifier is built by isojax from `models.VARIANTS` (random weights, seed 0),
 exported with `export_pretrained` and loaded by transformers' `<Family>ForSequenceClassification`
@@ -100,7 +102,9 @@ def bench_variant(variant: str, args) -> None:
     import torch
 
     cfg = models.VARIANTS[variant]
-    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=2)
+    if args.layers:  # the first `layers` layers of the variant (ModernBERT: their layer types)
+        cfg = cfg.replace(num_layers=args.layers, layer_types=cfg.layer_types[: args.layers])
+    head = linen.SequenceClassifier(linen.Encoder(cfg, remat=args.remat), num_labels=2)
     params = linen.init_variables(head, jax.random.key(0))["params"]
     ids, mask, labels = rows(args, cfg.vocab_size)
     with tempfile.TemporaryDirectory() as folder:
@@ -136,7 +140,8 @@ def bench_variant(variant: str, args) -> None:
             start = time.perf_counter()
             arms[name]()
             times[name].append(time.perf_counter() - start)
-    where = f"{variant} {args.batch}x{args.length} float32, {args.threads} threads"
+    depth = f", {cfg.num_layers} layers" + (", remat" if args.remat else "")
+    where = f"{variant} {args.batch}x{args.length} float32{depth}, {args.threads} threads"
     for name, seconds in times.items():
         print(f"{where} {name}: {statistics.median(seconds) * 1e3:.1f} ms/step (median)")
     ratios = [j / p for j, p in zip(times["isojax"], times["pytorch"], strict=True)]
@@ -157,6 +162,10 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--layers", type=int, help="keep the variant's first N layers")
+    parser.add_argument(
+        "--remat", action="store_true", help="isojax rematerialises each layer (nn.remat)"
+    )
     args = parser.parse_args(argv)
     for spec in args.variant or ["minilm-l6", "modernbert-base@8"]:
         variant, _, batch = spec.partition("@")

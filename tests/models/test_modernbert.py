@@ -321,3 +321,47 @@ def test_finetune_tiny_modernbert_with_isobn_and_istar(tmp_path, glue_dir):
     train = [x for x in lines if x["split"] == "train"]
     assert dev and 0.0 <= dev[-1]["accuracy"] <= 1.0
     assert train and all(np.isfinite(x["penalty"]) and x["penalty"] > 0 for x in train)
+
+
+def _grad_bytes(layers: int) -> float:
+    """XLA's 'bytes accessed' of a jitted gradient of a small ModernBERT of `layers` layers."""
+    cfg = config_lib.VARIANTS["modernbert-base"]
+    cfg = cfg.replace(
+        num_layers=layers, layer_types=cfg.layer_types[:layers], hidden_size=64,
+        intermediate_size=96, num_heads=4, vocab_size=128,
+    )  # fmt: skip
+    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=2)
+    params = linen.init_variables(head, jax.random.key(0))["params"]
+    ids = jnp.ones((4, 32), jnp.int32)
+
+    def loss(p):
+        return head.apply({"params": p}, ids, jnp.ones_like(ids))[0].sum()
+
+    cost = jax.jit(jax.grad(loss)).lower(params).compile().cost_analysis()
+    return (cost[0] if isinstance(cost, list) else cost)["bytes accessed"]
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU fusion it guards against")
+@pytest.mark.parametrize("twin", [False, True])
+def test_backward_memory_traffic_is_linear_in_depth(twin, monkeypatch):
+    """Each added layer adds the same backward traffic (`residual_boundary`); without it XLA's
+    CPU fusion re-adds every upper layer's residual cotangent in each lower layer: O(L^2)."""
+    if twin:
+        monkeypatch.setattr(modernbert, "residual_boundary", lambda x: x)
+    b3, b6, b12 = (_grad_bytes(n) for n in (3, 6, 12))
+    growth = (b12 - b6) / 2 / (b6 - b3)  # per-layer traffic, 6 -> 12 layers over 3 -> 6
+    if twin:
+        assert growth > 1.1
+    else:
+        assert growth == pytest.approx(1.0, abs=0.03)
+
+
+def test_residual_boundary_is_the_identity_in_every_mode():
+    """Values, forward- and reverse-mode derivatives pass unchanged."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 4)), jnp.float32)
+    t = jnp.ones_like(x)
+    np.testing.assert_array_equal(jax.jit(modernbert.residual_boundary)(x), x)
+    np.testing.assert_array_equal(jax.jvp(modernbert.residual_boundary, (x,), (t,))[1], t)
+    grad = jax.grad(lambda v: jnp.sum(modernbert.residual_boundary(v) * x))(x)
+    np.testing.assert_array_equal(grad, x)
+    np.testing.assert_array_equal(jax.vmap(modernbert.residual_boundary)(x), x)
