@@ -241,6 +241,7 @@ def run_grid(
     check_budget(budget_minutes)
     p = Plan(grid_spec, tier, runs_dir, results, retry_failed, create_lock=not dry_run)
     pending = [c for c in p.cells if p.todo(c)]
+    recorded = len(p.cells) - len(pending)
     if cell is not None:
         named = p.cell_named(cell)
         pending = [c for c in pending if c is named]
@@ -248,7 +249,7 @@ def run_grid(
             log(f"{cell}: recorded already ({p.by_cell[cell]['status']}) in {p.results}")
     failed = sum(p.by_cell.get(c.name, {}).get("status") == "failed" for c in p.cells)
     log(
-        f"study {p.study} (tiers 1-{tier}): {len(p.cells)} cells, {len(p.cells) - len(pending)} "
+        f"study {p.study} (tiers 1-{tier}): {len(p.cells)} cells, {recorded} "
         f"recorded ({failed} failed), {len(pending)} to run; estimate {p.left(True)} -> "
         f"{p.results}"
     )
