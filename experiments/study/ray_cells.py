@@ -172,8 +172,9 @@ def run_on_ray(
         try:
             answer = ray.get(done[0])
         except StudyError as err:  # the task's refusal (RayTaskError is also a StudyError)
-            refusal = refusal or StudyError(str(getattr(err, "cause", err)))
-            log(f"{where}: refused: {refusal}")
+            why = StudyError(str(getattr(err, "cause", err)))
+            refusal = refusal or why
+            log(f"{where}: refused: {why}")
             continue
         except ray.exceptions.RayError as err:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -183,8 +184,11 @@ def run_on_ray(
             held[cell.name] = answer["held"]
             log(f"{where}: held by {answer['held']}; next cell")
         elif "record" in answer:
-            runner.record_line(p, answer["record"], log, f"{where}:")
-            ran += 1
+            try:  # a plain runner may have claimed the cell once the task let go, and written
+                runner.record_line(p, answer["record"], log, f"{where}:")
+                ran += 1
+            except StudyError as err:
+                log(f"{where}: not written: {err}")
         else:
             log(f"{where}: recorded by another runner")
     if refusal is not None:

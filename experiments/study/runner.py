@@ -30,7 +30,9 @@ Several runners may share a grid (one machine or several over a shared disk, eac
 a flock in the cell's folder, dropped when the runner exits or dies), skips a cell another
 runner holds, and at the end lists the cells it skipped so. Lines are written whole, with one
 `write` under the lock `<results>.lock` beside the results file, and a cell already recorded is
-never appended again.
+never appended again. The same cells can be handed to a Ray cluster (`--executor ray`,
+`ray_cells`: a Ray task per cell, the driver the results file's one writer) or to a job array
+(`--list-cells`, then `--cell ID` in each task); the command line is `command`'s.
 
 Records of a commit whose configs hash differently from this checkout's are not continued here:
 the runner refuses in one line that names the commit and the command continuing the study there.
