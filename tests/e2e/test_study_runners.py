@@ -16,8 +16,8 @@ import pytest
 from helpers import REPO, study_grid
 
 from experiments.configs import study_recipe
-from experiments.study import records as study_records
 from experiments.study import command, runner
+from experiments.study import records as study_records
 from experiments.study.eta import epoch_minutes
 from experiments.study.grid import cell_config, load_grid
 from experiments.study.records import StudyError, read_records
