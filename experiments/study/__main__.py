@@ -1,7 +1,7 @@
-"""`python -m experiments.study GRID [options]`: the study runner (`experiments.study.runner`)."""
+"""`python -m experiments.study GRID [options]`: the study runner (`experiments.study.command`)."""
 
 import sys
 
-from experiments.study.runner import main
+from experiments.study.command import main
 
 sys.exit(main())

@@ -27,6 +27,8 @@ import sys
 
 import jax
 
+from experiments.study import records as study_records
+from experiments.study.records import StudyError
 from isojax import analysis, linen, runs
 from isojax.data import tasks
 from isojax.runs import predict
@@ -117,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     if not results.is_file():
         print(f"study.analyze: {results}: no such results file", file=sys.stderr)
         return 2
-    records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    try:  # the runner's own reading: a torn, non-JSON or non-record line is one line
+        records = study_records.read_records(results, full=True)
+    except StudyError as err:
+        print(f"study.analyze: {err}", file=sys.stderr)
+        return 2
     chosen = [
         r for r in records
         if r["kind"] == "run" and r["status"] == "ok" and r["seed"] == args.seed

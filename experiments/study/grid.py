@@ -44,8 +44,22 @@ def load_grid(spec: str) -> tuple[ml_collections.ConfigDict, object]:
         raise StudyError(f"grid file {path} not found")
     module_spec = importlib.util.spec_from_file_location(f"_grid_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    grid = module.get_config(arg or None)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as err:  # the file's own line, not a traceback through importlib
+        raise StudyError(f"grid file {path}:{err.lineno}: {err.msg}") from None
+    except Exception as err:  # an import or a name the file lacks: one line, naming the file
+        raise StudyError(f"grid file {path}: {type(err).__name__}: {err}") from None
+    if not callable(getattr(module, "get_config", None)):
+        raise StudyError(f"grid file {path} has no get_config(arg)")
+    try:
+        grid = module.get_config(arg or None)
+    except Exception as err:
+        what = f"{type(err).__name__}: {err}"
+        raise StudyError(f"grid file {path}: get_config raised {what}") from None
+    if not isinstance(grid, ml_collections.ConfigDict):
+        raise StudyError(f"grid file {path}: get_config() returned a {type(grid).__name__}, "
+                         "not a ConfigDict")  # fmt: skip
     for key in ("name", "base", "tiers"):
         if key not in grid:
             raise StudyError(f"grid file {path}: get_config() has no {key!r}")
@@ -111,7 +125,12 @@ def config_hash(config: ml_collections.ConfigDict, recipe) -> str:
 
 
 def plan(grid, recipe, max_tier: int) -> list[Cell]:
-    """Pre-trained cells (one per task of the grid, tier 0) then the grid's cells."""
+    """Pre-trained cells (one per task of the grid, tier 0) then the grid's cells of tiers
+    1..`max_tier` (>= 1: tier 0 names no grid tier, it is the pre-trained rows' own)."""
+    if isinstance(max_tier, bool) or not isinstance(max_tier, int) or max_tier < 1:
+        tiers = ", ".join(sorted(grid.tiers, key=int))
+        raise StudyError(f"--tier must be >= 1 (tiers 1..N run in order; {grid.name} has tiers "
+                         f"{tiers}), got {max_tier!r}")  # fmt: skip
     cells = grid_cells(grid, max_tier)
     if grid.get("pretrained", False):
         tasks = list(dict.fromkeys(c.values["task"] for c in cells))

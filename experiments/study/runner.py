@@ -30,7 +30,9 @@ Several runners may share a grid (one machine or several over a shared disk, eac
 a flock in the cell's folder, dropped when the runner exits or dies), skips a cell another
 runner holds, and at the end lists the cells it skipped so. Lines are written whole, with one
 `write` under the lock `<results>.lock` beside the results file, and a cell already recorded is
-never appended again.
+never appended again. The same cells can be handed to a Ray cluster (`--executor ray`,
+`ray_cells`: a Ray task per cell, the driver the results file's one writer) or to a job array
+(`--list-cells`, then `--cell ID` in each task); the command line is `command`'s.
 
 Records of a commit whose configs hash differently from this checkout's are not continued here:
 the runner refuses in one line that names the commit and the command continuing the study there.
@@ -51,15 +53,12 @@ chunks of 10 steps within an epoch), train_loss_epoch (the mean training loss of
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import logging
 import math
 import os
 import pathlib
-import signal
-import sys
 import time
 import traceback
 
@@ -138,11 +137,16 @@ def check_hashes(results: pathlib.Path, records: list[dict], hashes: dict[str, s
     )
 
 
-class _Plan:
+class Plan:
     """One call's view of a grid: its cells, their configs and hashes, the records so far and
-    the estimates (`study_eta`) of the cells still to run."""
+    the estimates (`study_eta`) of the cells still to run. Without `create_lock` (a dry run)
+    reading the results file creates no lock file."""
 
-    def __init__(self, grid_spec: str, tier: int, runs_dir, results, retry_failed: bool):
+    def __init__(
+        self, grid_spec: str, tier: int, runs_dir, results, retry_failed: bool,
+        create_lock: bool = True,
+    ):  # fmt: skip
+        self.grid_spec, self.tier = grid_spec, tier
         self.grid, self.recipe = load_grid(grid_spec)
         self.study = self.grid.name
         self.results = results_path(self.study, results)
@@ -150,13 +154,24 @@ class _Plan:
         self.axes = grid_axes(self.grid)
         self.cells = plan(self.grid, self.recipe, tier)
         self.retry_failed = retry_failed
-        self.records = read_records_locked(self.results)
+        self.records = read_records_locked(self.results, create=create_lock)
         self.by_cell = {r["cell"]: r for r in self.records}
         self.configs = {c.name: config_of(c, self.grid, self.recipe) for c in self.cells}
         self.hashes = {n: config_hash(c, self.recipe) for n, c in self.configs.items()}
         check_hashes(self.results, self.records, self.hashes)
         self.device = device_name()
         self.host = host_name()
+
+    def cell_named(self, name: str) -> Cell:
+        """The cell `name` of the tiers planned; StudyError naming the command that lists them."""
+        for cell in self.cells:
+            if cell.name == name:
+                return cell
+        tiers = max((c.tier for c in self.cells), default=0)
+        raise StudyError(
+            f"grid {self.study}: no cell {name!r} in tiers 1-{max(tiers, 1)} "
+            "(`--list-cells` lists them, with the same --tier)"
+        )
 
     def todo(self, cell: Cell) -> bool:
         old = self.by_cell.get(cell.name)
@@ -217,46 +232,46 @@ def run_grid(
     budget_minutes: float | None = None,
     dry_run: bool = False,
     retry_failed: bool = False,
+    cell: str | None = None,
+    ray: dict | None = None,
     log=print,
 ) -> dict:
-    """Runs the cells of tiers 1..`tier` not yet recorded and not claimed by another runner;
-    returns counts {"cells", "done", "failed", "ran", "held", "left"} after this call ("held":
-    cells skipped because another runner held them)."""
+    """Runs the cells of tiers 1..`tier` not yet recorded and not claimed by another runner
+    (only the cell named `cell`, when given); returns counts {"cells", "done", "failed", "ran",
+    "held", "left"} after this call ("held": cells skipped because another runner held them).
+    `ray` (the options of `ray_cells.run_on_ray`) runs each cell as a Ray task instead of here."""
     check_budget(budget_minutes)
-    p = _Plan(grid_spec, tier, runs_dir, results, retry_failed)
+    p = Plan(grid_spec, tier, runs_dir, results, retry_failed, create_lock=not dry_run)
     pending = [c for c in p.cells if p.todo(c)]
+    recorded = len(p.cells) - len(pending)
+    if cell is not None:
+        named = p.cell_named(cell)
+        pending = [c for c in pending if c is named]
+        if not pending:
+            log(f"{cell}: recorded already ({p.by_cell[cell]['status']}) in {p.results}")
     failed = sum(p.by_cell.get(c.name, {}).get("status") == "failed" for c in p.cells)
     log(
-        f"study {p.study} (tiers 1-{tier}): {len(p.cells)} cells, {len(p.cells) - len(pending)} "
+        f"study {p.study} (tiers 1-{tier}): {len(p.cells)} cells, {recorded} "
         f"recorded ({failed} failed), {len(pending)} to run; estimate {p.left(True)} -> "
         f"{p.results}"
     )
     if dry_run:
-        for cell in pending:
-            minutes, busy = p.estimate(cell), study_records.holder(p.study_dir / cell.name)
+        for c in pending:
+            minutes, busy = p.estimate(c), study_records.holder(p.study_dir / c.name)
             log(
-                f"  tier {cell.tier} {cell.name}: "
+                f"  tier {c.tier} {c.name}: "
                 + ("time unknown" if minutes is None else f"~{minutes:.1f} min")
                 + (f" (running: {busy})" if busy else "")
             )
         return p.counts(ran=0, held=0)
 
     commit, dirty = git_state()
-    start = time.monotonic()
-    ran, held = 0, {}
-    for index, cell in enumerate(pending):
-        elapsed = (time.monotonic() - start) / 60.0
-        if budget_minutes is not None and elapsed >= budget_minutes:
-            log(f"budget of {budget_minutes:g} min reached after {elapsed:.1f} min: stopping")
-            break
-        where = f"[{index + 1}/{len(pending)}] {cell.name}"
-        claim = study_records.claim(p.study_dir / cell.name)
-        if not isinstance(claim, study_records.Claim):
-            held[cell.name] = claim
-            log(f"{where}: held by {claim}; next cell")
-            continue
-        with claim:
-            ran += _run_claimed(p, cell, where, elapsed, commit, dirty, log)
+    if ray is not None and pending:
+        from experiments.study import ray_cells  # Ray is an extra: imported when asked for
+
+        ran, held = ray_cells.run_on_ray(p, pending, commit, dirty, budget_minutes, log, **ray)
+    else:
+        ran, held = _run_here(p, pending, commit, dirty, budget_minutes, log)
     p.by_cell = {r["cell"]: r for r in read_records_locked(p.results)}  # other runners' too
     p.records = list(p.by_cell.values())
     counts = p.counts(ran=ran, held=len(held))
@@ -272,21 +287,55 @@ def run_grid(
     return counts
 
 
-def _run_claimed(p: _Plan, cell: Cell, where: str, elapsed: float, commit, dirty, log) -> int:
-    """Runs and records `cell`, claimed by this runner; 1 if it ran, 0 if another runner had
-    recorded it since `p` read the results file."""
+def _run_here(p: Plan, pending: list[Cell], commit, dirty, budget_minutes, log) -> tuple:
+    """Runs `pending` one after the other in this process; (cells run, {cell: holder} of the
+    cells another runner held)."""
+    start = time.monotonic()
+    ran, held = 0, {}
+    for index, cell in enumerate(pending):
+        elapsed = (time.monotonic() - start) / 60.0
+        if budget_minutes is not None and elapsed >= budget_minutes:
+            log(f"budget of {budget_minutes:g} min reached after {elapsed:.1f} min: stopping")
+            break
+        where = f"[{index + 1}/{len(pending)}] {cell.name}"
+        claim = study_records.claim(p.study_dir / cell.name)
+        if not isinstance(claim, study_records.Claim):
+            held[cell.name] = claim
+            log(f"{where}: held by {claim}; next cell")
+            continue
+        with claim:
+            record = run_claimed(p, cell, where, elapsed, commit, dirty, log)
+        if record is not None:
+            record_line(p, record, log)
+            ran += 1
+    return ran, held
+
+
+def record_line(p: Plan, record: dict, log, where: str = "") -> None:
+    """Writes `record`'s line (under the results lock) and says how the cell ended (after
+    `where`: "[k/n] cell:" where cells end out of order)."""
+    write_record(p.results, record)
+    p.remember(record)
+    last = record["eval"][-1] if record["eval"] else {}
+    log(
+        f"{where}  {record['status']} in {record['wall_minutes']:.1f} min"
+        + (f", dev score {last['score']:.4f}" if "score" in last else "")
+    )
+
+
+def run_claimed(p: Plan, cell: Cell, where: str, elapsed: float, commit, dirty, log) -> dict | None:
+    """Runs `cell`, claimed by this process; returns its record (to write), or None if another
+    runner recorded it since `p` read the results file."""
     now = {r["cell"]: r for r in read_records_locked(p.results)}.get(cell.name)
     if now != p.by_cell.get(cell.name):
         p.remember(now)
         log(f"{where}: recorded by another runner")
-        return 0
+        return None
     config, workdir = p.configs[cell.name], p.study_dir / cell.name
     if not folder_config_matches(workdir, config, p.recipe):
         raise StudyError(f"{workdir} holds a run of another config: move it away")
     log(f"{where} (tier {cell.tier}); grid left ~{p.left()}, {elapsed:.1f} min into this call")
-    record = _run_and_record(p.record_head(cell, commit, dirty), config, workdir, p.results, log)
-    p.remember(record)
-    return 1
+    return _run_record(p.record_head(cell, commit, dirty), config, workdir, log)
 
 
 def _record_head(cell: Cell, config, recipe, axes: list[str]) -> dict:
@@ -300,8 +349,8 @@ def _record_head(cell: Cell, config, recipe, axes: list[str]) -> dict:
     return {"kind": kind, "fields": fields, "seed": recipe.get_field(config, "seed")}
 
 
-def _run_and_record(record: dict, config, workdir: pathlib.Path, results, log) -> dict:
-    """Runs the cell of `record` (its head filled in), writes its line, returns the record."""
+def _run_record(record: dict, config, workdir: pathlib.Path, log) -> dict:
+    """Runs the cell of `record` (its head filled in) and returns the whole record."""
     try:
         part = run_cell(config, workdir, record["kind"])
         record |= {"status": "ok", "error": None} | part
@@ -311,12 +360,6 @@ def _run_and_record(record: dict, config, workdir: pathlib.Path, results, log) -
         record |= read_run(workdir) | {"wall_minutes": wall_seconds(workdir) / 60.0}
         log(f"  FAILED: {type(err).__name__}: {err}")
     record["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    write_record(results, record)
-    last = record["eval"][-1] if record["eval"] else {}
-    log(
-        f"  {record['status']} in {record['wall_minutes']:.1f} min"
-        + (f", dev score {last['score']:.4f}" if "score" in last else "")
-    )
     return record
 
 
@@ -325,125 +368,3 @@ def _counts(cells: list[Cell], by_cell: dict, *, ran: int, held: int) -> dict:
     failed = sum(by_cell.get(c.name, {}).get("status") == "failed" for c in cells)
     return {"cells": len(cells), "done": done, "failed": failed, "ran": ran, "held": held,
             "left": len(cells) - done}  # fmt: skip
-
-
-def _terminate(signum, frame) -> None:
-    """SIGTERM (a session's end) -> SystemExit: the cell's wall time is saved, no line is
-    written, and its checkpoints let the next call resume it."""
-    raise SystemExit(128 + signum)
-
-
-def _absolute(path) -> str | None:
-    return None if path is None else str(pathlib.Path(path).resolve())
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise StudyError(f"{message} (see `{self.prog} --help`)")
-
-
-def _continue_at_recorded_commit(args, options: list[tuple[str, object]], where: str) -> None:
-    """--at-recorded-commit: re-executes the runner of the commit the results file's records
-    share, from a worktree at `where` ("": `study_commit.default_worktree`); returns (runs
-    here) when the results file is empty or was recorded at this checkout's HEAD."""
-    grid, _ = load_grid(args.grid)
-    records = read_records_locked(results_path(grid.name, args.results))
-    if not records:
-        return
-    commit = study_commit.recorded_commit(records, {r["cell"] for r in records})
-    if commit is None:
-        made = sorted({str(r.get("git_commit"))[:10] for r in records})
-        raise StudyError(
-            f"--at-recorded-commit: the records were not all made at one clean commit ({made})"
-        )
-    if commit == git_state()[0]:
-        return
-    worktree = pathlib.Path(where) if where else study_commit.default_worktree(REPO, commit)
-    worktree = study_commit.ensure_worktree(REPO, commit, worktree)
-    argv = study_commit.runner_argv(REPO, worktree, args.grid, options)
-    from isojax.training import config as config_lib
-
-    study_commit.reexec(argv, worktree, config_lib.default_glue_dir())
-
-
-def _parser() -> argparse.ArgumentParser:
-    """The runner's command line."""
-    parser = _Parser(description=__doc__.split("\n\n")[0], prog="python -m experiments.study")
-    parser.add_argument("grid", help="grid file, e.g. experiments/configs/study_normalizers.py")
-    parser.add_argument("--tier", type=int, default=1, help="run tiers 1..TIER (default 1)")
-    parser.add_argument("--budget-minutes", type=float, default=None, help="finite, >= 0")
-    parser.add_argument("--runs-dir", default=str(REPO / "runs"), help="RUNS_DIR/<study>/<cell>")
-    parser.add_argument("--results", default=None, help="default experiments/results/<study>.jsonl")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan and estimate only")
-    parser.add_argument("--retry-failed", action="store_true", help="rerun cells recorded failed")
-    parser.add_argument(
-        "--compile-cache",
-        default=None,
-        help="folder of compiled steps shared by the cells (default RUNS_DIR/.jax_cache; '' off)",
-    )
-    parser.add_argument(
-        "--at-recorded-commit",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="DIR",
-        help="continue the study with the code of the commit its records were made at, from a "
-        "git worktree at DIR (created if absent; default ../<checkout>-at-<commit>)",
-    )
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    from isojax.cli.common import install_log_handler
-
-    install_log_handler()  # the runs' progress and notices, as `isojax finetune` shows them
-    try:
-        args = _parser().parse_args(argv)
-        check_budget(args.budget_minutes)
-        cache = args.compile_cache
-        options = [
-            ("--tier", args.tier),
-            ("--budget-minutes", args.budget_minutes),
-            ("--runs-dir", _absolute(args.runs_dir)),
-            ("--dry-run", args.dry_run),
-            ("--retry-failed", args.retry_failed),
-            ("--compile-cache", _absolute(cache) if cache else cache),
-        ]
-        if args.at_recorded_commit is not None:
-            grid, _ = load_grid(args.grid)
-            results = _absolute(results_path(grid.name, args.results))
-            _continue_at_recorded_commit(
-                args, [*options, ("--results", results)], args.at_recorded_commit
-            )
-        signal.signal(signal.SIGTERM, _terminate)
-        cache = pathlib.Path(args.runs_dir) / ".jax_cache" if args.compile_cache is None else None
-        if cache or args.compile_cache:
-            from isojax.training import distributed
-
-            distributed.enable_compilation_cache(cache or args.compile_cache)
-        run_grid(
-            args.grid,
-            tier=args.tier,
-            runs_dir=args.runs_dir,
-            results=args.results,
-            budget_minutes=args.budget_minutes,
-            dry_run=args.dry_run,
-            retry_failed=args.retry_failed,
-        )
-    except RecordedElsewhere as err:
-        hint = ""
-        if err.commit:
-            command = study_commit.continue_command(
-                REPO, err.commit, args.grid, [*options, ("--results", _absolute(err.results))]
-            )
-            hint = f"; to continue it there: {command} (or add --at-recorded-commit)"
-        print(f"study: {err}{hint}", file=sys.stderr)
-        return 2
-    except (StudyError, study_commit.CommitError) as err:
-        print(f"study: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

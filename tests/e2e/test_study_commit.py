@@ -92,8 +92,10 @@ def _repo(tmp_path, recorded: str) -> tuple[pathlib.Path, dict]:
     commits["today"] = _commit(repo, "today's runner")
     results = repo / "experiments/results/g.jsonl"
     results.parent.mkdir()
-    record = {"cell": "rte-none-s1", "status": "ok", "config_hash": "0" * 16,
-              "git_commit": commits[recorded], "git_dirty": False}  # fmt: skip
+    record = {"study": "g", "cell": "rte-none-s1", "kind": "run", "status": "ok",
+              "fields": {"task": "rte", "method": "none"}, "seed": 1, "eval": [],
+              "wall_minutes": 1.0, "config_hash": "0" * 16, "git_commit": commits[recorded],
+              "git_dirty": False}  # fmt: skip
     results.write_text(json.dumps(record) + "\n")
     return repo, commits
 

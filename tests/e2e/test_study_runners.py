@@ -16,8 +16,8 @@ import pytest
 from helpers import REPO, study_grid
 
 from experiments.configs import study_recipe
+from experiments.study import command, runner
 from experiments.study import records as study_records
-from experiments.study import runner
 from experiments.study.eta import epoch_minutes
 from experiments.study.grid import cell_config, load_grid
 from experiments.study.records import StudyError, read_records
@@ -190,7 +190,7 @@ def test_a_non_finite_or_negative_budget_is_one_line(budget, tmp_path, capsys):
     grid = REPO / "experiments" / "configs" / "study_pilot.py"
     argv = [str(grid), "--budget-minutes", budget, "--dry-run", "--results",
             str(tmp_path / "p.jsonl")]  # fmt: skip
-    assert runner.main(argv) == 2
+    assert command.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--budget-minutes must be a finite number >= 0" in err
     with pytest.raises(StudyError):

@@ -69,7 +69,7 @@ def test_grid_files_load_count_and_validate():
     counts = {name: n[:2] if n[1] == n[2] else n for name, n in counts.items()}
     assert counts == {
         "normalizers": (36, 92, 132),  # tier 3: none and isobn seeds 6-10 (issue 48)
-        "whitening_why": (63, 105),  # issue 47's causal grid
+        "whitening_why": (63, 105, 155),  # issue 47's causal grid; tier 3: issue 62, item 5
         "istar_lambda": (27, 108),
         "cosreg": (0, 9),
         "istar_zeta": (0, 15),
@@ -235,7 +235,7 @@ def test_write_record_refuses_duplicates_and_torn_lines(tmp_path):
     path.write_text(path.read_text() + '{"cell": "b"')
     with pytest.raises(ValueError, match="the last line is unfinished"):
         read_records(path)
-    path.write_text('{"cell": "a"}\nnot json\n')
+    path.write_text('{"cell": "a", "status": "ok"}\nnot json\n')
     with pytest.raises(ValueError, match=r"s.jsonl:2: not JSON"):
         read_records(path)
 
@@ -243,7 +243,10 @@ def test_write_record_refuses_duplicates_and_torn_lines(tmp_path):
 def test_a_changed_recipe_is_refused(tmp_path, glue_dir, minilm_dir):
     grid = _grid_file(tmp_path, glue_dir, minilm_dir)
     results = tmp_path / "tiny.jsonl"
-    results.write_text(json.dumps({"cell": "rte-none-s1", "config_hash": "0" * 16}) + "\n")
+    record = {"study": "tiny", "cell": "rte-none-s1", "kind": "run", "status": "ok", "seed": 1,
+              "fields": {"task": "rte", "method": "none"}, "config_hash": "0" * 16,
+              "eval": [], "wall_minutes": 1.0}  # fmt: skip
+    results.write_text(json.dumps(record) + "\n")
     with pytest.raises(ValueError, match="a changed recipe needs a new study name"):
         runner.run_grid(grid, runs_dir=tmp_path / "runs", results=results, dry_run=True)
 
@@ -267,7 +270,8 @@ def test_study_analyze_without_the_run_folders_says_so_in_one_line(tmp_path, cap
     were looked for, not a traceback; a missing results file too."""
     results = tmp_path / "s.jsonl"
     record = {"study": "s", "cell": "rte-none-s1", "kind": "run", "status": "ok", "seed": 1,
-              "fields": {"task": "rte", "method": "none", "seed": 1}}  # fmt: skip
+              "fields": {"task": "rte", "method": "none", "seed": 1}, "config_hash": "0",
+              "eval": [{"epoch": 1, "score": 0.5}], "wall_minutes": 1.0}  # fmt: skip
     results.write_text(json.dumps(record) + "\n")
     assert study_analyze.main([str(results), "--runs-dir", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
