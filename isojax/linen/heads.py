@@ -53,6 +53,9 @@ class SequenceClassifier(nn.Module):
       normalizer: a name of `isojax.linen.norms.NORMALIZERS`; "none" is the identity.
       normalizer_kwargs: hyper-parameters for `norms.make_normalizer` (e.g. momentum, beta).
       dropout_rate: dropout before the linear layer (HF: classifier_dropout or hidden dropout).
+      output_bias: the classifier's starting bias (every output). The loop sets a regression
+        head's to the training labels' mean (`label_mean_bias`): a head that centres its input
+        cannot learn that mean through its weights.
       axis_name: mapped axis over which the normaliser's batch statistics are reduced.
       dtype: compute dtype of the normaliser; logits are always float32.
       param_dtype: float32.
@@ -64,6 +67,7 @@ class SequenceClassifier(nn.Module):
     normalizer: str = "none"
     normalizer_kwargs: Mapping[str, Any] = flax.core.FrozenDict()
     dropout_rate: float = 0.1
+    output_bias: float = 0.0
     axis_name: str | None = None
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
@@ -77,6 +81,7 @@ class SequenceClassifier(nn.Module):
             dtype=jnp.float32,
             param_dtype=self.param_dtype,
             kernel_init=nn.initializers.normal(0.02),
+            bias_init=nn.initializers.constant(self.output_bias),
         )
 
     def __call__(

@@ -40,6 +40,7 @@ class SequenceClassifier(nnx.Module):
       normalizer: a name of `isojax.linen.norms.NORMALIZERS`; "none" is the identity.
       normalizer_kwargs: its hyper-parameters (e.g. momentum, beta), as in linen.
       dropout_rate: dropout before the linear layer.
+      output_bias: the classifier's starting bias, as the linen head's.
       axis_name: mapped axis of the normaliser's batch statistics (inside `vmap`/`shard_map`).
       dtype: compute dtype of the normaliser; logits are always float32.
       param_dtype: float32.
@@ -59,6 +60,7 @@ class SequenceClassifier(nnx.Module):
         normalizer: str = "none",
         normalizer_kwargs: Mapping[str, Any] | None = None,
         dropout_rate: float = 0.1,
+        output_bias: float = 0.0,
         axis_name: str | None = None,
         dtype: Any = jnp.float32,
         param_dtype: Any = jnp.float32,
@@ -70,6 +72,7 @@ class SequenceClassifier(nnx.Module):
         self.num_labels, self.sentence, self.normalizer = num_labels, sentence, normalizer
         self.normalizer_kwargs = tuple(sorted(dict(normalizer_kwargs or {}).items()))
         self.dropout_rate, self.axis_name = dropout_rate, axis_name
+        self.output_bias = output_bias
         self.dtype, self.param_dtype = dtype, param_dtype
         # "none" too (the identity), so that nnx.view(..., use_running_average=...) reaches it.
         self.norm = nnx_norms.make_normalizer(
@@ -88,6 +91,7 @@ class SequenceClassifier(nnx.Module):
             dtype=jnp.float32,
             param_dtype=param_dtype,
             kernel_init=nnx.initializers.normal(0.02),
+            bias_init=nnx.initializers.constant(output_bias),
             rngs=rngs,
         )
 

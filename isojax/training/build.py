@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import tokenizers
 from flax import nnx
@@ -175,11 +176,19 @@ def check_model(spec: specs.ModelSpec) -> None:
     check_head_width(spec)
 
 
+def output_bias(spec: specs.ModelSpec, task: tasks.GlueTask, train: list[tasks.Example]) -> float:
+    """The classifier's starting bias: the mean of `train`'s labels for a regression task with
+    `spec.label_mean_bias` (summed in float64), else 0."""
+    if not (task.is_regression and spec.label_mean_bias and train):
+        return 0.0
+    return float(np.mean(np.asarray([e.label for e in train], np.float64)))
+
+
 def build_model(
-    spec: specs.ModelSpec, num_labels: int
+    spec: specs.ModelSpec, num_labels: int, output_bias: float = 0.0
 ) -> tuple[linen.SequenceClassifier, dict | None, Any, int]:
-    """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
-    and the hidden size."""
+    """The classifier (its bias starting at `output_bias`), the pre-trained encoder params
+    (None for tiny-bert), the tokenizer and the hidden size."""
     check_model(spec)
     policy = spec.policy
     encoder, encoder_params, tokenizer = load_encoder(
@@ -201,6 +210,7 @@ def build_model(
         normalizer=spec.normalizer,
         normalizer_kwargs=dict(spec.normalizer_kwargs),
         dropout_rate=float(dropout),
+        output_bias=float(output_bias),
         dtype=policy.compute_dtype,
         param_dtype=policy.param_dtype,
     )

@@ -128,6 +128,10 @@ def _method_fields(c: ml_collections.ConfigDict) -> None:
     c.normalizer_kwargs = ml_collections.ConfigDict()  # extra kwargs of the head's normaliser
     c.sentence = "pooled"  # "pooled" (pooler output) | "cls" (raw [CLS])
     c.dropout_rate = config_dict.placeholder(float)  # None -> the model's classifier dropout
+    # Regression (STS-B): the classifier's bias starts at the training labels' mean, so that a
+    # head that centres its input (recenter, batchnorm, whiten, iternorm) predicts on the
+    # labels' scale from step 0. False: it starts at 0 (isojax 0.4 and the recorded studies).
+    c.label_mean_bias = True
 
 
 def _optimizer_fields(c: ml_collections.ConfigDict) -> None:

@@ -42,6 +42,8 @@ class ModelSpec:
         `config.normalizer_kwargs` for IsoBN).
       sentence: the sentence vector, "pooled" or "cls".
       dropout_rate: the head's dropout; None: the model's classifier dropout.
+      label_mean_bias: a regression head's bias starts at the training labels' mean
+        (`build.output_bias`); else at 0.
     """
 
     model: str
@@ -53,6 +55,7 @@ class ModelSpec:
     normalizer_kwargs: dict
     sentence: str
     dropout_rate: float | None
+    label_mean_bias: bool
 
     @classmethod
     def of(cls, config: ml_collections.ConfigDict) -> ModelSpec:
@@ -67,6 +70,7 @@ class ModelSpec:
             normalizer_kwargs=kwargs,
             sentence=config.sentence,
             dropout_rate=config.dropout_rate,
+            label_mean_bias=config.label_mean_bias,
         )
 
 
