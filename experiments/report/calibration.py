@@ -12,7 +12,8 @@ arm − base is judged by the study's rules:
 - the pooled rule (`pooled.pooled_verdict`, `pooled.pooled_size_verdict`): the bootstrap
   interval and both paired tests; its p values exact over every sign pattern
   (`stats.sign_flip_exact`, what the report's Monte Carlo estimates above 16 pairs); the
-  bootstrap is drawn only where a paired part passes, since no word passes without it;
+  bootstrap is drawn only where the rule, its intervals set to pass, would say a word
+  (`_needs_interval`), since no word passes without its paired part;
 - the pooled rule without its seed-clustered test (the rule of issue 48, for comparison).
 
 The truth is "no difference"; the arm's scores are then shifted by +0.010 and +0.020 for the
@@ -129,14 +130,20 @@ def _flips(cells: list[tuple]) -> dict:
     return out
 
 
-def _needs_interval(c: dict, alpha: float = 0.05, bound_alpha: float = 0.025) -> bool:
-    """Whether any pooled word's paired part passes (both p values of one word), the
-    bootstrap interval being needed only then."""
+def _needs_interval(c: dict) -> bool:
+    """Whether any pooled word could pass were its interval part to pass, asked of the rule
+    itself (`pooled.pooled_verdict`, `pooled.pooled_size_verdict`) with the intervals set to
+    pass each word: only then is the bootstrap interval drawn."""
+    none = "not detected with these runs"
+    up = c | {"p_lo": 1.0, "p_hi": 1.0, "diff_lo": 0.0, "diff_hi": 0.0}
+    down = c | {"p_lo": 0.0, "p_hi": 0.0, "diff_lo": 0.0, "diff_hi": 0.0}
+    if pooled.pooled_verdict(up, MARGIN) != none or pooled.pooled_verdict(down, MARGIN) != none:
+        return True
+    bound = sizes.ISOBN.bound
     return any(
-        c[f"flip_{k}"] < a and c[f"cluster_{k}"] < a
-        for k, a in (("toward", alpha), ("against", alpha), ("below", bound_alpha),
-                     ("above", bound_alpha), ("inside", bound_alpha))
-    )  # fmt: skip
+        pooled.pooled_size_verdict(c | {"diff_lo": x, "diff_hi": x}, bound) != "undecided"
+        for x in (-1.0, 1.0)
+    )
 
 
 def pooled_words(c: dict, interval) -> tuple[str, str, bool]:

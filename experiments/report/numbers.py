@@ -167,19 +167,24 @@ def _paired_with(rows: list[dict], base_rows: list[dict]) -> dict:
 
 
 def _task_average(out: dict, arms: dict) -> dict:
-    """The average over tasks per seed (the [IsoBN] "average of GLUE tasks" claim), where every
-    task has the seed: per arm paired with the baseline, its "last" and "best" differences."""
+    """The average over tasks per seed (the [IsoBN] "average of GLUE tasks" claim), over the
+    tasks where both the arm and the baseline have runs (at least 2; a study where one task
+    has only some arms, as RTE in `whitening_why`'s tier 3, averages the others' over the
+    rest), at the seeds every one of them has: per arm paired with the baseline, its "last"
+    and "best" differences and the "tasks" averaged."""
     tasks, base = out["tasks"], out["baseline"]
     average: dict = {}
     if not base or len(tasks) < 2:
         return average
     for label in dict.fromkeys(a for t in tasks for a in out["per_task"][t]["paired"]):
-        if not all(label in arms[t] and base in arms[t] for t in tasks):
+        mine = [t for t in tasks if label in arms[t] and base in arms[t]]
+        if len(mine) < 2:
             continue
         for kind, fn in (("last", last_value), ("best", best_score)):
-            arm_avg = _seed_average([_by_seed(arms[t][label], fn) for t in tasks])
-            base_avg = _seed_average([_by_seed(arms[t][base], fn) for t in tasks])
+            arm_avg = _seed_average([_by_seed(arms[t][label], fn) for t in mine])
+            base_avg = _seed_average([_by_seed(arms[t][base], fn) for t in mine])
             average.setdefault(label, {})[kind] = paired(arm_avg, base_avg)
+        average[label]["tasks"] = mine
     return average
 
 

@@ -92,7 +92,10 @@ def _score_families(data: dict, fig: dict) -> list[Family]:
                 fam.add(task, p[best], f"{method} − none", fig.get("paired", ""), other=p[last])
         avg = next((v for k, v in data["task_average"].items() if k.split()[0] == method), None)
         if avg:
-            fam.add("average of the tasks", avg[best], f"{method} − none", other=avg[last])
+            where = "average of the tasks"
+            if avg["tasks"] != data["tasks"]:
+                where = f"average of {', '.join(avg['tasks'])}"
+            fam.add(where, avg[best], f"{method} − none", other=avg[last])
         label = arm_of(data.get("pooled", {}).get("arms", {}), method)
         fam.pooled = pooled_entry(data, label, claim, fam.size)
         families.append(fam)
