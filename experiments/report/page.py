@@ -172,10 +172,11 @@ def _centred_caveat(data: dict) -> list[str]:
     return [
         "",
         "**Caveat: a head that centres its input cannot learn STS-B's label mean** (issue 62). "
-        f"{', '.join(f'`{a}`' for a in centred)} centre the head input on the batch (`whiten` "
-        "on its running mean), so the batch mean of the predictions is the classifier's bias "
-        "alone. The bias must carry the training labels' mean (2.70 on STS-B), but AdamW moves "
-        "a parameter by about the learning rate per update, about 0.027 over the recipe: the "
+        f"{', '.join(f'`{a}`' for a in centred)} centre{'s' * (len(centred) == 1)} the head "
+        "input on the batch (`whiten` on its running mean), so the batch mean of the "
+        "predictions is the classifier's bias alone. The bias must carry the training labels' "
+        "mean (2.70 on STS-B), but AdamW moves a parameter by about the learning rate per "
+        "update, about 0.027 over the recipe: the "
         "squared error keeps most of the offset, so their STS-B training loss stays near 8 "
         "while an uncentred head's falls, and `isojax predict` writes their similarity scores "
         "about 2.7 below the labels' scale. The dev score (Pearson and Spearman) ignores the "
