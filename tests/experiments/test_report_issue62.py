@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 from helpers import REPO
-from report_data import _pooled_records, _write
+from report_data import _markdown, _pooled_records, _write
 
 from experiments.report import calibration, numbers, pooled_lines, stats, verdicts
 from experiments.report import page as report
@@ -208,3 +208,19 @@ def test_whitening_why_families_take_rte_where_it_has_records(tmp_path):
     assert f"- {whiten}, average of cola, mrpc, stsb: **" in md
     assert "| average of 3 tasks | whiten |" in md and "| average of 4 tasks | iternorm |" in md
     assert (tmp_path / "whitening_why_forest.png").stat().st_size > 5000
+
+
+def test_a_centred_head_on_stsb_gets_the_training_loss_caveat(tmp_path):
+    """Issue 62: the report names the centred arms and every arm's last-epoch median loss on
+    STS-B; a study without a centred head on STS-B has no caveat."""
+    scores = {("stsb", m): [0.85, 0.86, 0.87] for m in ("none", "recenter", "isobn")}
+    records = _pooled_records(scores)
+    for r in records:
+        loss = 7.5 if r["fields"]["method"] == "recenter" else 0.4
+        r["train_loss_epoch"] = [{"epoch": 1, "loss": 9.0}, {"epoch": 2, "loss": loss}]
+    md = _markdown(_write(tmp_path, "centred", records))
+    assert "**Caveat: a head that centres its input cannot learn STS-B's label mean**" in md
+    assert "`recenter` centres the head input on the batch" in md
+    assert "STS-B: none 0.40, isobn 0.40, recenter 7.50 (" in md
+    plain = [r for r in records if r["fields"]["method"] != "recenter"]
+    assert "Caveat" not in _markdown(_write(tmp_path, "plain", plain))
