@@ -224,3 +224,7 @@ def test_a_centred_head_on_stsb_gets_the_training_loss_caveat(tmp_path):
     assert "STS-B: none 0.40, isobn 0.40, recenter 7.50 (" in md
     plain = [r for r in records if r["fields"]["method"] != "recenter"]
     assert "Caveat" not in _markdown(_write(tmp_path, "plain", plain))
+    # From 0.5.0 the bias starts at the labels' mean (`config.label_mean_bias`): no caveat.
+    for r in records:
+        r["config"] = r["config"] | {"label_mean_bias": True}
+    assert "Caveat" not in _markdown(_write(tmp_path, "mean", records))
