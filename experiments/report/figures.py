@@ -234,7 +234,9 @@ def _forest(plt, runs: list[dict], data: dict):
 # Verdict (its first words) -> colour of the forest plot.
 VERDICT_COLOURS = (
     ("confirmed", "tab:green"),
+    ("better", "tab:green"),
     ("reversed", "tab:red"),
+    ("worse", "tab:red"),
     ("smaller than claimed", "tab:orange"),
     ("equivalent", "tab:blue"),
     ("not detected", "tab:grey"),

@@ -23,7 +23,7 @@ import pathlib
 import re
 import sys
 
-from experiments.report import figures, numbers, rule, verdicts
+from experiments.report import calibration, figures, numbers, rule, verdicts
 from experiments.report import records as records_io
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -187,12 +187,19 @@ def study_verdicts(jsonl: str | pathlib.Path) -> list[str]:
 
 def study(jsonl: str | pathlib.Path) -> tuple[list[str], list[dict]]:
     """(the verdict lines of `jsonl`'s report, its forest plot's rows)."""
+    lines, rows, _ = study_data(jsonl)
+    return lines, rows
+
+
+def study_data(jsonl: str | pathlib.Path) -> tuple[list[str], list[dict], dict]:
+    """(the verdict lines of `jsonl`'s report, its forest plot's rows, `numbers.build`'s
+    data)."""
     records = records_io.load(pathlib.Path(jsonl))
     data = numbers.build(records)
     stem = pathlib.Path(jsonl).stem
     files = {name: f"{stem}_{name}.png" for name in figures.figure_names(data)}
     lines = [line for line in verdicts.verdict_lines(data, files) if line.startswith("- ")]
-    return lines, verdicts.forest_rows(data)
+    return lines, verdicts.forest_rows(data), data
 
 
 def _cell(text: str, study: str = "") -> str:
@@ -231,7 +238,40 @@ def rows(lines_by_study: dict[str, list[str]], claim: Claim) -> list[str]:
     return out
 
 
-def render(lines_by_study: dict[str, list[str]], refused: dict[str, str], forest: str = "") -> str:
+def calibration_section(results: dict[tuple[str, int], dict]) -> list[str]:
+    """The page's section of the rules calibrated on the studies' null runs (issue 62)."""
+    intro = [
+        "",
+        "## The rules calibrated on the study's own null runs",
+        "",
+        "How often each rule says confirmed, reversed or smaller when the truth is no "
+        "difference, and its power, on real runs (`experiments/report/calibration.py`): the "
+        "baseline's (`none`) runs at the seeds every task shares are split into two pseudo-arms "
+        "of n (every ordered pair of disjoint n-sets), paired by rank, and judged as arm − "
+        "none by the per-task rule (the tasks and their average, Holm over them, IsoBN's size "
+        f"+{calibration.sizes.ISOBN.bound:.3f}, and the equivalence margin "
+        f"±{calibration.MARGIN:.3f}) and by the pooled rule (its paired p values exact over "
+        "every sign pattern), then again with +0.010 and +0.020 added to the arm's scores. At "
+        "no difference a 'smaller than claimed' is true; at +0.010, where the truth is the "
+        "size, it is false; at +0.020 an 'equivalent within ±0.010' is false. Rates are "
+        "fractions of the splits (for the per-task row, of the split's task lines); the "
+        "splits share seeds, so they are not independent draws.",
+        "",
+    ]
+    if not results:
+        return intro + [
+            "No study has twice the seeds of the smallest family's n (3) on its baseline "
+            "at every task yet."
+        ]
+    return intro + calibration.table(results)
+
+
+def render(
+    lines_by_study: dict[str, list[str]],
+    refused: dict[str, str],
+    forest: str = "",
+    calibrated: dict[tuple[str, int], dict] | None = None,
+) -> str:
     studies = ", ".join(
         f"[{s}](../../experiments/results/{s}.md) ({len(v)} verdict lines)"
         for s, v in lines_by_study.items()
@@ -273,6 +313,8 @@ def render(lines_by_study: dict[str, list[str]], refused: dict[str, str], forest
         group = rows(lines_by_study, claim)
         # The claim is named on its first row only.
         md += group[:1] + [row.replace(f"| {claim.text} |", "| |", 1) for row in group[1:]]
+    if calibrated is not None:
+        md += calibration_section(calibrated)
     for study, why in refused.items():
         md += ["", f"`{study}.jsonl` was not read: {why}"]
     return "\n".join(md) + "\n"
@@ -292,14 +334,16 @@ def jsonls(results: pathlib.Path = RESULTS) -> dict[str, pathlib.Path]:
 
 def build_page(results: pathlib.Path = RESULTS, forest: pathlib.Path | None = None) -> str:
     """The page's Markdown; with `forest`, its forest plot is drawn there (and linked)."""
-    lines_by_study, refused, rows = {}, {}, []
+    lines_by_study, refused, rows, calibrated = {}, {}, [], {}
     for name, path in jsonls(results).items():
         try:
-            lines_by_study[name], study_rows = study(path)
+            lines_by_study[name], study_rows, data = study_data(path)
         except records_io.RecordsError as err:
             refused[name] = str(err)
             continue
         rows += [r | {"label": f"{name}: {r['label']}"} for r in study_rows]
+        for n, result in calibration.study_calibration(data).items():
+            calibrated[name, n] = result
     if forest is not None and rows:
         import matplotlib
 
@@ -310,7 +354,7 @@ def build_page(results: pathlib.Path = RESULTS, forest: pathlib.Path | None = No
         fig.tight_layout()
         fig.savefig(forest, dpi=110, bbox_inches="tight")
         plt.close(fig)
-    return render(lines_by_study, refused, FOREST.name if rows else "")
+    return render(lines_by_study, refused, FOREST.name if rows else "", calibrated)
 
 
 def main(argv: list[str] | None = None) -> int:

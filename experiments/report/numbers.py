@@ -167,19 +167,24 @@ def _paired_with(rows: list[dict], base_rows: list[dict]) -> dict:
 
 
 def _task_average(out: dict, arms: dict) -> dict:
-    """The average over tasks per seed (the [IsoBN] "average of GLUE tasks" claim), where every
-    task has the seed: per arm paired with the baseline, its "last" and "best" differences."""
+    """The average over tasks per seed (the [IsoBN] "average of GLUE tasks" claim), over the
+    tasks where both the arm and the baseline have runs (at least 2; a study where one task
+    has only some arms, as RTE in `whitening_why`'s tier 3, averages the others' over the
+    rest), at the seeds every one of them has: per arm paired with the baseline, its "last"
+    and "best" differences and the "tasks" averaged."""
     tasks, base = out["tasks"], out["baseline"]
     average: dict = {}
     if not base or len(tasks) < 2:
         return average
     for label in dict.fromkeys(a for t in tasks for a in out["per_task"][t]["paired"]):
-        if not all(label in arms[t] and base in arms[t] for t in tasks):
+        mine = [t for t in tasks if label in arms[t] and base in arms[t]]
+        if len(mine) < 2:
             continue
         for kind, fn in (("last", last_value), ("best", best_score)):
-            arm_avg = _seed_average([_by_seed(arms[t][label], fn) for t in tasks])
-            base_avg = _seed_average([_by_seed(arms[t][base], fn) for t in tasks])
+            arm_avg = _seed_average([_by_seed(arms[t][label], fn) for t in mine])
+            base_avg = _seed_average([_by_seed(arms[t][base], fn) for t in mine])
             average.setdefault(label, {})[kind] = paired(arm_avg, base_avg)
+        average[label]["tasks"] = mine
     return average
 
 
@@ -219,14 +224,16 @@ def pooled(data: dict, kind: str, with_iqm: bool = True) -> dict:
     return out
 
 
-def pooled_pair(data: dict, label: str, base: str, kind: str) -> dict:
+def pooled_pair(
+    data: dict, label: str, base: str, kind: str, among: list[str] | None = None
+) -> dict:
     """`pooled.compare` of arm `label` against arm `base` on the `kind` score over the
-    tasks where both have runs, with the paired test (issue 48): "paired_n" (task, seed) pairs,
-    "paired_diffs" (those differences), "flip_toward" / "flip_against" (the one-sided sign-flip
-    p that `label` is above / below `base`) and "flip_method"; {"tasks": []} where fewer than 2
-    tasks have both."""
+    tasks where both have runs (of `among`, default every task: a leave-one-task-out line
+    passes the others), with the paired tests (issues 48, 62: `paired_tests`); {"tasks": [...]}
+    alone where fewer than 2 tasks have both."""
     arms = {t: data["per_task"][t]["arms"] for t in data["tasks"]}
-    tasks = [t for t in data["tasks"] if {label, base} <= set(arms[t])]
+    among = data["tasks"] if among is None else among
+    tasks = [t for t in data["tasks"] if t in among and {label, base} <= set(arms[t])]
     if len(tasks) < 2:
         return {"tasks": tasks}
 
@@ -240,14 +247,39 @@ def pooled_pair(data: dict, label: str, base: str, kind: str) -> dict:
         ]
 
     out = {"tasks": tasks, **pool.compare(runs(label), runs(base))}
-    diffs = pool.paired_differences(by_seed(label), by_seed(base))
+    diffs = iter(pool.paired_differences(by_seed(label), by_seed(base)))  # refuses a NaN
+    cells = [
+        (task, s, next(diffs))
+        for task, a, b in zip(tasks, by_seed(label), by_seed(base), strict=True)
+        for s in sorted(set(a) & set(b))
+    ]
+    return out | paired_tests(cells)
+
+
+def paired_tests(cells: list[tuple]) -> dict:
+    """The paired tests of a pooled line from its (task, seed, arm − base) `cells`: over the
+    (task, seed) pairs, "paired_n", "paired_diffs", "flip_toward" / "flip_against" (one-sided
+    sign-flip p), "flip_method"; over the seeds (every task's difference of a seed flipped
+    together, `pooled.seed_sums`), "cluster_n", "cluster_toward" / "cluster_against",
+    "cluster_min_p" (2⁻ⁿ) and "cluster_method"; "seed_corr" (`pooled.within_seed_correlation`)
+    and the cells themselves."""
+    diffs = [d for _, _, d in cells]
     toward, against = stats.sign_flip_p(diffs, +1), stats.sign_flip_p(diffs, -1)
-    return out | {
+    seeds, sums = pool.seed_sums(cells)
+    c_toward, c_against = stats.sign_flip_p(sums, +1), stats.sign_flip_p(sums, -1)
+    return {
         "paired_n": len(diffs),
         "paired_diffs": diffs,
+        "paired_cells": cells,
         "flip_toward": toward["p"],
         "flip_against": against["p"],
         "flip_method": toward["method"],
+        "cluster_n": len(seeds),
+        "cluster_toward": c_toward["p"],
+        "cluster_against": c_against["p"],
+        "cluster_min_p": c_toward["min_p"],
+        "cluster_method": c_toward["method"],
+        "seed_corr": pool.within_seed_correlation(cells),
     }
 
 

@@ -47,7 +47,7 @@ def render(records: list[dict], data: dict, files: dict, stem: str) -> str:
     (classification tasks), paired differences (with a baseline), isotropy,
     the sweep (with one), verdicts, failed cells."""
     md = _header(records, data, stem) + _scores(data, files) + _constant(data)
-    md += _train_loss(data, files)
+    md += _train_loss(data, files, records)
     if data["baseline"]:
         md += _paired(data, files)
     md += _isotropy(data, files)
@@ -128,7 +128,7 @@ def _scores(data: dict, files: dict) -> list[str]:
     ]
 
 
-def _train_loss(data: dict, files: dict) -> list[str]:
+def _train_loss(data: dict, files: dict, records: list[dict] = ()) -> list[str]:
     table = tables.train_loss_table(data)
     if not table:
         return []
@@ -145,6 +145,57 @@ def _train_loss(data: dict, files: dict) -> list[str]:
         "10 steps).",
         "",
         *table,
+        *_centred_caveat(data, records),
+    ]
+
+
+# Heads that centre their input on the batch (`whiten`: on its running mean), by method.
+CENTRED = ("recenter", "batchnorm", "whiten", "iternorm")
+
+
+def _centred_caveat(data: dict, records: list[dict]) -> list[str]:
+    """Issue 62: a head that centres its input leaves a regression target's mean (STS-B's
+    labels, 2.70) to the classifier's bias, which AdamW moves by about the sum of the learning
+    rates (0.027 over the recipe): its STS-B training loss stays near 8 and its predictions
+    sit about 2.7 low, while the dev correlation does not see the offset. Where the records
+    have such an arm on STS-B whose runs started the bias at 0 (no `label_mean_bias` in
+    their config: before 0.5.0): the caveat, with their last epoch's median losses."""
+    arms = data["per_task"].get("stsb", {}).get("arms", {})
+    zero_start = {
+        r["fields"]["method"]
+        for r in records
+        if r["kind"] == "run"
+        and r["fields"]["task"] == "stsb"
+        and not (r.get("config") or {}).get("label_mean_bias")
+    }
+    centred = [
+        a for a in arms if a.split()[0].split("-")[0] in CENTRED and a.split()[0] in zero_start
+    ]
+    if not centred:
+        return []
+
+    def loss(label: str) -> str:
+        losses = arms[label]["train_loss"]
+        return f"{label} {losses[max(losses)]['median']:.2f}" if losses else f"{label} n/a"
+
+    others = [a for a in arms if a not in centred]
+    return [
+        "",
+        "**Caveat: a head that centres its input cannot learn STS-B's label mean** (issue 62). "
+        f"{', '.join(f'`{a}`' for a in centred)} centre{'s' * (len(centred) == 1)} the head "
+        "input on the batch (`whiten` on its running mean), so the batch mean of the "
+        "predictions is the classifier's bias alone. The bias must carry the training labels' "
+        "mean (2.70 on STS-B), but AdamW moves a parameter by about the learning rate per "
+        "update, about 0.027 over the recipe: the "
+        "squared error keeps most of the offset, so their STS-B training loss stays near 8 "
+        "while an uncentred head's falls, and `isojax predict` writes their similarity scores "
+        "about 2.7 below the labels' scale. The dev score (Pearson and Spearman) ignores the "
+        "offset, so it does not see it. These runs start the bias at 0; from 0.5.0 a "
+        "regression head's starts at the training labels' mean (`config.label_mean_bias`). "
+        "Here, the median training loss of the last epoch on "
+        f"STS-B: {', '.join(loss(a) for a in others + centred)} "
+        "(`tests/experiments/test_centred_head_offset.py` reproduces the mechanism on "
+        "synthetic data).",
     ]
 
 

@@ -22,14 +22,16 @@ tests/experiments/test_report_pooled.py checks them:
   (1 ± level)/2 percentiles (NumPy's linear interpolation, as arch's `conf_int`);
 - `profile`: the performance profile, the fraction of runs scoring above each τ.
 
-`pooled_verdict` reads a comparison (issue 48): P(improvement)'s interval entirely above 0.5
-and the one-sided sign-flip p of the (task, seed) differences paired by seed below 0.05 confirm
-(`paired_differences`; `stats.sign_flip_p`); both the other way reverse; otherwise an
-interval of the task-averaged difference below the paper's size **and** the one-sided
-sign-flip p of the paired differences minus that size below 0.025 is "smaller than claimed"
-(the same two-part test as "confirmed": the bootstrap interval and the paired test), else
-"not detected with these runs". With an equivalence margin m, an interval of the task-averaged
-difference inside ±m comes first: "equivalent within ±m".
+`pooled_verdict` reads a comparison (issues 48, 62): P(improvement)'s interval entirely above
+0.5 and two one-sided sign-flip p values below 0.05 confirm: over the (task, seed) differences
+paired by seed (`paired_differences`; `stats.sign_flip_p`), and over the seeds, every task's
+difference of one seed flipped together (`seed_sums`: the seed fixes the head's
+initialisation, data order and dropout on every task, so a seed's differences need not be
+independent; `within_seed_correlation` estimates how far they are not). The same three the
+other way reverse. With an equivalence margin m, the task-averaged difference's interval
+inside ±m and both paired p values of "inside ±m" below 0.025 come first: "equivalent within
+±m". Else "not detected with these runs". A claim's size is judged apart
+(`pooled_size_verdict`), by the same three parts against the size.
 
 Every function refuses a non-finite score (`ValueError`, naming the task and run): NumPy's
 comparisons would count a NaN run as a loss on both sides (AUDIT.md, turn 5, finding 10).
@@ -111,16 +113,20 @@ def normalise(scores: Sequence[float], chance: float, reference: float) -> np.nd
     return (np.asarray(scores, np.float64) - chance) / (reference - chance)
 
 
+def _indices(rs: np.random.RandomState, sizes: list[int]) -> list[np.ndarray]:
+    """One stratified resample's indices of one group (runs per task `sizes`): with n runs in
+    every task, rliable's draw `rs.choice(n, (n, n_tasks))` (column j resamples task j);
+    otherwise one `rs.choice(n_j, n_j)` per task in order (rliable takes only a rectangle)."""
+    if len(set(sizes)) == 1:
+        n = sizes[0]
+        idx = rs.choice(n, (n, len(sizes)), replace=True)
+        return [idx[:, j] for j in range(len(sizes))]
+    return [rs.choice(n, n, replace=True) for n in sizes]
+
+
 def _resample(rs: np.random.RandomState, runs: list[np.ndarray]) -> list[np.ndarray]:
-    """One stratified resample of one group: with n runs in every task, rliable's draw
-    `rs.choice(n, (n, n_tasks))` (column j resamples task j); otherwise one `rs.choice(n_j,
-    n_j)` per task in order (rliable takes only a rectangle)."""
-    sizes = {len(r) for r in runs}
-    if len(sizes) == 1:
-        n = sizes.pop()
-        idx = rs.choice(n, (n, len(runs)), replace=True)
-        return [r[idx[:, j]] for j, r in enumerate(runs)]
-    return [r[rs.choice(len(r), len(r), replace=True)] for r in runs]
+    """One stratified resample of one group (`_indices`)."""
+    return [r[i] for r, i in zip(runs, _indices(rs, [len(r) for r in runs]), strict=True)]
 
 
 def stratified_interval(
@@ -145,17 +151,50 @@ def _both(arm: Runs, base: Runs) -> tuple[float, float]:
     return probability_of_improvement(arm, base), task_averaged_difference(arm, base)
 
 
+def _all_indices(
+    n_arm: list[int], n_base: list[int], draws: int, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per task, the [draws, n] resampling indices of each group, drawn as
+    `stratified_interval` draws them (per draw the arm's `_indices`, then the baseline's). With
+    n runs of both groups on every task, those draws are one `randint(0, n, (draws, 2, n,
+    n_tasks))` (`choice` with replacement is `randint`, drawn value by value)."""
+    rs = np.random.RandomState(seed)
+    tasks = range(len(n_arm))
+    if len(set(n_arm) | set(n_base)) == 1:
+        idx = rs.randint(0, n_arm[0], size=(draws, 2, n_arm[0], len(n_arm)))
+        return [idx[:, 0, :, j] for j in tasks], [idx[:, 1, :, j] for j in tasks]
+    ia, ib = [], []
+    for _ in range(draws):
+        ia.append(_indices(rs, n_arm))
+        ib.append(_indices(rs, n_base))
+    return [np.array([d[j] for d in ia]) for j in tasks], [
+        np.array([d[j] for d in ib]) for j in tasks
+    ]
+
+
 def compare(arm: Runs, base: Runs, *, draws: int = DRAWS, seed: int = SEED) -> dict:
     """P(arm > baseline) and the task-averaged difference, each with its stratified bootstrap
     95 % interval (the same draws for both): {"p", "p_lo", "p_hi", "diff", "diff_lo",
     "diff_hi", "n_arm", "n_base" (runs per task), "draws", "seed"}. NaN intervals where a
-    task has fewer than 2 runs of either arm, or fewer than 2 tasks."""
+    task has fewer than 2 runs of either arm, or fewer than 2 tasks. The draws are
+    `stratified_interval`'s, the statistics computed over all of them at once."""
     p, diff = _both(arm, base)
     out = {"p": p, "diff": diff, "draws": draws, "seed": seed}
     out |= {"n_arm": [len(a) for a in arm], "n_base": [len(b) for b in base]}
     if len(arm) < 2 or min(out["n_arm"] + out["n_base"]) < 2:
         return out | dict.fromkeys(("p_lo", "p_hi", "diff_lo", "diff_hi"), math.nan)
-    lo, hi = stratified_interval(_both, arm, base, draws=draws, seed=seed)
+    a, b = _arrays(arm), _arrays(base)
+    ia, ib = _all_indices(out["n_arm"], out["n_base"], draws, seed)
+    p_draws, d_draws = [], []
+    for j in range(len(a)):
+        x, y = a[j][ia[j]], b[j][ib[j]]  # [draws, n_arm], [draws, n_base]
+        greater = np.sum(x[:, :, None] > y[:, None, :], axis=(1, 2))
+        ties = np.sum(x[:, :, None] == y[:, None, :], axis=(1, 2))
+        p_draws.append((greater + 0.5 * ties) / (x.shape[1] * y.shape[1]))
+        d_draws.append(x.mean(axis=1) - y.mean(axis=1))
+    values = np.stack([np.mean(p_draws, axis=0), np.mean(d_draws, axis=0)], axis=1)
+    alpha = (1.0 - LEVEL) / 2
+    lo, hi = np.percentile(values, [100 * alpha, 100 * (1.0 - alpha)], axis=0)
     bounds = {"p_lo": lo[0], "p_hi": hi[0], "diff_lo": lo[1], "diff_hi": hi[1]}
     return out | {k: float(v) for k, v in bounds.items()}
 
@@ -172,24 +211,74 @@ def profile(runs: Runs, taus: Sequence[float]) -> np.ndarray:
     return np.array([np.mean(x > tau) for tau in taus])
 
 
-def pooled_verdict(
-    c: dict, size: float | None, margin: float | None = None, alpha: float = 0.05
-) -> str:
-    """The pooled rule for a claim that the arm improves on the baseline, `c` a `compare`
-    dict with the paired sign-flip p values "flip_toward" (arm > baseline) and
-    "flip_against" (one-sided, over the (task, seed) pairs) and "flip_below" (the one-sided
-    sign-flip p that the paired differences lie below `size`: `rule.below_size_p`),
-    `size` the paper's effect size on the raw scale (> 0) or None, `margin` an equivalence
-    margin or None."""
+def seed_sums(cells: Sequence[tuple]) -> tuple[list, list[float]]:
+    """(seeds, per seed the sum over tasks of its differences) of `cells`, (task, seed,
+    difference) triples: the units of the seed-clustered sign-flip test, which flips every
+    task's difference of one seed together (the seed fixes the head's initialisation, the data
+    order and the dropout masks of every task)."""
+    sums: dict = {}
+    for _, seed, d in cells:
+        sums[seed] = sums.get(seed, 0.0) + float(d)
+    seeds = sorted(sums)
+    return seeds, [sums[s] for s in seeds]
+
+
+def within_seed_correlation(cells: Sequence[tuple]) -> float:
+    """The mean over pairs of tasks of Pearson's r between the two tasks' differences over the
+    seeds both have (pairs with fewer than 3 shared seeds, or a constant, left out): how much
+    one seed moves every task's difference together. NaN where no pair can be estimated."""
+    by_task: dict = {}
+    for task, seed, d in cells:
+        by_task.setdefault(task, {})[seed] = float(d)
+    tasks, rs = list(by_task), []
+    for i, a in enumerate(tasks):
+        for b in tasks[i + 1 :]:
+            shared = sorted(set(by_task[a]) & set(by_task[b]))
+            x = np.array([by_task[a][s] for s in shared])
+            y = np.array([by_task[b][s] for s in shared])
+            if len(shared) >= 3 and np.ptp(x) > 0 and np.ptp(y) > 0:
+                rs.append(float(np.corrcoef(x, y)[0, 1]))
+    return float(np.mean(rs)) if rs else math.nan
+
+
+def _both_pass(c: dict, pair: str, cluster: str, alpha: float) -> bool:
+    """The (task, seed) sign-flip p `c[pair]` and the seed-clustered one `c[cluster]` both
+    below `alpha` (a missing one fails)."""
+    return c.get(pair, math.nan) < alpha and c.get(cluster, math.nan) < alpha
+
+
+def pooled_verdict(c: dict, margin: float | None = None, alpha: float = 0.05) -> str:
+    """The pooled rule for a claim that the arm improves on the baseline (its direction; the
+    size is judged apart, `pooled_size_verdict`). `c`: a `compare` dict with the one-sided
+    sign-flip p values over the (task, seed) pairs, "flip_toward" (arm > baseline) and
+    "flip_against", and over the seeds (every task's difference of a seed flipped together),
+    "cluster_toward" and "cluster_against"; with an equivalence `margin`, "flip_inside" and
+    "cluster_inside" (`rule.bound_p`). Each word needs the bootstrap interval and both paired
+    tests: confirmed (P's interval above 0.5, both p toward < `alpha`), reversed (mirrored),
+    equivalent within ±m, first (the difference's interval inside ±m, both p of "inside"
+    < `SMALLER_ALPHA`), else not detected."""
     if not math.isfinite(c["p_lo"]):
         return "not tested (fewer than 2 tasks, or a task with fewer than 2 runs of an arm)"
-    if margin is not None and -margin < c["diff_lo"] and c["diff_hi"] < margin:
+    inside = margin is not None and -margin < c["diff_lo"] and c["diff_hi"] < margin
+    if inside and _both_pass(c, "flip_inside", "cluster_inside", SMALLER_ALPHA):
         return f"equivalent within ±{margin:.3f}"
-    if c["p_lo"] > 0.5 and c.get("flip_toward", math.nan) < alpha:
+    if c["p_lo"] > 0.5 and _both_pass(c, "flip_toward", "cluster_toward", alpha):
         return "confirmed"
-    if c["p_hi"] < 0.5 and c.get("flip_against", math.nan) < alpha:
+    if c["p_hi"] < 0.5 and _both_pass(c, "flip_against", "cluster_against", alpha):
         return "reversed"
-    below = c.get("flip_below", math.nan)
-    if size is not None and c["diff_hi"] < size and below < SMALLER_ALPHA:
-        return "smaller than claimed"
     return "not detected with these runs"
+
+
+def pooled_size_verdict(c: dict, size: float) -> str:
+    """The pooled size of a claim of at least `size` (> 0, arm − baseline on the raw score),
+    as a key of `rule.SIZE_WORDS`: "smaller" where the task-averaged difference's interval lies
+    below it and both one-sided sign-flip p values (pairs, seeds) that the differences lie below
+    it ("flip_below", "cluster_below") are < `SMALLER_ALPHA`; "holds" where the interval lies
+    above it and both of "above it" ("flip_above", "cluster_above") are; else "undecided"."""
+    if not math.isfinite(c.get("diff_lo", math.nan)):
+        return "untested"
+    if c["diff_hi"] < size and _both_pass(c, "flip_below", "cluster_below", SMALLER_ALPHA):
+        return "smaller"
+    if c["diff_lo"] > size and _both_pass(c, "flip_above", "cluster_above", SMALLER_ALPHA):
+        return "holds"
+    return "undecided"

@@ -128,7 +128,7 @@ def paired_table(data: dict) -> list[str]:
                 row(task, label, p, interval(p["pre_logits_ev3"]), interval(p["tokens_isoscore"]))
             )
     for label, avg in data["task_average"].items():
-        md.append(row(f"average of {len(data['tasks'])} tasks", label, avg))
+        md.append(row(f"average of {len(avg['tasks'])} tasks", label, avg))
     return md
 
 

@@ -7,15 +7,16 @@ and interval for the forest plot (issue 48).
 
 from __future__ import annotations
 
-from experiments.report import sweeps
+from experiments.report import sizes, sweeps
 from experiments.report.numbers import arm_of, paired
 from experiments.report.records import PRETRAINED
 from experiments.report.rule import (
     EQUIVALENCE_MARGIN,
-    ISOBN_SIZE,
     MODEL,
+    TEST_WORDS,
     Family,
     figure_ref,
+    leave_one_out,
     pooled_entry,
 )
 from experiments.report.tables import f
@@ -73,29 +74,28 @@ def _score_families(data: dict, fig: dict) -> list[Family]:
     """Per normaliser in the study: "it improves fine-tuning" over `none` (best dev epoch), a
     line per task and the task average, and its pooled line."""
     families = []
-    for method, claim, sized in (
-        ("isobn", "[IsoBN] IsoBN improves fine-tuning (best dev epoch, as the protocol)", True),
-        ("batchnorm", "[EmbNorm] normalising the sentence vector (batchnorm) improves it", False),
-        ("recenter", "[EmbNorm] re-centring the sentence vector improves it", False),
-        ("layernorm", "[EmbNorm] layer-normalising the sentence vector improves it", False),
-        ("whiten", "[Whitening] whiten improves fine-tuning over none (best dev epoch)", True),
-    ):
+    for method, claim, size in (
+        ("isobn", "[IsoBN] IsoBN improves fine-tuning (best dev epoch, as the protocol)",
+         sizes.ISOBN),
+        ("batchnorm", "[EmbNorm] normalising the sentence vector (batchnorm) improves it", None),
+        ("recenter", "[EmbNorm] re-centring the sentence vector improves it", None),
+        ("layernorm", "[EmbNorm] layer-normalising the sentence vector improves it", None),
+        ("whiten", "[Whitening] whiten improves fine-tuning over none (best dev epoch)",
+         sizes.WHITEN),
+    ):  # fmt: skip
         if method not in _methods(data):
             continue
-        fam = Family(claim, +1, epochs=_epochs(data))
-        if sized:
-            fam.size = ISOBN_SIZE
-            fam.size_note = (
-                "+0.010 on a 0–1 score per task and on the average (about +1.0 GLUE point "
-                "on the average of seven tasks, larger on the small ones)"
-            )
+        fam = Family(claim, +1, size=size, epochs=_epochs(data))
         best, last = fam.epochs
         for task in data["tasks"]:
             if p := _paired_with_none(data, method, task):
                 fam.add(task, p[best], f"{method} − none", fig.get("paired", ""), other=p[last])
         avg = next((v for k, v in data["task_average"].items() if k.split()[0] == method), None)
         if avg:
-            fam.add("average of the tasks", avg[best], f"{method} − none", other=avg[last])
+            where = "average of the tasks"
+            if avg["tasks"] != data["tasks"]:
+                where = f"average of {', '.join(avg['tasks'])}"
+            fam.add(where, avg[best], f"{method} − none", other=avg[last])
         label = arm_of(data.get("pooled", {}).get("arms", {}), method)
         fam.pooled = pooled_entry(data, label, claim, fam.size)
         families.append(fam)
@@ -105,18 +105,16 @@ def _score_families(data: dict, fig: dict) -> list[Family]:
 def _ev3_families(data: dict, fig: dict) -> list[Family]:
     """Per normaliser that claims to move it: EV3 of the classifier input against `none`."""
     families = []
-    for method, claim in (
-        (
-            "batchnorm",
-            "[IsoBN] batch normalisation lowers EV3 of the classifier input (the paper: "
-            "only a little)",
-        ),
-        ("isobn", "[IsoBN] IsoBN lowers EV3 of the classifier input (the paper: a lot)"),
-        ("whiten", "[Whitening] whiten lowers EV3 of the classifier input below none's"),
-    ):
+    for method, claim, size in (
+        ("batchnorm", "[IsoBN] batch normalisation lowers EV3 of the classifier input (the "
+         "paper: only a little)", sizes.ONLY_A_LITTLE),
+        ("isobn", "[IsoBN] IsoBN lowers EV3 of the classifier input (the paper: a lot)",
+         sizes.A_LOT),
+        ("whiten", "[Whitening] whiten lowers EV3 of the classifier input below none's", None),
+    ):  # fmt: skip
         if method not in _methods(data):
             continue
-        fam = Family(claim, -1)
+        fam = Family(claim, -1, size=size)
         for task in data["tasks"]:
             if p := _paired_with_none(data, method, task):
                 fam.add(task, p["pre_logits_ev3"], f"EV3 {method} − none", fig.get("isotropy"))
@@ -134,11 +132,10 @@ def _contrasts(data: dict, fig: dict) -> list[Family]:
         ("ev3", "whiten", "isobn", "[Whitening] whiten lowers EV3 of the classifier input more "
          "than IsoBN does", -1, None),
         ("score", "whiten", "isobn", "[Whitening] whiten vs IsoBN: fine-tuning score (best dev "
-         "epoch)", +1, ISOBN_SIZE),
+         "epoch)", +1, sizes.WHITEN),
     ):  # fmt: skip
-        fam = Family(claim, sign)
+        fam = Family(claim, sign, size=size)
         if size is not None:
-            fam.size, fam.size_note = size, "+0.010 on a 0–1 score per task, as for IsoBN"
             fam.epochs = ("best", "last")
         for task in tasks:
             if d := per_task[task].get(f"{key}_{a}_vs_{b}"):
@@ -178,9 +175,14 @@ def _why_families(data: dict) -> list[Family]:
     for a, b, claim, margin in WHY:
         if not {a, b} <= _methods(data):
             continue
-        fam = Family(claim, +1, margin=margin, epochs=_epochs(data))
+        words = TEST_WORDS if margin is not None else ("confirmed", "reversed")
+        fam = Family(claim, +1, margin=margin, epochs=_epochs(data), words=words)
         if margin is not None:
-            fam.size_note = f"no size; equivalence margin ±{margin:.3f} on a 0–1 score (issue 47)"
+            fam.size_note = (
+                f"no size; equivalence margin ±{margin:.3f} on a 0–1 score (issue 47); worded "
+                f"by what it tests (issue 62): equivalent within ±{margin:.3f}, better, worse "
+                "or not detected; the pooled line again with each task left out"
+            )
         best, last = fam.epochs
         for task in data["tasks"]:
             arms = data["per_task"][task]["arms"]
@@ -190,7 +192,9 @@ def _why_families(data: dict) -> list[Family]:
                 fam.add(task, pair[0], f"{a} − {b}", other=pair[1])
         label = arm_of(data.get("pooled", {}).get("arms", {}), a)
         base = arm_of(data.get("pooled", {}).get("arms", {}), b)
-        fam.pooled = pooled_entry(data, label, claim, None, base=base, margin=margin)
+        fam.pooled = pooled_entry(data, label, claim, None, base, margin, words)
+        if margin is not None:
+            fam.pooled += [x for e in fam.pooled for x in leave_one_out(data, e, words)]
         out.append(fam)
     return out
 

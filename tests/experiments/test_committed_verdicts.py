@@ -81,13 +81,18 @@ def test_every_verdict_line_matches_scipy(study, monkeypatch):
             text = next(x for x in rendered if x.startswith(f"- {claim}, {where}: "))
             assert f"n = {t['n']}" in text
             checked += 1
-            if math.isfinite(v["below"]):  # "smaller than claimed": one-sided t against the size
-                ref = scipy.stats.ttest_1samp(direction * diffs, fam.size, alternative="less")
+            if math.isfinite(v["below"]):  # the size's verdict: one-sided t against the bound
+                bound = fam.size.bound
+                ref = scipy.stats.ttest_1samp(direction * diffs, bound, alternative="less")
                 assert v["below"] == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-300)
-        below = [v["below"] for _, _, v in judged]
-        if all(math.isfinite(p) for p in below) and below:
-            want = _holm(np.asarray(below))
-            assert [v["below_holm"] for _, _, v in judged] == pytest.approx(list(want), rel=1e-9)
+                ref = scipy.stats.ttest_1samp(direction * diffs, bound, alternative="greater")
+                assert v["above"] == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-300)
+        for side in ("below", "above"):
+            ps = [v[side] for _, _, v in judged]
+            if all(math.isfinite(p) for p in ps) and ps:
+                want = _holm(np.asarray(ps))
+                got = [v[f"{side}_holm"] for _, _, v in judged]
+                assert got == pytest.approx(list(want), rel=1e-9)
         all_p = [line[1]["p"] for line, _, _ in judged]
         finite = [p for p in all_p if math.isfinite(p)]
         if finite and len(finite) == len(all_p):

@@ -131,28 +131,34 @@ def test_normalise_worked_example():
 
 
 def _compare(p_lo: float, p_hi: float, diff_hi: float) -> dict:
-    """A comparison whose paired test passes in both directions (the pooled rule needs it
-    with P's interval: tests/experiments/test_report_rule48.py)."""
-    return {"p_lo": p_lo, "p_hi": p_hi, "diff_lo": -1.0, "diff_hi": diff_hi,
-            "flip_toward": 0.01, "flip_against": 0.01, "flip_below": 0.01}  # fmt: skip
+    """A comparison whose paired tests (over the pairs and the seeds) pass in every direction
+    (the pooled rule needs them with the intervals: tests/experiments/test_report_rule48.py)."""
+    flips = {f"{k}_{w}": 0.01 for k in ("flip", "cluster") for w in ("toward", "against", "below")}
+    return {"p_lo": p_lo, "p_hi": p_hi, "diff_lo": -1.0, "diff_hi": diff_hi} | flips
 
 
 @pytest.mark.parametrize(
-    ("c", "size", "expected"),
+    ("c", "expected"),
     [
-        (_compare(0.51, 0.9, 0.02), 0.010, "confirmed"),
-        (_compare(0.1, 0.49, 0.02), 0.010, "reversed"),
-        (_compare(0.4, 0.6, 0.009), 0.010, "smaller than claimed"),
-        (_compare(0.4, 0.6, 0.011), 0.010, "not detected with these runs"),
-        (_compare(0.4, 0.6, 0.009), None, "not detected with these runs"),
-        (_compare(0.5, 0.6, 0.02), 0.010, "not detected with these runs"),  # 0.5 is not above
+        (_compare(0.51, 0.9, 0.02), "confirmed"),
+        (_compare(0.1, 0.49, 0.02), "reversed"),
+        (_compare(0.4, 0.6, 0.009), "not detected with these runs"),
+        (_compare(0.5, 0.6, 0.02), "not detected with these runs"),  # 0.5 is not above
     ],
 )
-def test_pooled_verdict_rule(c, size, expected):
-    assert pool.pooled_verdict(c, size) == expected
+def test_pooled_verdict_rule(c, expected):
+    assert pool.pooled_verdict(c) == expected
+
+
+@pytest.mark.parametrize(
+    ("c", "expected"),
+    [(_compare(0.4, 0.6, 0.009), "smaller"), (_compare(0.4, 0.6, 0.011), "undecided")],
+)
+def test_pooled_size_rule(c, expected):
+    assert pool.pooled_size_verdict(c, 0.010) == expected
 
 
 def test_a_task_with_one_run_gives_no_interval():
     got = pool.compare([[0.8, 0.9], [0.7]], [[0.6, 0.7], [0.5, 0.6]])
     assert np.isnan(got["p_lo"]) and got["p"] == 1.0
-    assert pool.pooled_verdict(got, 0.010).startswith("not tested")
+    assert pool.pooled_verdict(got).startswith("not tested")

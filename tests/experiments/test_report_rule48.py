@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from experiments.report import findings, numbers, rule, stats
+from experiments.report import findings, numbers, pooled_lines, rule, sizes, stats
 from experiments.report import page as report
 from experiments.report import pooled as pool
 from experiments.report import records as report_records
@@ -89,35 +89,62 @@ def test_pooled_paired_differences_take_every_shared_task_seed():
     np.testing.assert_allclose(got, [0.1, -0.05, 0.1, -0.05], rtol=0, atol=1e-15)
 
 
-def _c(p_lo, p_hi, toward, against, diff_lo=-1.0, diff_hi=1.0, below=0.01):
+def _c(p_lo, p_hi, toward, against, diff_lo=-1.0, diff_hi=1.0, cluster=None, **bounds):
+    """A pooled comparison's dict; the seed-clustered p values default to the pairs'."""
+    cluster = (toward, against) if cluster is None else cluster
     return {"p_lo": p_lo, "p_hi": p_hi, "flip_toward": toward, "flip_against": against,
-            "diff_lo": diff_lo, "diff_hi": diff_hi, "flip_below": below}  # fmt: skip
+            "cluster_toward": cluster[0], "cluster_against": cluster[1],
+            "diff_lo": diff_lo, "diff_hi": diff_hi} | bounds  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("c", "size", "margin", "expected"),
+    ("c", "margin", "expected"),
     [
-        (_c(0.6, 0.9, 0.002, 0.99), None, None, "confirmed"),
+        (_c(0.6, 0.9, 0.002, 0.99), None, "confirmed"),
         # P's interval clear of 0.5, the paired test not (issue 48's layer norm, p = 0.084).
-        (_c(0.633, 0.950, 0.084, 0.92), None, None, "not detected with these runs"),
-        (_c(0.1, 0.4, 0.99, 0.01), None, None, "reversed"),
-        (_c(0.1, 0.4, 0.99, 0.06), None, None, "not detected with these runs"),
+        (_c(0.633, 0.950, 0.084, 0.92), None, "not detected with these runs"),
+        # The pairs pass, the seeds not (issue 62's layer norm: 0.015 over the pairs, 0.094
+        # with every task's difference of a seed flipped together).
+        (_c(0.587, 0.845, 0.015, 0.985, cluster=(0.094, 0.938)), None,
+         "not detected with these runs"),
+        (_c(0.1, 0.4, 0.99, 0.01), None, "reversed"),
+        (_c(0.1, 0.4, 0.99, 0.01, cluster=(1.0, 0.125)), None, "not detected with these runs"),
+        (_c(0.1, 0.4, 0.99, 0.06), None, "not detected with these runs"),
         # The paired test alone passes but P's interval holds 0.5.
-        (_c(0.45, 0.9, 0.001, 0.99), None, None, "not detected with these runs"),
-        (_c(0.45, 0.9, 0.001, 0.99, -0.02, 0.009), 0.010, None, "smaller than claimed"),
-        # The interval below the size, the paired test of "below the size" not at 0.025.
-        (
-            _c(0.45, 0.9, 0.001, 0.99, -0.02, 0.009, 0.03),
-            0.010,
-            None,
-            "not detected with these runs",
-        ),
-        (_c(0.45, 0.9, 0.001, 0.99, -0.009, 0.009), None, 0.010, "equivalent within ±0.010"),
-        (_c(0.45, 0.9, 0.001, 0.99, -0.011, 0.009), None, 0.010, "not detected with these runs"),
+        (_c(0.45, 0.9, 0.001, 0.99), None, "not detected with these runs"),
+        # Equivalence needs the interval inside ±m and both paired tests of "inside" (issue 62).
+        (_c(0.45, 0.9, 0.001, 0.99, -0.009, 0.009, flip_inside=0.01, cluster_inside=0.016),
+         0.010, "equivalent within ±0.010"),
+        (_c(0.45, 0.9, 0.001, 0.99, -0.009, 0.009, flip_inside=0.01, cluster_inside=0.031),
+         0.010, "not detected with these runs"),
+        (_c(0.45, 0.9, 0.001, 0.99, -0.011, 0.009, flip_inside=0.01, cluster_inside=0.01),
+         0.010, "not detected with these runs"),
+        # Issue 62's iternorm − none: [+0.010, +0.031] rules equivalence out; the words of what
+        # it tests are the caller's ("better").
+        (_c(0.626, 0.960, 0.001, 0.999, 0.0102, 0.0309, cluster=(0.031, 1.0),
+            flip_inside=0.903, cluster_inside=0.969), 0.010, "confirmed"),
     ],
-)
-def test_pooled_rule_needs_both_tests(c, size, margin, expected):
-    assert pool.pooled_verdict(c, size, margin) == expected
+)  # fmt: skip
+def test_pooled_rule_needs_the_interval_and_both_paired_tests(c, margin, expected):
+    assert pool.pooled_verdict(c, margin) == expected
+
+
+@pytest.mark.parametrize(
+    ("c", "expected"),
+    [
+        (_c(0.45, 0.9, 0.1, 0.9, -0.02, 0.009, flip_below=0.001, cluster_below=0.016,
+            flip_above=0.99, cluster_above=0.99), "smaller"),
+        # The seeds cannot reach 0.025 (five: floor 0.031).
+        (_c(0.45, 0.9, 0.1, 0.9, -0.02, 0.009, flip_below=0.001, cluster_below=0.031,
+            flip_above=0.99, cluster_above=0.99), "undecided"),
+        (_c(0.45, 0.9, 0.1, 0.9, -0.02, 0.011, flip_below=0.001, cluster_below=0.001,
+            flip_above=0.99, cluster_above=0.99), "undecided"),
+        (_c(0.7, 0.9, 0.001, 0.99, 0.011, 0.03, flip_below=0.99, cluster_below=0.99,
+            flip_above=0.001, cluster_above=0.016), "holds"),
+    ],
+)  # fmt: skip
+def test_pooled_size_needs_the_interval_and_both_paired_tests(c, expected):
+    assert pool.pooled_size_verdict(c, 0.010) == expected
 
 
 def test_pooled_statistics_refuse_a_nan_score():
@@ -181,7 +208,7 @@ def test_smaller_than_claimed_is_holm_adjusted_over_the_family():
     assert pa < 0.025 and pb < 0.025
     for diffs in (a, b):
         alone = rule.difference_verdict(_t(diffs), 0.5, +1, 0.010)
-        assert alone["verdict"] == "smaller than claimed"
+        assert alone["direction"] == "not detected at this n" and alone["size"] == "smaller"
     fam = rule.Family("claim", +1, size=0.010)
     wide = [0.03, -0.02, 0.05, 0.01, -0.01]  # interval holds +0.010: one-sided p large
     for where, diffs in (("a", a), ("b", b), ("wide", wide)):
@@ -190,14 +217,16 @@ def test_smaller_than_claimed_is_holm_adjusted_over_the_family():
     want = stats.holm([pa, pb, scipy.stats.ttest_1samp(wide, 0.010, alternative="less").pvalue])
     assert [v["below_holm"] for _, _, v in judged] == pytest.approx(want, rel=1e-10)
     assert min(want[:2]) > 0.025
-    assert [v["verdict"] for _, _, v in judged] == ["not detected at this n"] * 3
+    undecided = "the direction: not detected at this n; '+0.010': not decided at this n"
+    assert [v["verdict"] for _, _, v in judged] == [undecided] * 3
     text = fam.render()[3]
     assert (
-        f"below the paper's +0.010: one-sided t-test p = {pa:.3f}, Holm p = {want[0]:.3f}" in text
+        f"'+0.010' (at least 0.010): one-sided t-test p of less than it = {pa:.3f} (Holm "
+        f"{want[0]:.3f}), of more than it = " in text
     )
     # Direction −1: "smaller" means above −size.
     neg = rule.difference_verdict(_t([-x for x in a]), 0.5, -1, 0.010)
-    assert neg["verdict"] == "smaller than claimed" and neg["below"] == pytest.approx(pa)
+    assert neg["size"] == "smaller" and neg["below"] == pytest.approx(pa)
 
 
 def test_equivalent_within_the_margin_needs_the_whole_interval_inside():
@@ -257,11 +286,14 @@ WHY_GAPS = {"none": 0.0, "whiten": -0.20, "iternorm": 0.001, "iternorm-sg": -0.1
 
 
 def test_whitening_why_families_contrast_named_arms(tmp_path):
-    path = _write(tmp_path, "whitening_why", _why_records(WHY_GAPS))
+    """Six seeds: the seed-clustered floor 2^-6 = 0.016 lets the pooled equivalence (both
+    paired p of "inside" < 0.025) pass; five could not (0.031)."""
+    path = _write(tmp_path, "whitening_why", _why_records(WHY_GAPS, 6))
     md = report.write_report(path).read_text()
     data = report.build(report_records.load(path))
     lines = [x for x in md.splitlines() if x.startswith("- [Whitening why]")]
-    assert len(lines) == 5 * 4  # 3 tasks + the pooled line per family
+    # 3 tasks + the pooled line per family, and iternorm − none's leave-one-task-out lines.
+    assert len(lines) == 5 * 4 + 3
     grad = "[Whitening why] the gradient through the batch statistics helps: iternorm − iternorm-sg"
     assert f"**{grad}**: a family of 3 lines, Holm-adjusted over 3 (and again at the last" in md
     arms = data["per_task"]["mrpc"]["arms"]
@@ -275,7 +307,8 @@ def test_whitening_why_families_contrast_named_arms(tmp_path):
     )
     pooled = next(x for x in lines if x.startswith(f"- {grad}, pooled over 3 tasks"))
     assert "**confirmed** (P(iternorm > iternorm-sg) = 1.000" in pooled
-    assert "15 (task, seed) pairs, exact, 2^15 patterns" in pooled
+    assert "18 (task, seed) pairs, Monte Carlo, 100000 draws" in pooled
+    assert "(6 seeds, every task's difference of a seed flipped together, exact" in pooled
     nodrop = "[Whitening why] the head's dropout noise hurts whiten: whiten-nodrop − whiten"
     assert f"- {nodrop}, stsb: **confirmed** (" in md
     shrink = "[Whitening why] shrinkage (α = 0.5) helps whiten: whiten-a05 − whiten"
@@ -284,9 +317,11 @@ def test_whitening_why_families_contrast_named_arms(tmp_path):
     for where in ("cola", "mrpc", "stsb"):
         assert f"- {same}, {where}: **equivalent within ±0.010** (" in md
     assert f"- {same}, pooled over 3 tasks (cola, mrpc, stsb): **equivalent within ±0.010**" in md
+    for out, rest in (("cola", "mrpc, stsb"), ("mrpc", "cola, stsb"), ("stsb", "cola, mrpc")):
+        assert f"- {same}, leaving out {out}, pooled over 2 tasks ({rest}): **" in md
     groups = "[Whitening why] groups of 16 help: iternorm-g16 − iternorm"
     assert f"**{groups}**: a family of 3 lines" in md
-    assert "host: AMD EPYC, 2 cores x105." in md
+    assert "host: AMD EPYC, 2 cores x126." in md
     assert (tmp_path / "whitening_why_forest.png").stat().st_size > 5000
 
 
@@ -337,14 +372,24 @@ def test_the_bootstrap_note_names_the_seeds_of_the_table(tmp_path):
 
 
 def test_pooled_below_size_p_is_the_sign_flip_of_the_shifted_pairs():
-    """ "smaller than claimed" pooled (issue 48): the one-sided sign-flip p that the paired
-    differences lie below the size, i.e. of d − size below 0, checked against an enumeration
-    of the 2^n sign patterns."""
+    """ "smaller than claimed" pooled (issues 48, 62): the one-sided sign-flip p that the paired
+    differences lie below the size, i.e. of d − size below 0, over the (task, seed) pairs and
+    over the seeds (each seed's shifted differences summed over tasks), checked against an
+    enumeration of the sign patterns."""
     diffs, size = [0.004, -0.012, 0.001, 0.006, -0.003], 0.010
-    got = rule.below_size_p({"paired_diffs": diffs}, size)["flip_below"]
-    shifted = np.asarray(diffs) - size
-    observed = -shifted.sum()
-    patterns = itertools.product((-1.0, 1.0), repeat=len(diffs))
-    hits = sum(-(np.asarray(s) * np.abs(shifted)).sum() >= observed - 1e-15 for s in patterns)
-    assert got == pytest.approx(hits / 2 ** len(diffs), abs=0) and got < 0.1
-    assert math.isnan(rule.below_size_p({"paired_diffs": diffs}, None)["flip_below"])
+    cells = [("a", 1, diffs[0]), ("a", 2, diffs[1]), ("b", 1, diffs[2]), ("b", 2, diffs[3]),
+             ("b", 3, diffs[4])]  # fmt: skip
+    got = pooled_lines.bound_tests({"paired_cells": cells}, sizes.Size("x", size), None)
+
+    def enumerate_below(values):
+        shifted = np.asarray(values)
+        observed = -shifted.sum()
+        patterns = itertools.product((-1.0, 1.0), repeat=len(values))
+        hits = sum(-(np.asarray(s) * np.abs(shifted)).sum() >= observed - 1e-15 for s in patterns)
+        return hits / 2 ** len(values)
+
+    assert got["flip_below"] == pytest.approx(enumerate_below(np.subtract(diffs, size)), abs=0)
+    seeds = [diffs[0] + diffs[2] - 2 * size, diffs[1] + diffs[3] - 2 * size, diffs[4] - size]
+    assert got["cluster_below"] == pytest.approx(enumerate_below(seeds), abs=0)
+    assert got["flip_below"] < 0.1
+    assert "flip_below" not in pooled_lines.bound_tests({"paired_cells": cells}, None, None)

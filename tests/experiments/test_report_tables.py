@@ -93,14 +93,19 @@ def test_normalizers_report_gives_numpy_statistics_and_verdicts(tmp_path):
     claim = "IsoBN improves fine-tuning (best dev epoch, as the protocol)"
     assert (
         f"{claim}**: a family of 3 lines, Holm-adjusted over 3 (and again at the last epoch); "
-        "the paper's size: +0.010" in md
+        "the size: 'about +1.0' read as at least 0.010" in md
     )
-    assert f"{claim}, stsb: **confirmed (parametric only)** (isobn − none +0.0300, t 95 % [" in md
+    assert f"{claim}, stsb: **improves it: confirmed (parametric only); 'about +1.0': " in md
+    assert "(isobn − none +0.0300, t 95 % [" in md
     assert "Holm p = 0.016; sign-flip p = 0.062 (one-sided, toward the claim; floor 2^-4" in md
-    assert f"{claim}, rte: **not detected at this n**" in md
+    assert f"{claim}, rte: **improves it: not detected at this n; " in md
     # The average: t-test p = 0.044 alone, 0.087 after Holm.
-    assert f"{claim}, average of the tasks: **not detected at this n**" in md
-    assert "IsoBN lowers EV3 of the classifier input (the paper: a lot), stsb: **confirmed" in md
+    assert f"{claim}, average of the tasks: **improves it: not detected at this n; " in md
+    # EV3 drops by 0.10: the direction confirmed, "a lot" (a drop of at least 0.10) undecided.
+    assert (
+        "IsoBN lowers EV3 of the classifier input (the paper: a lot), stsb: **lowers it: "
+        "confirmed" in md
+    )
     # IsoBN's EV3 shift (-0.10) beats batchnorm's (-0.04) on every shared seed (1-3).
     contrast = data["per_task"]["stsb"]["ev3_isobn_vs_batchnorm"]
     assert contrast["n"] == 3 and contrast["mean"] == pytest.approx(-0.06, abs=1e-12)
