@@ -185,10 +185,11 @@ def output_bias(spec: specs.ModelSpec, task: tasks.GlueTask, train: list[tasks.E
 
 
 def build_model(
-    spec: specs.ModelSpec, num_labels: int, output_bias: float = 0.0
+    spec: specs.ModelSpec, num_labels: int
 ) -> tuple[linen.SequenceClassifier, dict | None, Any, int]:
-    """The classifier (its bias starting at `output_bias`), the pre-trained encoder params
-    (None for tiny-bert), the tokenizer and the hidden size."""
+    """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
+    and the hidden size. Its bias starts at 0: a loop with the training data clones it with
+    `output_bias`'s value."""
     check_model(spec)
     policy = spec.policy
     encoder, encoder_params, tokenizer = load_encoder(
@@ -210,7 +211,6 @@ def build_model(
         normalizer=spec.normalizer,
         normalizer_kwargs=dict(spec.normalizer_kwargs),
         dropout_rate=float(dropout),
-        output_bias=float(output_bias),
         dtype=policy.compute_dtype,
         param_dtype=policy.param_dtype,
     )

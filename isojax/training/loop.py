@@ -174,10 +174,9 @@ def build_run(spec: specs.RunSpec, *, mesh: jax.sharding.Mesh | None = None) -> 
     `mesh` (default: every device) and compiles nothing yet (the steps compile on first
     call)."""
     task = tasks.get_task(spec.data.task)
+    model, encoder_params, tokenizer, hidden_size = build.build_model(spec.model, task.num_labels)
     train_examples = build.load_examples(spec.data, "train")
-    model, encoder_params, tokenizer, hidden_size = build.build_model(
-        spec.model, task.num_labels, build.output_bias(spec.model, task, train_examples)
-    )
+    model = model.clone(output_bias=build.output_bias(spec.model, task, train_examples))
     encode = lambda split: batching.encode(  # noqa: E731
         build.load_examples(spec.data, split), tokenizer, spec.data.max_length
     )
