@@ -303,20 +303,20 @@ def step_flops(compiled, loop_trips: int = 1) -> float | None:
     return float(flops) * loop_trips if flops and flops > 0 else None
 
 
-def attention_keys(config, length: int) -> list[int]:
-    """Keys each query sees in each layer call of `config` (an `isojax.models.EncoderConfig`)
+def attention_keys(cfg, length: int) -> list[int]:
+    """Keys each query sees in each layer call of `cfg` (an `isojax.models.EncoderConfig`)
     at sequence length `length`: the length on a global layer, ModernBERT's window
     (`local_attention`) on a sliding one, capped at the length."""
-    kinds = config.layer_types or ("full_attention",) * config.num_layer_calls
-    window = min(config.local_attention, length)
+    kinds = cfg.layer_types or ("full_attention",) * cfg.num_layer_calls
+    window = min(cfg.local_attention, length)
     return [window if kind == "sliding_attention" else length for kind in kinds]
 
 
 def model_flops(
-    config, batch: int, length: int, *, train: bool = True, num_labels: int = 2,
+    cfg, batch: int, length: int, *, train: bool = True, num_labels: int = 2,
     cls_only: bool = False,
 ) -> float:  # fmt: skip
-    """Model FLOPs of a step of `batch` rows of `length` tokens through the encoder `config`
+    """Model FLOPs of a step of `batch` rows of `length` tokens through the encoder `cfg`
     (an `isojax.models.EncoderConfig`) and its classification head (PaLM, appendix B; as
     Megatron counts): per token, 2 x in x out for every dense layer it passes through (the
     fused query/key/value, the attention output, the feed-forward's two, or ModernBERT's GeGLU
@@ -328,13 +328,13 @@ def model_flops(
     per row (`isojax.training.steps`, BERT family only), its keys and values at every token.
     Embedding lookups, norms, activations, softmax and the optimizer are not counted.
     """
-    h, inner = config.hidden_size, config.intermediate_size
-    modern = config.family == "modernbert"
+    h, inner = cfg.hidden_size, cfg.intermediate_size
+    modern = cfg.family == "modernbert"
     mlp = 2 * h * (2 * inner if modern else inner) + 2 * inner * h  # GeGLU: W1 -> 2 inner
-    keys = attention_keys(config, length)
-    per_token = 2 * config.embed_dim * h if config.family == "albert" else 0
+    keys = attention_keys(cfg, length)
+    per_token = 2 * cfg.embed_dim * h if cfg.family == "albert" else 0
     per_token += len(keys) * (2 * h * 3 * h + 2 * h * h + mlp) + sum(4 * k * h for k in keys)
-    per_row = 2 * h * h * (modern or config.has_pooler) + 2 * h * num_labels
+    per_row = 2 * h * h * (modern or cfg.has_pooler) + 2 * h * num_labels
     if cls_only and not modern:  # the last layer's query, attention, output, MLP at [CLS] only
         last = 2 * h * h + 4 * keys[-1] * h + 2 * h * h + mlp
         per_token -= last
