@@ -167,7 +167,7 @@ def test_dry_bench_and_go_run_the_accelerator_check(tmp_path, glue_dir):
     for arm in ("isojax xla", "isojax auto", "torch sdpa"):
         assert re.search(rf"^tiny-bert 4x32 bf16 {arm}: [0-9.]+ ms/step, .* real tokens/s, "
                          "model-FLOPs MFU .* peak memory", said, re.M)  # fmt: skip
-    assert re.search(r"^tiny-modernbert 2x64 bf16 equality auto vs xla: .* PASS", said, re.M)
+    assert re.search(r"^tiny-modernbert 4x32 bf16 equality auto vs xla: .* PASS", said, re.M)
     assert (out / "profile_top15.txt").is_file() and (out / "profile_trace.json.gz").is_file()
     assert "accel_check: done" in (out / "accel.log").read_text()
 
