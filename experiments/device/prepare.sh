@@ -108,7 +108,8 @@ k=0 offset=0
 for part in $sizes; do
     k=$((k + 1))
     mkdir -p "$dev/w$k"
-    tail -c +"$((offset + 1))" "$parent/$big" | head -c "$part" >"$dev/w$k/part$k"
+    dd if="$parent/$big" of="$dev/w$k/part$k" bs=1M iflag=skip_bytes,count_bytes \
+        skip="$offset" count="$part" status=none
     (cd "$dev/w$k" && sha256sum "part$k" >"part$k.sha256")
     offset=$((offset + part))
 done
