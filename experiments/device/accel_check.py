@@ -300,33 +300,10 @@ def torch_available() -> str | None:
     return None
 
 
-def main(argv=None) -> list[str]:
-    """Runs the check, printing each line as it comes; returns the lines (for tests)."""
-    args = parse_args(argv)
-    args.steps = args.steps or (1 if args.dry else 10)
-    start, said = time.perf_counter(), []
-    out = pathlib.Path(args.out)
-
-    def say(line: str) -> None:
-        said.append(line)
-        print(line, flush=True)
-
-    def left() -> bool:
-        over = time.perf_counter() - start > args.budget_s
-        return not over
-
-    device = jax.devices()[0]
-    say(f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}, "
-        f"cuDNN {cudnn_version()}, {time.strftime('%Y-%m-%d', time.gmtime())}")  # fmt: skip
-    named = (
-        DRY_MODELS
-        if args.dry
-        else {m: models.VARIANTS[m] for m in ("bert-base", "modernbert-base")}
-    )
-    shapes = DRY_SHAPES if args.dry else SHAPES
-    no_torch = "skipped (--no-torch)" if args.no_torch else torch_available()
-    if no_torch:
-        say(f"torch: not measured: {no_torch}")
+def measure(named, shapes, args, out: pathlib.Path, say, left) -> None:
+    """The timed arms of every model and shape (isojax xla, isojax auto, torch sdpa), the
+    profile after the first `auto` arm."""
+    skipped = f"skipped (past --budget-s {args.budget_s:g})"
     profiled = False
     for batch, length in shapes:
         for name, cfg in named.items():
@@ -334,7 +311,7 @@ def main(argv=None) -> list[str]:
             where = f"{name} {batch}x{length} bf16"
             for arm, backend in (("isojax xla", "xla"), ("isojax auto", "auto")):
                 if not left():
-                    say(f"{where} {arm}: skipped (past --budget-s {args.budget_s:g})")
+                    say(f"{where} {arm}: {skipped}")
                     continue
                 trace = None
                 if backend == "auto" and not profiled:
@@ -344,22 +321,44 @@ def main(argv=None) -> list[str]:
                     for line in top_ops(trace, out):
                         say(line)
                     shutil.rmtree(trace, ignore_errors=True)
-            if not no_torch:
-                say(
-                    torch_arm(f"{where} torch sdpa", cfg, data, args)
-                    if left()
-                    else f"{where} torch sdpa: skipped (past --budget-s {args.budget_s:g})"
-                )
+            if not args.no_torch:
+                arm = f"{where} torch sdpa"
+                say(torch_arm(arm, cfg, data, args) if left() else f"{arm}: {skipped}")
+
+
+def main(argv=None) -> list[str]:
+    """Runs the check, printing each line as it comes; returns the lines (for tests)."""
+    args = parse_args(argv)
+    args.steps = args.steps or (1 if args.dry else 10)
+    start, said = time.perf_counter(), []
+
+    def say(line: str) -> None:
+        said.append(line)
+        print(line, flush=True)
+
+    def left() -> bool:
+        return time.perf_counter() - start <= args.budget_s
+
+    device = jax.devices()[0]
+    say(f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}, "
+        f"cuDNN {cudnn_version()}, {time.strftime('%Y-%m-%d', time.gmtime())}")  # fmt: skip
+    if args.dry:
+        named, shapes = DRY_MODELS, DRY_SHAPES
+    else:
+        named = {m: models.VARIANTS[m] for m in ("bert-base", "modernbert-base")}
+        shapes = SHAPES
+    no_torch = "skipped (--no-torch)" if args.no_torch else torch_available()
+    if no_torch:
+        say(f"torch: not measured: {no_torch}")
+        args.no_torch = True
+    measure(named, shapes, args, pathlib.Path(args.out), say, left)
     for batch, length in shapes:
         for name, cfg in named.items():
             where = f"{name} {batch}x{length} bf16"
             no_dropout = cfg.replace(attention_dropout=0.0, hidden_dropout=0.0)
             data = rows(cfg, batch, length, seed=1)
-            say(
-                equality(where, no_dropout, data)
-                if left()
-                else f"{where} equality: skipped (past --budget-s {args.budget_s:g})"
-            )
+            say(equality(where, no_dropout, data) if left() else
+                f"{where} equality: skipped (past --budget-s {args.budget_s:g})")  # fmt: skip
     say(f"accel_check: done in {time.perf_counter() - start:.0f} s")
     return said
 

@@ -253,10 +253,9 @@ def attend(
     - cuDNN: `attend_cudnn`, the fused kernel, where `backend` is "auto" or "cudnn" and every
       rule passes (a GPU, bfloat16 or float16, a supported head size, no attention dropout in
       this step, a `[batch, keys]` right-padding mask, a global layer).
-    With `dropout` (training with attention dropout, which the fused calls have not), or
-    float16 on the CPU (whose XLA has no float16 x float16 -> float32 dot for the fused
-    call's scores), `attend_reference`. A query that may see no key gets uniform weights
-    (finite, never read) on the XLA paths.
+    With `dropout` (which the fused calls have not), or float16 on the CPU (no float16 x
+    float16 -> float32 dot there), `attend_reference`. A query that may see no key gets
+    uniform weights (finite, never read) on the XLA paths.
 
     Args:
       query: `[batch, q_len, heads, head_dim]`; key, value: `[batch, k_len, heads, head_dim]`.
