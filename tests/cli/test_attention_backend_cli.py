@@ -41,6 +41,5 @@ def test_a_cpu_run_records_the_xla_backend(tmp_path, glue_dir, minilm_dir, capsy
     lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in lines if r["split"] == "train"]
     assert train and all(
-        r["attention_backend_global"] == r["attention_backend_eval_global"] == "xla"
-        for r in train
+        r["attention_backend_global"] == r["attention_backend_eval_global"] == "xla" for r in train
     )
