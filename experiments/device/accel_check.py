@@ -19,15 +19,16 @@ parameters float32, compute bfloat16. Arms:
   importable (else one line says so).
 
 Per arm one line: ms/step (the median of `--steps` steps timed one by one after two warm-up
-steps), tokens/s, real tokens/s, model-FLOPs MFU (`isojax.training.throughput.model_flops` over
-the data-sheet peak; XLA's own count beside it for isojax), peak device memory (isojax: XLA's
-memory analysis of the compiled step and the process's peak so far; PyTorch:
-`torch.cuda.max_memory_allocated`, reset per arm).
+steps, one in the dry run), tokens/s, real tokens/s, model-FLOPs MFU
+(`isojax.training.throughput.model_flops` over the data-sheet peak; XLA's own count beside it
+for isojax), peak device memory (isojax: XLA's memory analysis of the compiled step and the
+process's peak so far; PyTorch: `torch.cuda.max_memory_allocated`, reset per arm).
 
-Equality: at both shapes and both models, padding included, the encoder's hidden states, the
-logits and the gradients of the loss (dropout off) through cuDNN (`attention_backend="cudnn"`)
-against XLA, as relative L2 errors, within bf16 tolerance (`TOLERANCE`). Where cuDNN cannot run
-(a CPU), `auto` against `xla` is compared instead and the line says cuDNN was not measured.
+Equality (after each model's arms at each shape): at both shapes and both models, padding
+included, the encoder's hidden states, the logits and the gradients of the loss (dropout off)
+through cuDNN (`attention_backend="cudnn"`) against XLA, as relative L2 errors, within bf16
+tolerance (`TOLERANCE`). Where cuDNN cannot run (a CPU), `auto` against `xla` is compared
+instead and the line says cuDNN was not measured.
 
 Profile: one step of the first isojax `auto` arm under `jax.profiler.trace`, its 15 most
 expensive ops (summed duration of the trace's complete events on the device's lanes, the
@@ -301,8 +302,9 @@ def torch_available() -> str | None:
 
 
 def measure(named, shapes, args, out: pathlib.Path, say, left) -> None:
-    """The timed arms of every model and shape (isojax xla, isojax auto, torch sdpa), the
-    profile after the first `auto` arm."""
+    """Per shape and model, in turn (so that what the budget cuts is whole combinations, last
+    ones first): the timed arms (isojax xla, isojax auto, torch sdpa), then cuDNN against XLA;
+    the profile after the first `auto` arm."""
     skipped = f"skipped (past --budget-s {args.budget_s:g})"
     profiled = False
     for batch, length in shapes:
@@ -324,6 +326,9 @@ def measure(named, shapes, args, out: pathlib.Path, say, left) -> None:
             if not args.no_torch:
                 arm = f"{where} torch sdpa"
                 say(torch_arm(arm, cfg, data, args) if left() else f"{arm}: {skipped}")
+            no_dropout = cfg.replace(attention_dropout=0.0, hidden_dropout=0.0)
+            same = rows(cfg, batch, length, seed=1)
+            say(equality(where, no_dropout, same) if left() else f"{where} equality: {skipped}")
 
 
 def main(argv=None) -> list[str]:
@@ -352,13 +357,6 @@ def main(argv=None) -> list[str]:
         say(f"torch: not measured: {no_torch}")
         args.no_torch = True
     measure(named, shapes, args, pathlib.Path(args.out), say, left)
-    for batch, length in shapes:
-        for name, cfg in named.items():
-            where = f"{name} {batch}x{length} bf16"
-            no_dropout = cfg.replace(attention_dropout=0.0, hidden_dropout=0.0)
-            data = rows(cfg, batch, length, seed=1)
-            say(equality(where, no_dropout, data) if left() else
-                f"{where} equality: skipped (past --budget-s {args.budget_s:g})")  # fmt: skip
     say(f"accel_check: done in {time.perf_counter() - start:.0f} s")
     return said
 
