@@ -1,11 +1,12 @@
-"""Train-step time with attention through `jax.nn.dot_product_attention` (`transformer.attend`,
-"fused": XLA on CPU and TPU, cuDNN's kernel where the GPU and dtype allow) over the einsum path
+"""Train-step time with attention through `transformer.attend` ("fused": the config's
+`attention_backend`, "auto": XLA's `jax.nn.dot_product_attention` on CPU and TPU, cuDNN's kernel
+where `isojax.models.attention` allows it on a GPU) over the einsum path
 (`transformer.attend_reference`): prints figures; not a test.
 
     .venv/bin/python experiments/bench/attention_speed.py              # MiniLM-L6, 7 rounds
     .venv/bin/python experiments/bench/attention_speed.py --rounds 1   # smoke test
     python experiments/bench/attention_speed.py --variant bert-base \
-        --variant modernbert-base --dtype bfloat16 --batch 256 --rounds 5   # the GPU check
+        --variant modernbert-base --dtype bfloat16 --batch 256 --rounds 5   # issue 51's check
 
 One process, interleaved rounds: each round times one jitted forward + backward (random
 weights of the named `models.VARIANTS`, rows with about a quarter padding, random token ids)
