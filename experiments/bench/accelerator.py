@@ -13,14 +13,17 @@ tokens real. Step time: the median over `--rounds` rounds, in rotating order, of
 `--iters` back-to-back steps (one dispatch queue, one final `block_until_ready`), after a
 compile (the settings compile side by side, in threads) and one warm-up step.
 
-FLOPs per step, two counts:
-  XLA: `jitted.lower(...).compile().cost_analysis()["flops"]` of the whole step (forward,
-       backward, optimizer; every op XLA counts, dominated by 2·m·n·k per matmul);
+FLOPs per step:
+  model: `isojax.training.throughput.model_flops` of the encoder's config (2 x in x out per
+       dense layer a token passes through, 4 x keys x width per layer for the attention, the
+       pooler and head, x 3 for training): what MFU is read from, as in the training run;
   6N:  6 · N · tokens with N the non-embedding parameters (Kaplan et al. 2020, eq. 2.1),
-       attention's t² terms not included.
-MFU = FLOPs / step time / the device's peak dense bf16 FLOP/s, through the functions the
-training run's figures use (`isojax.training.throughput`: `step_flops`, `peak_flops` over its vendor
-table `PEAK_FLOPS`, `mfu`), so the run's logged `mfu` and this table's "MFU XLA" are one
+       attention's t² terms not included;
+  XLA: `jitted.lower(...).compile().cost_analysis()["flops"]` of the whole step (forward,
+       backward, optimizer; every op XLA counts), printed beside them, named as such.
+MFU = model FLOPs / step time / the device's peak dense bf16 FLOP/s, through the functions the
+training run's figures use (`isojax.training.throughput`: `model_flops`, `peak_flops` over its
+vendor table `PEAK_FLOPS`, `mfu`), so the run's logged `mfu` and this table's "MFU" are one
 computation; an unknown device prints "peak unknown". Without an accelerator
 (CPU) the tiny configuration runs and the table says "not measured: no accelerator".
 """
@@ -182,7 +185,7 @@ def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _rows(settings: list, n_params: int, peak: float | None) -> list[dict]:
+def _rows(settings: list, n_params: int, peak: float | None, cfg) -> list[dict]:
     """Per setting: its median step, throughput, FLOPs, MFUs and ratio to `plain`'s step."""
     rows = []
     plain = {}
@@ -190,6 +193,7 @@ def _rows(settings: list, n_params: int, peak: float | None) -> list[dict]:
         step_s = statistics.median(s.times)
         tokens = s.batch * s.length
         flops_6n = 6 * n_params * tokens
+        flops = throughput.model_flops(cfg, s.batch, s.length)
         if s.variant == "plain":
             plain[s.batch] = step_s
         rows.append(
@@ -199,7 +203,7 @@ def _rows(settings: list, n_params: int, peak: float | None) -> list[dict]:
                 "step_ms": 1e3 * step_s,
                 "tokens_per_s": tokens / step_s,
                 "xla_gflop": None if s.flops is None else s.flops / 1e9,
-                "mfu_xla": throughput.mfu(s.flops, step_s, peak),  # the run's own MFU
+                "mfu": throughput.mfu(flops, step_s, peak),  # the run's own MFU
                 "mfu_6n": throughput.mfu(flops_6n, step_s, peak),
                 "ratio": step_s / plain[s.batch],
             }
@@ -211,7 +215,7 @@ def _print_table(rows: list[dict]) -> None:
     """The rows as a fixed-width table on stdout."""
     header = (
         f"{'variant':<8} {'batch':>8} {'step ms':>9} {'tokens/s':>10} {'XLA GFLOP':>10} "
-        f"{'MFU XLA':>8} {'MFU 6N':>7} {'x plain':>8}"
+        f"{'MFU':>8} {'MFU 6N':>7} {'x plain':>8}"
     )
     print(header)
     print("-" * len(header))
@@ -219,7 +223,7 @@ def _print_table(rows: list[dict]) -> None:
         print(
             f"{row['variant']:<8} {row['batch']:>8} {row['step_ms']:>9.2f} "
             f"{row['tokens_per_s']:>10.0f} {fmt(row['xla_gflop'], '.4g'):>10} "
-            f"{fmt(row['mfu_xla'], '.1%'):>8} {fmt(row['mfu_6n'], '.1%'):>7} "
+            f"{fmt(row['mfu'], '.1%'):>8} {fmt(row['mfu_6n'], '.1%'):>7} "
             f"{row['ratio']:>8.3f}"
         )
 
@@ -265,7 +269,7 @@ def main(argv=None) -> list[dict]:
         for s in settings[r % len(settings) :] + settings[: r % len(settings)]:
             s.time(iters)
 
-    rows = _rows(settings, n_params, peak)
+    rows = _rows(settings, n_params, peak, cfg)
     _print_table(rows)
     if peak is None:
         print("MFU: peak unknown" if accelerator else "MFU: not measured: no accelerator")

@@ -1,19 +1,24 @@
-"""Train-step time with attention through `jax.nn.dot_product_attention` (`transformer.attend`,
-"fused": XLA on CPU and TPU, cuDNN's kernel where the GPU and dtype allow) over the einsum path
+"""Train-step time with attention through `transformer.attend` ("fused": the config's
+`attention_backend`, "auto": XLA's `jax.nn.dot_product_attention` on CPU and TPU, cuDNN's kernel
+where `isojax.models.attention` allows it on a GPU) over the einsum path
 (`transformer.attend_reference`): prints figures; not a test.
 
     .venv/bin/python experiments/bench/attention_speed.py              # MiniLM-L6, 7 rounds
     .venv/bin/python experiments/bench/attention_speed.py --rounds 1   # smoke test
     python experiments/bench/attention_speed.py --variant bert-base \
-        --variant modernbert-base --dtype bfloat16 --batch 256 --rounds 5   # the GPU check
+        --variant modernbert-base --dtype bfloat16 --batch 256 --rounds 5   # issue 51's check
 
 One process, interleaved rounds: each round times one jitted forward + backward (random
 weights of the named `models.VARIANTS`, rows with about a quarter padding, random token ids)
 of each arm in a random order drawn per round (seeded), so that load from other processes hits
 both alike. The figure is the median over rounds of the per-round ratio fused / einsum, with the
 spread (min-max) as the noise, and per arm the median tokens/s, real (non-padding) tokens/s and
-MFU (XLA's FLOPs of the step over the device's data-sheet peak for the dtype,
-`isojax.training.throughput`). The step has no attention dropout: with it a training step keeps
+MFU (the model FLOPs of a training step, `isojax.training.throughput.model_flops`, over the
+device's data-sheet peak for the dtype; XLA's count of the step printed beside it). In the
+installed JAX the "fused" call (`implementation` "xla" or None) is XLA's own
+scores-softmax-values: the two arms compute the same thing two ways, and cuDNN is measured by
+`experiments/device/accel_check.py` (issue 59). The step has no attention dropout: with it a
+training step keeps
 the einsum path (the fused call has no dropout), so the ratio would be 1 by construction;
 evaluation steps and ModernBERT (attention dropout 0 in its published configs) take the fused
 path.
@@ -33,6 +38,12 @@ import numpy as np
 from isojax import linen, models
 from isojax.models import transformer
 from isojax.training import throughput
+
+
+def einsum_attend(query, key, value, mask, dropout=None, window=None, **backend):
+    """`transformer.attend`'s call, through the einsum path (`attend_reference`); `backend`
+    (`backend=`, `packed=`) does not apply to it."""
+    return transformer.attend_reference(query, key, value, mask, dropout, window)
 
 
 def make_step(variant: str, attend, dtype):
@@ -67,11 +78,12 @@ def bench_variant(variant: str, args) -> None:
     ids, mask, labels = batch(args, models.VARIANTS[variant].vocab_size)
     arms = {
         "fused": make_step(variant, transformer.attend, dtype),
-        "einsum": make_step(variant, transformer.attend_reference, dtype),
+        "einsum": make_step(variant, einsum_attend, dtype),
     }
     params = linen.init_variables(arms["fused"][0], jax.random.key(0), seq_len=8)["params"]
     inputs = (params, ids, mask, labels)
-    flops = {n: throughput.step_flops(s.lower(*inputs).compile()) for n, (_, s) in arms.items()}
+    xla = {n: throughput.step_flops(s.lower(*inputs).compile()) for n, (_, s) in arms.items()}
+    flops = throughput.model_flops(models.VARIANTS[variant], args.batch, args.length)
     for _, step in arms.values():  # compile (and warm)
         jax.block_until_ready(step(*inputs))
     order, times = random.Random(0), {name: [] for name in arms}
@@ -86,11 +98,13 @@ def bench_variant(variant: str, args) -> None:
     where = f"{variant} {args.batch}x{args.length} {dtype.name} on {device.device_kind}"
     for name, seconds in times.items():
         t = statistics.median(seconds)
-        util = throughput.mfu(flops[name], t, peak)
+        util = throughput.mfu(flops, t, peak)
         util = "unknown" if util is None else f"{util:.3f}"
+        counted = "none" if xla[name] is None else f"{xla[name]:.4g}"
         print(
             f"{where} {name}: {t * 1e3:.1f} ms/step, {tokens / t:,.0f} tokens/s, "
-            f"{real / t:,.0f} real tokens/s, MFU {util}"
+            f"{real / t:,.0f} real tokens/s, MFU {util} (model FLOPs {flops:.4g}; XLA's count "
+            f"{counted})"
         )
     ratios = [f / e for f, e in zip(times["fused"], times["einsum"], strict=True)]
     print(

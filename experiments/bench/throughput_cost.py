@@ -26,6 +26,7 @@ compiled step's memory per device (`throughput.memory`) at each `--memory-batche
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -81,11 +82,18 @@ def main(argv=None) -> dict:
         for b in feeds.train_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh)
     ]
     compute = precision.get_policy(config.policy).compute_dtype
-    meter = throughput.Meter(run.mesh, compute, peak_override=args.peak)
+    objective = run.state.objective
+    flops = functools.partial(  # the loop's count (`throughput.run_meter`)
+        throughput.model_flops,
+        run.model.encoder.config,
+        num_labels=run.model.num_labels,
+        cls_only=objective.cls_only and not objective.reads_tokens,
+    )
+    meter = throughput.Meter(run.mesh, compute, peak_override=args.peak, flops=flops)
     state = run.state
     compiled = run.train_fn.lower(state, batches[0]).compile()  # as the loop: once
     key = tuple((k, v.shape) for k, v in batches[0].items())
-    meter.read(key, compiled, batches[0]["input_ids"].size)
+    meter.read(key, compiled, batches[0]["input_ids"].shape)
     state, _ = compiled(state, batches[0])
     state, _ = run.train_fn(state, batches[0])  # the jit path's own compile
     meter.step(state)  # the shape's first run
@@ -109,8 +117,10 @@ def main(argv=None) -> dict:
     )
     for key in ("step_time_s", "real_tokens_per_s", "padded_tokens_per_s", "examples_per_s"):
         print(f"  {key} {figures[key]:.4g}")
-    print(f"  flops_per_step {figures['flops_per_step']:.4g} (XLA cost analysis)")
-    print(f"  mfu {figures.get('mfu', float('nan')):.2%} against {args.peak:.3g} FLOP/s")
+    print(f"  flops_per_step {figures['flops_per_step']:.4g} (model FLOPs, model_flops)")
+    print(f"  xla_flops_per_step {figures['xla_flops_per_step']:.4g} (XLA's cost analysis)")
+    mfu = figures.get("mfu", float("nan"))
+    print(f"  mfu {mfu:.2%} (the model FLOPs) against {args.peak:.3g} FLOP/s")
     result = {"ratio": meter_s / plain_s, "ratios": ratios, "figures": figures, "memory": {}}
     for b in [int(x) for x in args.memory_batches.split(",") if x]:
         result["memory"][b] = m = step_memory(args.model, b, args.length)

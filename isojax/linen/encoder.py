@@ -169,6 +169,7 @@ class SelfAttention(nn.Module):
             _probs_dropout(drop, cfg.attention_dropout, deterministic),
             cls_only,
             cls_index,
+            cfg.attention_backend,
         )
         return _dense(cfg, h, "out", self.dtype, self.param_dtype)(context)
 
@@ -299,6 +300,7 @@ class ModernBertAttention(nn.Module):
             window,
             cfg.num_heads,
             _probs_dropout(drop, cfg.attention_dropout, deterministic),
+            cfg.attention_backend,
         )
         return drop(dense(h, cfg.attention_bias, "out")(context), deterministic=deterministic)
 
@@ -408,6 +410,10 @@ class Encoder(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     remat: bool = False
+
+    @property
+    def attention_backend(self) -> str:  # "auto", "xla" or "cudnn" (isojax.models.attention)
+        return self.config.attention_backend
 
     @nn.compact
     def __call__(

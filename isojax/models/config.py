@@ -117,6 +117,7 @@ _RUNTIME_KEYS = {
     "gradient_checkpointing", "_name_or_path", "is_encoder_decoder", "tie_word_embeddings",
     "model_type", "architectures",
 }  # fmt: skip
+ATTENTION_BACKENDS = ("auto", "xla", "cudnn")  # isojax.models.attention.BACKENDS
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")
 
 # Inclusive bounds of the sizes a `config.json` may give, checked before anything is traced or
@@ -214,6 +215,9 @@ class EncoderConfig:
     classifier_bias: bool = True
     classifier_activation: str = "gelu"
     extra: tuple[tuple[str, str], ...] = ()
+    # Which kernel computes the attention (`isojax.models.attention`): "auto", "xla", "cudnn".
+    # A runtime choice, not the network's: never read from nor written to config.json.
+    attention_backend: str = "auto"
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -222,6 +226,10 @@ class EncoderConfig:
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}"
+            )
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend {self.attention_backend!r} not one of {ATTENTION_BACKENDS}"
             )
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act {self.hidden_act!r} not supported; one of {ACTIVATIONS}")

@@ -73,16 +73,18 @@ def attention_context(
     window: int | None,
     num_heads: int,
     dropout: Fn,
+    backend: str = "auto",
 ) -> jax.Array:
     """Multi-head self-attention before `Wo`: the fused `[hidden, 3 hidden]` projection `qkv`
     (query, key, value in that order, as `Wqkv`), RoPE on query and key, the float32 softmax
     over the keys `mask` allows and, when `window` is set, only within `window` positions
-    (`transformer.attend`). `[batch, len, hidden]` -> `[batch, len, hidden]`."""
+    (`transformer.attend`, through `backend`: `EncoderConfig.attention_backend`; a sliding
+    layer always on XLA). `[batch, len, hidden]` -> `[batch, len, hidden]`."""
     b, t, h = x.shape
     projected = qkv(x)
     q, k, v = (projected[..., i * h : (i + 1) * h].reshape(b, t, num_heads, -1) for i in range(3))
     q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    return transformer.attend(q, k, v, mask, dropout, window).reshape(b, t, h)
+    return transformer.attend(q, k, v, mask, dropout, window, backend=backend).reshape(b, t, h)
 
 
 def layer(

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from isojax.models import attention as attention_lib
 from isojax.models import config as config_lib
 
 
@@ -154,6 +155,7 @@ def attention_context(
     dropout: Callable[[jax.Array], jax.Array] | None,
     cls_only: bool = False,
     cls_index: jax.Array | None = None,
+    backend: str = "auto",
 ) -> jax.Array:
     """Multi-head self-attention before its output projection: `[batch, len, hidden]` ->
     `[batch, len, hidden]` context (`[examples, 1, hidden]` with `cls_only`).
@@ -174,6 +176,7 @@ def attention_context(
       dropout: applied to the `[batch, heads, queries, len]` float32 probabilities; None:
         none (`attend`'s fused path).
       cls_only, cls_index: as `Encoder`'s.
+      backend: `EncoderConfig.attention_backend` (`attend`).
     """
     b, t, h = x.shape
     split = (num_heads, h // num_heads)
@@ -195,7 +198,8 @@ def attention_context(
             mask = mask[cls_index[:, 0], :, at][:, :, None]
         k, v = (kv[..., i * h : (i + 1) * h].reshape(*kv.shape[:2], *split) for i in range(2))
     # q: [batch or m, queries, heads, head_dim]; k, v: [batch or m, len, heads, head_dim]
-    return attend(q, k, v, mask, dropout).reshape(*q.shape[:2], h)
+    packed = mask.shape[2] > 1 or cls_index is not None  # segment masks, or rows of examples
+    return attend(q, k, v, mask, dropout, backend=backend, packed=packed).reshape(*q.shape[:2], h)
 
 
 def window_mask(q_len: int, k_len: int, half: int) -> jax.Array:
@@ -234,16 +238,24 @@ def attend(
     mask: jax.Array,
     dropout: Callable[[jax.Array], jax.Array] | None = None,
     window: int | None = None,
+    *,
+    backend: str = "auto",
+    packed: bool | None = None,
 ) -> jax.Array:
     """`softmax(Q K^T / sqrt(d) + M) V`: `[batch, q_len, heads, head_dim]` in `value`'s dtype.
 
-    Without `dropout`, `jax.nn.dot_product_attention(implementation=None)`: XLA's
-    scores-softmax-values on CPU and TPU, cuDNN's fused kernel where the GPU and shapes allow
-    it; scores and softmax in float32 whatever the compute dtype (as `attention_probs`), and
-    a query that may see no key gets uniform weights (finite, never read) in both. With
-    `dropout` (training with attention dropout, which the fused call has not), or float16 on
-    the CPU (whose XLA has no float16 x float16 -> float32 dot for the fused call's scores),
-    `attend_reference`.
+    Which kernel runs is `attention.choose(backend, ...)`'s answer at trace time
+    (`isojax.models.attention`, whose table says which rule sends a call where):
+    - XLA: `jax.nn.dot_product_attention(implementation="xla")`, scores and softmax in float32
+      whatever the compute dtype (as `attention_probs`). In the installed JAX
+      `implementation=None` is this same path: it never picks cuDNN. Always on CPU and TPU,
+      on ModernBERT's sliding-window layers, for packed rows, and with attention dropout.
+    - cuDNN: `attend_cudnn`, the fused kernel, where `backend` is "auto" or "cudnn" and every
+      rule passes (a GPU, bfloat16 or float16, a supported head size, no attention dropout in
+      this step, a `[batch, keys]` right-padding mask, a global layer).
+    With `dropout` (which the fused calls have not), or float16 on the CPU (no float16 x
+    float16 -> float32 dot there), `attend_reference`. A query that may see no key gets
+    uniform weights (finite, never read) on the XLA paths.
 
     Args:
       query: `[batch, q_len, heads, head_dim]`; key, value: `[batch, k_len, heads, head_dim]`.
@@ -251,8 +263,26 @@ def attend(
       dropout: applied to the float32 `[batch, heads, q_len, k_len]` probabilities; None: none.
       window: a query sees only keys within `window` positions of its own (`window_mask`;
         the call's `local_window_size=(window, window)`); None: every allowed key.
+      backend: "auto", "xla" or "cudnn" (`attention.BACKENDS`); "cudnn" where it cannot run
+        raises `attention.Refused`.
+      packed: packed rows (the mask's keys are not each row's right padding); None: a
+        pairwise `[batch, 1, q_len > 1, k_len]` mask is packed.
     """
-    cpu_half = query.dtype == jnp.float16 and jax.default_backend() == "cpu"
+    pairwise = mask.ndim == 4 and mask.shape[2] > 1
+    call = attention_lib.Call(
+        platform=jax.default_backend(),
+        dtype=jnp.dtype(query.dtype).name,
+        head_dim=query.shape[-1],
+        dropout=dropout is not None,
+        lengths=not pairwise,
+        local=window is not None,
+        packed=pairwise if packed is None else packed,
+    )
+    chosen, reason = attention_lib.choose(backend, call, query.shape)
+    attention_lib.logger.debug("attend %s: %s (%s)", query.shape, chosen, reason)
+    if chosen == "cudnn":
+        return attend_cudnn(query, key, value, mask)
+    cpu_half = query.dtype == jnp.float16 and call.platform == "cpu"
     if dropout is not None or cpu_half:
         return attend_reference(query, key, value, mask, dropout, window)
     return jax.nn.dot_product_attention(
@@ -261,8 +291,24 @@ def attend(
         value,
         mask=pairwise_mask(mask),
         local_window_size=None if window is None else (window, window),
-        implementation=None,
+        implementation="xla",
     ).astype(value.dtype)
+
+
+def attend_cudnn(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array) -> jax.Array:
+    """`attend` through cuDNN's fused kernel, `jax.nn.dot_product_attention(implementation=
+    "cudnn")`, the `[batch, k_len]` (or `[batch, 1, 1, k_len]`) key mask given as
+    `key_value_seq_lengths` (its real tokens, right padding; at least 1, so that a row of
+    padding stays finite); every query row is computed, as on the XLA path. A row whose mask
+    is not right padding (its keys are not the first `length`) gets NaN: never a silently
+    wrong answer."""
+    keys = pairwise_mask(mask)[:, 0, 0, :]  # [batch, k_len]
+    lengths = keys.sum(axis=-1, dtype=jnp.int32)
+    right = jnp.all(keys == (jnp.arange(keys.shape[-1]) < lengths[:, None]), axis=-1)
+    out = jax.nn.dot_product_attention(
+        query, key, value, key_value_seq_lengths=jnp.maximum(lengths, 1), implementation="cudnn"
+    )
+    return jnp.where(right[:, None, None, None], out, jnp.nan).astype(value.dtype)
 
 
 def transformer_layer(

@@ -165,6 +165,7 @@ class SelfAttention(nnx.Module):
     def __init__(self, build: _Build):
         h = build.cfg.hidden_size
         self.num_heads, self.dtype = build.cfg.num_heads, build.dtype
+        self.attention_backend = build.cfg.attention_backend
         self.query, self.key, self.value = (build.linear(h, h) for _ in range(3))
         self.out = build.linear(h, h)
         self.dropout = build.dropout(build.cfg.attention_dropout)
@@ -181,6 +182,7 @@ class SelfAttention(nnx.Module):
             _probs_dropout(self.dropout, deterministic),
             cls_only,
             cls_index,
+            self.attention_backend,
         )
         return self.out(context)
 
@@ -250,7 +252,7 @@ class ModernBertAttention(nnx.Module):
     def __init__(self, build: _Build):
         cfg = build.cfg
         h = cfg.hidden_size
-        self.num_heads = cfg.num_heads
+        self.num_heads, self.attention_backend = cfg.num_heads, cfg.attention_backend
         self.qkv = build.linear(h, 3 * h, cfg.attention_bias)
         self.out = build.linear(h, h, cfg.attention_bias)
         self.dropout = build.dropout(cfg.attention_dropout)
@@ -267,6 +269,7 @@ class ModernBertAttention(nnx.Module):
             window,
             self.num_heads,
             _probs_dropout(self.dropout, deterministic),
+            self.attention_backend,
         )
         return drop(self.out(context))
 
@@ -361,6 +364,7 @@ class Encoder(nnx.Module):
     ):
         build = _Build(config, dtype, param_dtype, rngs, fsdp)
         self.config, self.dtype, self.param_dtype, self.remat = config, dtype, param_dtype, remat
+        self.attention_backend = config.attention_backend  # "auto", "xla" or "cudnn"
         if config.family == "modernbert":
             self._init_modernbert(build)
             return

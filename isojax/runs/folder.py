@@ -194,6 +194,9 @@ def restore(
       mesh: the devices (`distributed.make_mesh`); default every device, as the run used, so
         that evaluation reproduces the run's numbers exactly.
 
+    A run trained with `attention_backend` "cudnn" is restored with "auto" (the kernel is a
+    property of where it runs, not of what was learnt): on a CPU it runs on XLA.
+
     Raises:
       RunNotRestorable: no config.json; no checkpoint at all (or no best one, or none at
         `step`: the message lists the saved steps); unreadable checkpoint files. One line.
@@ -205,6 +208,10 @@ def restore(
     run_dir = pathlib.Path(run_dir)
     config = load_config(run_dir)  # validated: the boundary of a restore
     spec = specs.RunSpec.of(config)
+    if spec.model.attention_backend == "cudnn":  # a runtime choice: "auto" wherever restored
+        spec = dataclasses.replace(
+            spec, model=dataclasses.replace(spec.model, attention_backend="auto")
+        )
     folder, checkpoint = _checkpoints(run_dir, step, best)
     task = tasks.get_task(spec.data.task)
     module, _, tokenizer, hidden_size = build.build_model(spec.model, task.num_labels)

@@ -24,6 +24,7 @@ from flax import nnx
 from isojax import linen, models
 from isojax.core import normalizers
 from isojax.data import glue, tasks
+from isojax.models import attention as attention_lib
 from isojax.nnx import pretrained
 from isojax.training import config as config_lib
 from isojax.training import distributed, optim, precision, specs, steps
@@ -168,12 +169,37 @@ def check_head_width(spec: specs.ModelSpec) -> None:
         ) from None
 
 
+PROGRAMS = ("train", "eval")  # the compiled programs whose attention `attention_plans` gives
+
+
+def attention_plans(
+    spec: specs.ModelSpec, enc: models.EncoderConfig | None = None
+) -> dict[str, dict[str, tuple[str, str]]]:
+    """`{"train": plan, "eval": plan}`: the attention backend of each layer kind
+    (`attention_lib.plan`) in the train step (attention dropout as the encoder's config
+    sets it) and in the evaluation, on this process's platform in `spec.policy`'s compute
+    dtype. `enc`: the encoder's config (default: its config.json, read before any weights).
+    `ConfigError`, one line, where `spec.attention_backend` "cudnn" cannot run."""
+    enc = (enc or _encoder_config(spec.model)).replace(attention_backend=spec.attention_backend)
+    setting = dict(
+        platform=jax.default_backend(),
+        dtype=spec.policy.compute_dtype,
+        packed=spec.packing,
+        length=spec.max_length,
+    )
+    try:
+        return {p: attention_lib.plan(enc, train=p == "train", **setting) for p in PROGRAMS}
+    except attention_lib.Refused as err:
+        raise config_lib.ConfigError(f"config: {err} (model {spec.model!r})") from None
+
+
 def check_model(spec: specs.ModelSpec) -> None:
     """The checks of `spec` against the model's config.json (`check_max_length`,
-    `check_head_width`), before any weights are read; the loop runs them before it touches the
-    run folder."""
+    `check_head_width`, `attention_plans`), before any weights are read; the loop runs them
+    before it touches the run folder."""
     check_max_length(spec)
     check_head_width(spec)
+    attention_plans(spec)
 
 
 def output_bias(spec: specs.ModelSpec, task: tasks.GlueTask, train: list[tasks.Example]) -> float:
@@ -199,7 +225,8 @@ def build_model(
         policy=policy,
         remat=spec.remat,
     )
-    enc_config = encoder.config
+    enc_config = encoder.config.replace(attention_backend=spec.attention_backend)
+    encoder = encoder.clone(config=enc_config)
     dropout = spec.dropout_rate
     if dropout is None:
         classifier_dropout = enc_config.classifier_dropout

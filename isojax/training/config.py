@@ -36,6 +36,7 @@ from isojax import errors
 from isojax.core import istar, normalizers, penalties
 from isojax.data import tasks
 from isojax.models import heads
+from isojax.models.config import ATTENTION_BACKENDS
 from isojax.training import optim, precision, throughput
 
 # `config.normalizer` is one of `normalizers.NORMALIZERS` (the head's normaliser: none recenter
@@ -183,6 +184,10 @@ def _loop_fields(c: ml_collections.ConfigDict) -> None:
     c.max_nonfinite_steps = config_dict.FieldReference(10, int)
     c.fsdp = False  # shard parameters and optimizer state over devices
     c.remat = False  # recompute layer activations in the backward pass
+    # The attention's kernel (isojax.models.attention): "auto" (cuDNN's fused kernel where it
+    # can run: a GPU, bf16/fp16, no attention dropout, padded not packed rows; else XLA),
+    # "xla", or "cudnn" (refused, before any weights are read, where it cannot run).
+    c.attention_backend = "auto"
     # Without a token penalty (istar, cosreg) the train step computes the encoder's last layer
     # at the [CLS] tokens only (the same loss and gradients to float rounding, about 1/7 less
     # work on 6 layers; dropout in that layer draws other masks). False: every token, as
@@ -406,6 +411,10 @@ def _check_numerics(config: ml_collections.ConfigDict) -> None:
         config.loss_scale in LOSS_SCALES, f"loss_scale {config.loss_scale!r} not in {LOSS_SCALES}"
     )
     _check(config.rng_impl in RNG_IMPLS, f"rng_impl {config.rng_impl!r} not in {RNG_IMPLS}")
+    _check(
+        config.attention_backend in ATTENTION_BACKENDS,
+        f"attention_backend {config.attention_backend!r} not in {ATTENTION_BACKENDS}",
+    )
     _owned("policy", precision.get_policy, config.policy)
     _check(
         config.model != TINY_MODEL or bool(config.tokenizer),

@@ -50,7 +50,6 @@ from isojax.training import (
     distributed,
     evaluation,
     feeds,
-    optim,
     reporting,
     resume,
     specs,
@@ -299,8 +298,8 @@ class Loop:
             run=run,
             workdir=workdir,
             lead=lead,
-            log=_run_log(run, workdir, lead),
-            meter=_meter(run, lead),
+            log=reporting.run_log(run, workdir, lead),
+            meter=throughput.run_meter(run, lead),
             ckpt=ckpt,
             best_ckpt=best_ckpt,
             position=position,
@@ -383,7 +382,7 @@ class Loop:
         key = tuple((k, v.shape) for k, v in batch.items())
         if key not in self.executables:
             self.executables[key] = self.run.train_fn.lower(state, batch).compile()
-        self.meter.read(key, self.executables[key], batch["input_ids"].size)
+        self.meter.read(key, self.executables[key], batch["input_ids"].shape)
         return self.executables[key]
 
     def after_step(self, step: int, state) -> None:
@@ -466,37 +465,3 @@ class Loop:
         self.log.close()
         self.ckpt.close()
         self.best_ckpt.close()
-
-
-def _meter(run: Run, lead: bool):
-    """The loop's `throughput.Meter` (None with the run's `LoopSpec.throughput` False)."""
-    spec = run.spec
-    if not spec.loop.throughput:
-        return None
-    return throughput.Meter(
-        run.mesh,
-        spec.state.policy.compute_dtype,
-        peak_override=spec.loop.peak_flops,
-        loop_trips=spec.feed.grad_accum_steps,
-        verbose=lead and spec.loop.progress,  # its lines join the progress display's
-    )
-
-
-def _run_log(run: Run, workdir: pathlib.Path, lead: bool):
-    """The run's `reporting.RunLog` (metrics.jsonl, TensorBoard, progress; the learning rate
-    schedule it logs)."""
-    spec, opt = run.spec.loop, run.spec.state.optim
-    return reporting.RunLog(
-        workdir,
-        total_steps=run.total_steps,
-        every=spec.log_every,
-        enabled=lead,
-        progress=spec.progress,
-        tensorboard=spec.tensorboard,
-        learning_rate=optim.learning_rate_schedule(
-            opt.learning_rate,
-            run.total_steps,
-            warmup_fraction=opt.warmup_fraction,
-            kind=opt.schedule,
-        ),
-    )

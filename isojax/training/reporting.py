@@ -16,13 +16,26 @@ import sys
 import time
 from collections.abc import Callable
 
+from isojax.models import attention
+from isojax.training import build, optim
+
+logger = logging.getLogger(__name__)
+
 
 class MetricWriter:
     """Appends `{"step", "epoch", "split", **values}` lines to `metrics.jsonl` and scalars
-    `split/name` to TensorBoard event files in the run folder (process 0 only)."""
+    `split/name` to TensorBoard event files in the run folder (process 0 only); "train" lines
+    also carry `fields` (text: the attention backend of each program and layer kind,
+    `isojax.models.attention.fields`), which TensorBoard does not get."""
 
-    def __init__(self, workdir: pathlib.Path, enabled: bool = True, tensorboard: bool = True):
-        self.enabled = enabled
+    def __init__(
+        self,
+        workdir: pathlib.Path,
+        enabled: bool = True,
+        tensorboard: bool = True,
+        fields: dict[str, str] | None = None,
+    ):
+        self.enabled, self.fields = enabled, dict(fields or {})
         self._path = workdir / "metrics.jsonl"
         self._tb = None
         if enabled and tensorboard:
@@ -34,6 +47,8 @@ class MetricWriter:
         if not self.enabled:
             return
         record = {"step": step, "epoch": epoch, "split": split, **values}
+        if split == "train":
+            record |= self.fields
         with open(self._path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self._tb is not None:
@@ -127,8 +142,9 @@ class RunLog:
         progress: bool,
         tensorboard: bool,
         learning_rate: Callable,
+        fields: dict[str, str] | None = None,
     ):
-        self.writer = MetricWriter(workdir, enabled=enabled, tensorboard=tensorboard)
+        self.writer = MetricWriter(workdir, enabled, tensorboard, fields)
         self.progress = Progress(total_steps, every=every, enabled=enabled and progress)
         self.total_steps, self.every, self.learning_rate = total_steps, every, learning_rate
 
@@ -147,3 +163,31 @@ class RunLog:
     def close(self) -> None:
         self.progress.close()
         self.writer.close()
+
+
+def run_log(run, workdir: pathlib.Path, lead: bool) -> RunLog:
+    """The training loop's `RunLog` of `run` (`loop.Run`): metrics.jsonl, TensorBoard,
+    progress, the learning rate schedule it logs; its "train" records name the attention
+    backend of each program and layer kind (`build.attention_plans`), logged once here (with
+    the progress display, process 0)."""
+    spec, opt = run.spec.loop, run.spec.state.optim
+    fields = {}
+    for program, plan in build.attention_plans(run.spec.model, run.model.encoder.config).items():
+        if lead and spec.progress:
+            logger.info("isojax: %s", attention.describe(program, plan))
+        fields |= attention.fields(program, plan)
+    return RunLog(
+        workdir,
+        total_steps=run.total_steps,
+        every=spec.log_every,
+        enabled=lead,
+        progress=spec.progress,
+        tensorboard=spec.tensorboard,
+        fields=fields,
+        learning_rate=optim.learning_rate_schedule(
+            opt.learning_rate,
+            run.total_steps,
+            warmup_fraction=opt.warmup_fraction,
+            kind=opt.schedule,
+        ),
+    )

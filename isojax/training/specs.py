@@ -44,6 +44,8 @@ class ModelSpec:
       dropout_rate: the head's dropout; None: the model's classifier dropout.
       label_mean_bias: a regression head's bias starts at the training labels' mean
         (`build.output_bias`); else at 0.
+      attention_backend: the encoder's attention kernel (`isojax.models.attention`).
+      packing: packed rows (the attention backend's choice reads it).
     """
 
     model: str
@@ -56,6 +58,8 @@ class ModelSpec:
     sentence: str
     dropout_rate: float | None
     label_mean_bias: bool
+    attention_backend: str = "auto"
+    packing: bool = False
 
     @classmethod
     def of(cls, config: ml_collections.ConfigDict) -> ModelSpec:
@@ -71,6 +75,8 @@ class ModelSpec:
             sentence=config.sentence,
             dropout_rate=config.dropout_rate,
             label_mean_bias=config.label_mean_bias,
+            attention_backend=config.attention_backend,
+            packing=config.packing,
         )
 
 

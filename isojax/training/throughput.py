@@ -1,10 +1,11 @@
-"""Throughput of the training loop: per-window rates, the compiled step's FLOPs, MFU and
-memory, and a profiler window.
+"""Throughput of the training loop: per-window rates, model FLOPs and MFU, the compiled
+step's memory and XLA's FLOPs count, and a profiler window.
 
-    meter = throughput.Meter(run.mesh, compute_dtype, peak_override=None)
+    flops = functools.partial(throughput.model_flops, encoder_config, num_labels=2)
+    meter = throughput.Meter(run.mesh, compute_dtype, flops=flops)
     for batch in ...:
         compiled = compiled_by_shape[key]   # the loop's `train_fn.lower(...).compile()`
-        meter.read(key, compiled, batch["input_ids"].size)
+        meter.read(key, compiled, batch["input_ids"].shape)
         state, metrics = compiled(state, batch)
         position.add_step(metrics | meter.counts(), steps_per_epoch)
         meter.step(state)                   # host-side only
@@ -15,47 +16,49 @@ memory, and a profiler window.
 step, MFU; the compiled step's memory at start. Each new batch shape (a length bucket, a packed
 row bucket) is compiled once ahead of its first call, `train_fn.lower(state, batch).compile()`
 (the program `jax.jit` would compile for the call; the loop then runs that executable for every
-batch of the shape), which gives its FLOPs (`step_flops`, one device's program) and its memory:
-the first shape's memory line is printed, and a shape that cannot fit the device stops the run
-before it runs (`memory_line`). A shape's first run is left out of the window's rates. Real
-tokens and examples are the step's own metrics
-(`steps.train_step`: `real_tokens`, `examples`, global counts from the sharded batch), so
-every process agrees without a host collective; padded tokens are the batch's token slots and
-FLOPs the compiled shape's, added to the same sums (`counts`).
+batch of the shape), which gives its memory and XLA's FLOPs count (`step_flops`): the first
+shape's memory line is printed, and a shape that cannot fit the device stops the run before it
+runs (`memory_line`). A shape's first run is left out of the window's rates. Real tokens and
+examples are the step's own metrics (`steps.train_step`: `real_tokens`, `examples`, global
+counts from the sharded batch), so every process agrees without a host collective; padded
+tokens are the batch's token slots and FLOPs the shape's, added to the same sums (`counts`).
 
 A window's figures (its steps ran between two host synchronisations: the log step's means,
 or `mark` after an evaluation or a save, which synchronise too):
   step_time_s            wall time of the window / its steps;
   examples_per_s, real_tokens_per_s, padded_tokens_per_s   the window's counts / its time;
-  flops_per_step         model FLOPs of one step over all devices (per device x devices),
-                         the mean over the log window's steps (shapes differ by bucket);
-                         not a time: a resumed run logs the uninterrupted run's;
-  mfu                    per-device FLOPs / step time / the device's peak (absent when the
-                         peak is unknown: `peak_flops` says why, once, at start).
+  flops_per_step         the model FLOPs of one step over all devices (`model_flops` of the
+                         global batch's shape), the mean over the log window's steps (shapes
+                         differ by bucket); not a time: a resumed run logs the uninterrupted
+                         run's;
+  xla_flops_per_step     XLA's cost analysis of the compiled step (per device x devices),
+                         beside it, for comparison only;
+  mfu                    flops_per_step / devices / step time / one device's peak (absent
+                         when the peak is unknown: `peak_flops` says why, once, at start).
 
-The hardware figures of a compiled step: FLOPs (XLA's cost analysis), peak FLOP/s, MFU, memory.
+MFU (Chowdhery et al., PaLM, 2022, appendix B) is model FLOPs per second over the device's
+peak dense FLOP/s in the step's compute dtype (`PEAK_FLOPS`, vendor data sheets; no sparsity).
+The model FLOPs are counted from the encoder's config (`model_flops`: 2 x in x out per dense
+layer a token passes through, 4 x keys seen x width per layer for the attention, the pooler
+and head, x 3 for a training step), not read from the compiled program: they are the same
+whatever the implementation recomputes (remat), pads or fuses, and they do not count the
+optimizer, norms or softmax. A device or dtype not in the table has an unknown peak: MFU is
+then None and the run says so; `config.peak_flops` sets the peak explicitly.
 
-    compiled = run.train_fn.lower(state, batch).compile()
-    flops = throughput.step_flops(compiled)             # this device's program, per step
+    flops = throughput.model_flops(encoder_config, rows, length)   # a training step
     peak, why = throughput.peak_flops(jax.devices()[0].device_kind, "bfloat16")
-    mfu = throughput.mfu(flops, step_seconds, peak)      # None where the peak is unknown
+    mfu = throughput.mfu(flops / devices, step_seconds, peak)       # None: peak unknown
     print(throughput.memory_line(compiled, jax.devices()[0]))   # ValueError if it cannot fit
 
-FLOPs come from XLA's `HloCostAnalysis` of the compiled, SPMD-partitioned program: the FLOPs
-one device runs per step (forward, backward, optimizer; matmuls counted 2·m·n·k), so MFU is
-`flops / step time / peak of one device`, and a step's model FLOPs over the mesh is that times
-the device count. XLA counts a while loop's body once: a step with `grad_accum_steps = k`
-(`lax.scan` over micro-batches) reports `k ×` the compiled count (`step_flops(..., loop_trips=k)`),
-which also counts the rest of the step, the optimizer update, `k` times: `(k − 1)` updates of a
-few FLOPs per parameter too many, against about `6 · parameters · tokens` per micro-batch. The
-excess grows as micro-batches shrink: on XLA:CPU, MiniLM-L6 at 32 × 128 +0.8 % at k = 4 and
-+7.4 % at k = 32 (one example a micro-batch), tiny-bert at 32 × 48 +45 % at k = 4 (audit of
-2026-12-03), so MFU under accumulation is an upper bound.
-
-MFU (Chowdhery et al., PaLM, 2022, appendix B) is measured FLOPs per second over the device's
-peak dense FLOP/s in the step's compute dtype (`PEAK_FLOPS`, vendor data sheets; no sparsity).
-A device or dtype not in the table has an unknown peak: MFU is then None and the run says so;
-`config.peak_flops` sets the peak explicitly.
+XLA's count (`step_flops`) is the `HloCostAnalysis` of the compiled, SPMD-partitioned program:
+the FLOPs one device runs per step (forward, backward, optimizer; matmuls counted 2·m·n·k,
+one per element-wise op). On small configs on CPU it is within about 1 % of `model_flops`
+(`tests/training/test_model_flops.py`). XLA counts a while loop's body once: a step with
+`grad_accum_steps = k` (`lax.scan` over micro-batches) reports `k ×` the compiled count
+(`step_flops(..., loop_trips=k)`), which also counts the rest of the step, the optimizer
+update, `k` times, so `xla_flops_per_step` under accumulation is an upper bound (MiniLM-L6 at
+32 × 128 +0.8 % at k = 4 and +7.4 % at k = 32, tiny-bert at 32 × 48 +45 % at k = 4 on XLA:CPU,
+audit of 2026-12-03); the model count, and so MFU, has no such excess.
 
 A profiler window: a `jax.profiler` trace of training steps `start` to `stop` (`Window`).
 
@@ -73,10 +76,12 @@ still open when the loop ends is stopped there.
 
 from __future__ import annotations
 
+import functools
 import logging
 import pathlib
 import re
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -100,6 +105,8 @@ class Meter:
       peak_override: `config.peak_flops`, FLOP/s of one device; None: `PEAK_FLOPS`.
       loop_trips: micro-batches per step (`config.grad_accum_steps`; see `step_flops`).
       verbose: log the memory and peak lines (process 0).
+      flops: `(rows, length) -> ` the model FLOPs of a step over a global batch of that
+        shape (`model_flops` of the run's encoder and head); None: no `flops_per_step`, no MFU.
     """
 
     def __init__(
@@ -110,11 +117,12 @@ class Meter:
         peak_override: float | None = None,
         loop_trips: int = 1,
         verbose: bool = True,
+        flops: Callable[[int, int], float] | None = None,
     ):
-        self.mesh, self.loop_trips, self.verbose = mesh, loop_trips, verbose
+        self.mesh, self.loop_trips, self.verbose, self.flops = mesh, loop_trips, verbose, flops
         self.device = mesh.devices.flat[0]
         self.peak, why = peak_flops(self.device.device_kind, compute_dtype, peak_override)
-        self._costs: dict[tuple, tuple] = {}  # batch shapes -> (FLOPs/device, token slots)
+        self._costs: dict[tuple, tuple] = {}  # batch shapes -> (model, XLA FLOPs, slots)
         self._new, self._key = False, None
         self._steps = 0
         self._start = time.perf_counter()
@@ -122,28 +130,35 @@ class Meter:
             line = f"peak {self.peak:.4g} FLOP/s per device ({why})" if self.peak else why
             logger.info("isojax: MFU: %s", line)
 
-    def read(self, key: tuple, compiled, slots: int) -> None:
+    def read(self, key: tuple, compiled, shape: tuple[int, ...]) -> None:
         """Reads the cost of `compiled`, the step the loop runs next, for batch shapes `key`
-        with `slots` token slots: its FLOPs; for the first shape the memory line and check
-        (`memory_line` raises if it cannot fit). A shape's first run is left out of
-        the rates."""
+        whose token ids are `shape` (`[..., rows, length]`, global): its model FLOPs and
+        XLA's count; for the first shape the memory line and check (`memory_line` raises if
+        it cannot fit). A shape's first run is left out of the rates."""
         if key not in self._costs:
             line = memory_line(compiled, self.device)
             if not self._costs and self.verbose:
                 logger.info("isojax: %s", line)
-            self._costs[key] = (step_flops(compiled, self.loop_trips), slots)
+            slots, length = int(np.prod(shape)), int(shape[-1])
+            model = None if self.flops is None else self.flops(slots // length, length)
+            xla = step_flops(compiled, self.loop_trips)
+            self._costs[key] = (model, None if xla is None else xla * self.mesh.size, slots)
             self._new = True
         self._key = key
 
     def counts(self) -> dict[str, np.float32]:
         """The counts of the step last `read`, for the step metrics' sums
         (`resume.Position.add`, checkpointed with them, so a resumed window's means are the
-        uninterrupted one's): `flops_per_step` (all devices; absent when XLA gives none) and
-        `padded_tokens` (the batch's token slots), float32 as the device metrics."""
-        flops, padded = self._costs[self._key]
+        uninterrupted one's): `flops_per_step` (the model FLOPs, `model_flops`, absent without
+        `flops`), `xla_flops_per_step` (XLA's count of the compiled step per device x devices,
+        absent when XLA gives none) and `padded_tokens` (the batch's token slots), float32 as
+        the device metrics."""
+        model, xla, padded = self._costs[self._key]
         out = {"padded_tokens": np.float32(padded)}
-        if flops is not None:
-            out["flops_per_step"] = np.float32(flops * self.mesh.size)
+        if model is not None:
+            out["flops_per_step"] = np.float32(model)
+        if xla is not None:
+            out["xla_flops_per_step"] = np.float32(xla)
         return out
 
     def step(self, state) -> None:
@@ -176,6 +191,29 @@ class Meter:
                     out["mfu"] = value
         self.mark()
         return out
+
+
+def run_meter(run, lead: bool) -> Meter | None:
+    """The training loop's `Meter` of `run` (`loop.Run`; None with its `LoopSpec.throughput`
+    False): the model FLOPs of its encoder and head (`model_flops`, `cls_only` as
+    `steps.train_step` runs it), its compute dtype's peak, its micro-batches."""
+    spec, objective = run.spec, run.state.objective
+    if not spec.loop.throughput:
+        return None
+    flops = functools.partial(
+        model_flops,
+        run.model.encoder.config,
+        num_labels=run.model.num_labels,
+        cls_only=objective.cls_only and not objective.reads_tokens,
+    )
+    return Meter(
+        run.mesh,
+        spec.state.policy.compute_dtype,
+        peak_override=spec.loop.peak_flops,
+        loop_trips=spec.feed.grad_accum_steps,
+        verbose=lead and spec.loop.progress,  # its lines join the progress display's
+        flops=flops,
+    )
 
 
 # Peak dense FLOP/s per chip (per `jax.Device`), by dtype, matched in order on the words of the
@@ -263,6 +301,46 @@ def step_flops(compiled, loop_trips: int = 1) -> float | None:
         cost = cost[0] if cost else None
     flops = (cost or {}).get("flops")
     return float(flops) * loop_trips if flops and flops > 0 else None
+
+
+def attention_keys(cfg, length: int) -> list[int]:
+    """Keys each query sees in each layer call of `cfg` (an `isojax.models.EncoderConfig`)
+    at sequence length `length`: the length on a global layer, ModernBERT's window
+    (`local_attention`) on a sliding one, capped at the length."""
+    kinds = cfg.layer_types or ("full_attention",) * cfg.num_layer_calls
+    window = min(cfg.local_attention, length)
+    return [window if kind == "sliding_attention" else length for kind in kinds]
+
+
+def model_flops(
+    cfg, batch: int, length: int, *, train: bool = True, num_labels: int = 2,
+    cls_only: bool = False,
+) -> float:  # fmt: skip
+    """Model FLOPs of a step of `batch` rows of `length` tokens through the encoder `cfg`
+    (an `isojax.models.EncoderConfig`) and its classification head (PaLM, appendix B; as
+    Megatron counts): per token, 2 x in x out for every dense layer it passes through (the
+    fused query/key/value, the attention output, the feed-forward's two, or ModernBERT's GeGLU
+    `[hidden, 2 intermediate]` and `[intermediate, hidden]`; ALBERT's embedding projection);
+    4 x keys seen x hidden per layer for Q K^T and the weights times V (`attention_keys`); per
+    row, the pooler (BERT's dense + tanh, ModernBERT's prediction head) and the classifier
+    `[hidden, num_labels]`; x 3 for a training step (the backward pass costs twice the forward).
+    `cls_only`: the last layer runs its query, attention, output and feed-forward at one token
+    per row (`isojax.training.steps`, BERT family only), its keys and values at every token.
+    Embedding lookups, norms, activations, softmax and the optimizer are not counted.
+    """
+    h, inner = cfg.hidden_size, cfg.intermediate_size
+    modern = cfg.family == "modernbert"
+    mlp = 2 * h * (2 * inner if modern else inner) + 2 * inner * h  # GeGLU: W1 -> 2 inner
+    keys = attention_keys(cfg, length)
+    per_token = 2 * cfg.embed_dim * h if cfg.family == "albert" else 0
+    per_token += len(keys) * (2 * h * 3 * h + 2 * h * h + mlp) + sum(4 * k * h for k in keys)
+    per_row = 2 * h * h * (modern or cfg.has_pooler) + 2 * h * num_labels
+    if cls_only and not modern:  # the last layer's query, attention, output, MLP at [CLS] only
+        last = 2 * h * h + 4 * keys[-1] * h + 2 * h * h + mlp
+        per_token -= last
+        per_row += last
+    forward = batch * length * per_token + batch * per_row
+    return float(3 * forward if train else forward)
 
 
 def mfu(flops: float | None, seconds: float, peak: float | None) -> float | None:

@@ -1,7 +1,9 @@
 """Tests for experiments/device/{prepare,run}.sh on a small fake weights package: the largest
-file is split in two carry folders and reassembled byte for byte, every file checked against
-the SHA-256 manifest; a damaged half or a missing first half is refused; the GLUE staging copy
-holds the four study tasks' train and dev files, and the recorded commit is HEAD."""
+file is split into as many carry folders as the transfer limit needs (`split.py`, with the
+working tree's size given) and reassembled byte for byte, every file checked against the
+SHA-256 manifest; a damaged part or a missing one is refused; the GLUE staging copy holds the
+four study tasks' train and dev files, and the recorded commit is HEAD; the weightless
+accelerator check runs in one call (`run.sh bench`)."""
 
 import filecmp
 import os
@@ -44,6 +46,8 @@ def _fake_package(tmp_path) -> tuple[pathlib.Path, bytes]:
 
 
 def test_prepare_splits_and_run_reassembles_and_verifies(tmp_path, glue_dir):
+    """A tree that leaves a call room for a bit over 60 kB next to the last call's cargo:
+    the 200,001-byte file goes in 4 parts, 4 calls, each under the limit."""
     pkg, big = _fake_package(tmp_path)
     dev = tmp_path / "dev"
     env = {
@@ -53,20 +57,34 @@ def test_prepare_splits_and_run_reassembles_and_verifies(tmp_path, glue_dir):
         "PYTHON": sys.executable,
         "SKIP_WHEELS": "1",
     }
-
-    done = _sh("prepare.sh", env=env)
+    done = _sh("prepare.sh", env=env)  # measure the last call's cargo
     assert done.returncode == 0, done.stderr
-    assert "call 1: run(command=" in done.stdout and "call 2: run(command=" in done.stdout
-    part1, part2 = (dev / "w1" / "part1").read_bytes(), (dev / "w2" / "part2").read_bytes()
-    assert (len(part1), len(part2)) == (100_001, 100_000) and part1 + part2 == big
-    assert (dev / "w2" / "big.txt").read_text().strip() == "fake_weights/model/weights.safetensors"
-    staged = sorted(p.relative_to(dev / "w2" / "package") for p in dev.glob("w2/package/**/*.*"))
+    du = ["du", "-sb", *(str(dev / d) for d in ("rest", "data", "wheels", "meta"))]
+    rest = sum(int(line.split()[0]) for line in subprocess.check_output(du, text=True).splitlines())
+    tree = 63 * 2**20 - rest - 60_000  # room of 60,000 bytes in the last call (as prepare.sh)
+    done = _sh("prepare.sh", env=env | {"TREE_BYTES": str(tree)})
+    assert done.returncode == 0, done.stderr
+    parts = sorted(p for p in dev.glob("w*/part*") if p.suffix != ".sha256")
+    assert [p.relative_to(dev).as_posix() for p in parts] == [f"w{k}/part{k}" for k in (1, 2, 3, 4)]
+    assert [p.stat().st_size for p in parts] == [50_001, 50_001, 50_001, 49_998]
+    assert b"".join(p.read_bytes() for p in parts) == big
+    assert (dev / "rest" / "parts.txt").read_text().strip() == "4"
+    for k in (1, 2, 3):
+        assert f'run.sh stage {k}", carry=[".device/w{k}"]' in done.stdout
+    assert 'go 9.5",' in done.stdout and '".device/w4", ".device/rest"' in done.stdout
+    bench = 'bench: run(command="bash experiments/device/run.sh bench", timeout_s=420)'
+    assert bench in done.stdout
+    sent = [float(x) for x in re.findall(r"call \d sends ([0-9.]+) MiB", done.stdout)]
+    assert len(sent) == 4 and max(sent) < 64
+    rest = dev / "rest"
+    assert (rest / "big.txt").read_text().strip() == "fake_weights/model/weights.safetensors"
+    staged = sorted(p.relative_to(rest / "package") for p in rest.glob("package/**/*.*"))
     assert [str(p) for p in staged] == [
         "fake_weights/__init__.py",
         "fake_weights/model/config.json",
         "fake_weights/model/sub/pooling.json",
     ]
-    assert len((dev / "w2" / "weights.sha256").read_text().splitlines()) == 4
+    assert len((dev / "rest" / "weights.sha256").read_text().splitlines()) == 4
     for task in TASKS:
         for split in ("train", "dev"):
             assert filecmp.cmp(dev / "data/glue" / task / f"{split}.tsv",
@@ -74,8 +92,9 @@ def test_prepare_splits_and_run_reassembles_and_verifies(tmp_path, glue_dir):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     assert f"ISOJAX_GIT_COMMIT={head.stdout.strip()}\n" in (dev / "meta/git.env").read_text()
 
-    # Call 1's check, then the reassembly: every file as it was, the cache left out.
-    assert _sh("run.sh", "stage", env=env).returncode == 0
+    # The calls' checks, then the reassembly: every file as it was, the cache left out.
+    for k in (1, 2, 3, 4):
+        assert _sh("run.sh", "stage", str(k), env=env).returncode == 0
     site = tmp_path / "site_there"
     done = _sh("run.sh", "unpack", str(site), env=env)
     assert done.returncode == 0, done.stderr
@@ -84,17 +103,17 @@ def test_prepare_splits_and_run_reassembles_and_verifies(tmp_path, glue_dir):
             assert filecmp.cmp(path, site / path.relative_to(pkg.parent), shallow=False)
     assert not (site / "fake_weights" / "__pycache__").exists()
 
-    # One flipped byte in the second half: refused, naming the package.
-    damaged = bytearray(part2)
+    # One flipped byte in a part: refused, naming the package.
+    damaged = bytearray(parts[1].read_bytes())
     damaged[12_345] ^= 1
-    (dev / "w2" / "part2").write_bytes(bytes(damaged))
+    parts[1].write_bytes(bytes(damaged))
     done = _sh("run.sh", "unpack", str(tmp_path / "site_again"), env=env)
     assert done.returncode != 0 and "does not match its SHA-256" in done.stderr
 
-    # The first half gone (a machine that went cold between the calls): stage says so.
-    (dev / "w1" / "part1").unlink()
-    done = _sh("run.sh", "stage", env=env)
-    assert done.returncode == 1 and ".device/w1 missing or damaged" in done.stderr
+    # A part gone (a machine that went cold between the calls): stage says so.
+    (dev / "w3" / "part3").unlink()
+    done = _sh("run.sh", "stage", "3", env=env)
+    assert done.returncode == 1 and ".device/w3 missing or damaged" in done.stderr
 
 
 def test_prepare_on_a_fresh_clone_stages_into_the_ignored_device_folder(tmp_path, glue_dir):
@@ -104,7 +123,8 @@ def test_prepare_on_a_fresh_clone_stages_into_the_ignored_device_folder(tmp_path
     pkg, _ = _fake_package(tmp_path)
     clone = tmp_path / "clone"
     (clone / "experiments" / "device").mkdir(parents=True)
-    shutil.copy(REPO / "experiments/device/prepare.sh", clone / "experiments/device")
+    for script in ("prepare.sh", "split.py"):
+        shutil.copy(REPO / "experiments/device" / script, clone / "experiments/device")
     shutil.copy(REPO / ".gitignore", clone / ".gitignore")
     names = ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL")
     git_env = os.environ | dict.fromkeys(names, "t")
@@ -122,7 +142,7 @@ def test_prepare_on_a_fresh_clone_stages_into_the_ignored_device_folder(tmp_path
 
     done = prepare()
     assert done.returncode == 0, done.stderr
-    assert (clone / ".device/w1/part1").is_file() and (clone / ".device/w2/part2").is_file()
+    assert (clone / ".device/w1/part1").is_file() and (clone / ".device/rest/parts.txt").is_file()
     status = subprocess.run(["git", "-C", str(clone), "status", "--porcelain"],
                             capture_output=True, text=True, check=True)  # fmt: skip
     assert status.stdout == ""
@@ -133,31 +153,36 @@ def test_prepare_on_a_fresh_clone_stages_into_the_ignored_device_folder(tmp_path
     assert done.returncode == 1 and ".device/ is not git-ignored here" in done.stderr
 
 
-def test_dry_go_runs_the_attention_check_after_the_bench(tmp_path, glue_dir):
-    """`go` in the dry run, the first half gone (the bench-only path, exit 3, no grid): after
-    the accelerator bench (cut at BENCH_S) the attention check runs at its dry size and its
-    figure lines reach the output, the whole log in $OUT/attention.log; BENCH=0 skips both."""
+def test_dry_bench_and_go_run_the_accelerator_check(tmp_path, glue_dir):
+    """`bench` (no weights staged at all) runs the accelerator check's dry run in one call,
+    its figure lines in the output and the whole log and the profile in $OUT; `go` with a
+    part gone runs the check only (exit 3, no grid), and BENCH=0 skips it."""
+    out = tmp_path / "out"
+    env = {"DEVICE_DIR": str(tmp_path / "nothing"), "PYTHON": sys.executable, "OUT": str(out),
+           "ISOJAX_DEVICE_DRY": "1"}  # fmt: skip
+    done = _sh("run.sh", "bench", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = done.stdout
+    assert "accel_check.py exit 0 " in said
+    for arm in ("isojax xla", "isojax auto", "torch sdpa"):
+        assert re.search(rf"^tiny-bert 4x32 bf16 {arm}: [0-9.]+ ms/step, .* real tokens/s, "
+                         "model-FLOPs MFU .* peak memory", said, re.M)  # fmt: skip
+    assert re.search(r"^tiny-modernbert 4x32 bf16 equality auto vs xla: .* PASS", said, re.M)
+    assert (out / "profile_top15.txt").is_file() and (out / "profile_trace.json.gz").is_file()
+    assert "accel_check: done" in (out / "accel.log").read_text()
+
     pkg, _ = _fake_package(tmp_path)
-    dev, out = tmp_path / "dev", tmp_path / "out"
-    env = {"DEVICE_DIR": str(dev), "WEIGHTS_PKG": str(pkg), "GLUE_DIR": str(glue_dir),
-           "PYTHON": sys.executable, "SKIP_WHEELS": "1"}  # fmt: skip
+    dev = tmp_path / "dev"
+    env |= {"DEVICE_DIR": str(dev), "WEIGHTS_PKG": str(pkg), "GLUE_DIR": str(glue_dir),
+            "SKIP_WHEELS": "1"}  # fmt: skip
     assert _sh("prepare.sh", env=env).returncode == 0
     (dev / "w1" / "part1").unlink()
-    env |= {"OUT": str(out), "ISOJAX_DEVICE_DRY": "1", "BENCH": "1", "BENCH_S": "1"}
-
-    done = _sh("run.sh", "go", "3", env=env)
+    shutil.rmtree(out)
+    done = _sh("run.sh", "go", "3", env=env | {"BENCH": "1", "BENCH_S": "1"})
     assert done.returncode == 3, done.stdout + done.stderr
-    said = done.stdout
-    assert said.index("== accelerator bench") < said.index("== attention speed")
-    assert "attention_speed.py exit 0 " in said
-    where = "tiny 4x32 bfloat16 on cpu"
-    for arm in ("fused", "einsum"):
-        assert re.search(rf"^{where} {arm}: [0-9.]+ ms/step, .* real tokens/s, MFU", said, re.M)
-    assert re.search(rf"^{where} fused/einsum: median [0-9.]+ over 1 rounds", said, re.M)
-    figures = [x for x in said.splitlines() if x.startswith(where)]
-    assert len(figures) == 3 and figures == (out / "attention.log").read_text().splitlines()[-3:]
-
+    assert done.stdout.index("== accelerator check") < done.stdout.index("== accelerator bench")
+    assert "accel_check.py exit 0 " in done.stdout
     shutil.rmtree(out)
     done = _sh("run.sh", "go", "3", env=env | {"BENCH": "0"})
-    assert done.returncode == 3 and "== attention speed" not in done.stdout
-    assert not (out / "attention.log").exists()
+    assert done.returncode == 3 and "== accelerator check" not in done.stdout
+    assert not (out / "accel.log").exists()

@@ -13,7 +13,7 @@ def test_tiny_run_prints_the_table(capsys):
     assert [row["variant"] for row in rows] == ["plain", "isobn", "istar"]
     for row in rows:
         assert row["batch"] == "4x16" and row["step_ms"] > 0 and row["tokens_per_s"] > 0
-        assert row["mfu_xla"] is None and row["mfu_6n"] is None  # no peak on CPU
+        assert row["mfu"] is None and row["mfu_6n"] is None  # no peak on CPU
         if row["xla_gflop"] is not None:  # XLA:CPU reports the step's FLOPs
             assert row["xla_gflop"] > 0
     assert rows[0]["ratio"] == 1.0

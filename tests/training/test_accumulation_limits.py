@@ -68,22 +68,22 @@ def test_cosreg_under_accumulation_is_the_mean_of_the_micro_batch_penalties(runs
 
 
 def _flops(run, config, batch, stacked):
-    """(`flops_per_step` as the loop's meter counts it, XLA's count of the program once)."""
+    """(`xla_flops_per_step` as the loop's meter counts it, XLA's count of the program once)."""
     compiled = run.train_fn.lower(
         run.state, distributed.global_batch(batch, run.mesh, stacked=stacked)
     ).compile()
     meter = throughput.Meter(
         run.mesh, jnp.float32, loop_trips=config.grad_accum_steps, verbose=False
     )
-    meter.read(("batch",), compiled, slots=1)
-    return float(meter.counts()["flops_per_step"]), throughput.step_flops(compiled)
+    meter.read(("batch",), compiled, shape=batch["input_ids"].shape)
+    return float(meter.counts()["xla_flops_per_step"]), throughput.step_flops(compiled)
 
 
 def test_accumulating_step_flops_count_the_program_k_times_an_upper_bound(runs):
-    """Finding 12: `flops_per_step` under k = 4 is 4 x XLA's count of the compiled step (its
-    loop body counted once), and more than the k = 1 step's count of the same 8 examples:
-    the rest of the step, the optimizer update, is counted 4 times, so MFU under accumulation
-    is an upper bound, as the guide says."""
+    """Finding 12: `xla_flops_per_step` under k = 4 is 4 x XLA's count of the compiled step
+    (its loop body counted once), and more than the k = 1 step's count of the same 8 examples:
+    the rest of the step, the optimizer update, is counted 4 times, so XLA's count under
+    accumulation is an upper bound, as the guide says (the model count is not)."""
     config_k, run_k = runs[(BATCH, K)]
     config_whole, run_whole = runs[(BATCH, 1)]
     stacked = next(iter(feeds.update_batches(run_k.train_encoded, run_k.spec.feed, 0)))
@@ -92,4 +92,4 @@ def test_accumulating_step_flops_count_the_program_k_times_an_upper_bound(runs):
     plain, _ = _flops(run_whole, config_whole, whole, stacked=False)
     np.testing.assert_allclose(counted, K * once, rtol=1e-6)  # float32 in the metrics
     assert counted > plain
-    assert "read MFU under accumulation as an upper bound" in _guide()
+    assert "read XLA's count under accumulation as an upper bound" in _guide()

@@ -35,6 +35,7 @@ OTHER = {
     "row_buckets": (2, 4),
     "profile_steps": (1, 2),
     "peak_flops": 1e12,
+    "attention_backend": "xla",
 }
 # Fields under a section that only one choice reads: changed on a base that makes the choice.
 BASES = {"istar": {"penalty": "istar"}, "cosreg": {"penalty": "cosreg"}}

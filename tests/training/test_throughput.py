@@ -22,12 +22,14 @@ def _train_lines(workdir):
 
 
 @pytest.mark.e2e  # a whole run
-def test_logged_flops_are_xla_cost_analysis_and_profile_window(
+def test_logged_flops_are_the_model_count_and_profile_window(
     tmp_path, glue_dir, minilm_dir, capsys
 ):
     """5 steps of 8 examples on one device, a log line every 2 steps: each line carries the
-    step time, the rates and `flops_per_step` equal to XLA's cost analysis of the compiled
-    step (the same program, compiled here again); MFU is those FLOPs over `peak_flops`. The
+    step time, the rates, `flops_per_step` equal to the model count (`model_flops` of the
+    encoder, 8 rows of 32 tokens, the last layer at [CLS] only) and `xla_flops_per_step` to
+    XLA's cost analysis of the compiled step (the same program, compiled here again); MFU is
+    the model count over `peak_flops`. The
     profile window (1, 3) writes a trace under <workdir>/profile; the memory line is printed."""
     mesh = one_device_mesh()
     # progress on: the start-of-run lines belong to the progress display
@@ -41,11 +43,14 @@ def test_logged_flops_are_xla_cost_analysis_and_profile_window(
     batch = next(iter(feeds.train_batches(run.train_encoded, run.spec.feed, 0, mesh=mesh)))
     compiled = run.train_fn.lower(run.state, distributed.global_batch(batch, mesh)).compile()
     want = compiled.cost_analysis()
-    want = (want[0] if isinstance(want, list) else want)["flops"]
+    xla = (want[0] if isinstance(want, list) else want)["flops"]
+    assert run.state.objective.cls_only and not run.state.objective.reads_tokens
+    want = throughput.model_flops(run.model.encoder.config, 8, 32, num_labels=2, cls_only=True)
     lines = _train_lines(tmp_path / "run")
     assert [r["step"] for r in lines] == [2, 4, 5]
     for r in lines[1:]:  # step 1 compiled its shape: the first window starts after it
         assert r["flops_per_step"] == pytest.approx(want, rel=1e-6) and want > 0
+        assert r["xla_flops_per_step"] == pytest.approx(xla, rel=1e-6) and xla > 0
         assert r["step_time_s"] > 0
         assert r["mfu"] == pytest.approx(want / r["step_time_s"] / 1e9, rel=1e-6)
         assert r["examples_per_s"] == pytest.approx(8 / r["step_time_s"], rel=1e-6)
