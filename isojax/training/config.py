@@ -317,11 +317,11 @@ def _check_objective(config: ml_collections.ConfigDict) -> None:
         config.sentence in heads.SENTENCE_VECTORS,
         f"sentence must be one of {heads.SENTENCE_VECTORS}, got {config.sentence!r}",
     )
-    _owned("isobn", normalizers.check_hparams, "isobn", **config.isobn.to_dict())
-    normalizer, normalizer_kwargs = normalizer_of(config)
-    _owned("normalizer_kwargs", normalizers.check_hparams, normalizer, **normalizer_kwargs)
+    _owned("isobn", normalizers.check_hparams, "isobn", front="config", **config.isobn.to_dict())
     reserved = sorted(set(config.normalizer_kwargs) & set(HEAD_SETS))
     _check(not reserved, f"normalizer_kwargs: {reserved} are set by the classifier head")
+    normalizer, kwargs = normalizer_of(config)
+    _owned("normalizer_kwargs", normalizers.check_hparams, normalizer, front="config", **kwargs)
     _owned("istar.zeta", istar.check_zeta, config.istar.zeta)
     s = config.istar.stabilizer
     window = s.window if s.window is not None else (s.tokens if s.unit == "tokens" else 1)

@@ -103,6 +103,7 @@ def train_and_evaluate(
     build.check_model(spec.model)  # the model's sizes: refused before the folder is touched
     distributed.initialize_distributed()
     workdir = pathlib.Path(workdir)
+    resume.check_not_model_folder(workdir, "the run's config.json")  # before any write
     workdir.mkdir(parents=True, exist_ok=True)
     lead = jax.process_index() == 0
     # The folder held and the signals watched before anything is built (`stops.Watch`).
