@@ -175,8 +175,12 @@ def iternorm(
         count, mean, sigma = batch_covariance(
             x32, mask, group_size=group_size, epsilon=epsilon, axis_name=axis_name
         )
+        # A non-finite Σ is replaced before the iteration (the double `where`): the skipped
+        # batch's gradient is then the evaluation output's, not 0 · inf = NaN.
+        stats_ok = lax.stop_gradient(jnp.all(jnp.isfinite(sigma)))
+        sigma = jnp.where(stats_ok, sigma, jnp.eye(sigma.shape[-1], dtype=sigma.dtype))
         wmat = iterative_whitening(sigma, iterations)
-        ok = running.batch_ok(count, mean, wmat, min_count=MIN_ROWS["iternorm"])
+        ok = stats_ok & running.batch_ok(count, mean, wmat, min_count=MIN_ROWS["iternorm"])
         if stop_gradient:
             mean, wmat = lax.stop_gradient(mean), lax.stop_gradient(wmat)
         y = jnp.where(ok, _apply(x32, mean, wmat), y)
