@@ -34,7 +34,7 @@ from ml_collections import config_dict
 
 from isojax import errors
 from isojax.core import istar, normalizers, penalties
-from isojax.data import tasks
+from isojax.data import batching, tasks
 from isojax.models import heads
 from isojax.training import optim, precision, throughput
 
@@ -369,7 +369,10 @@ def _check_loop(config: ml_collections.ConfigDict) -> None:
     ):
         value = config[name]
         _check(value is None or value >= 1, f"{name} must be None or >= 1, got {value}")
-    _check(config.max_length >= 4, f"max_length must be >= 4, got {config.max_length}")
+    shortest = batching.MIN_LENGTH
+    _check(
+        config.max_length >= shortest, f"max_length must be >= {shortest}, got {config.max_length}"
+    )
     _check(all(int(b) >= 1 for b in config.buckets), f"buckets must be positive: {config.buckets}")
     _check(
         not (config.packing and config.row_buckets) or all(int(r) >= 1 for r in config.row_buckets),

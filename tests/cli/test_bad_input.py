@@ -292,6 +292,11 @@ REFUSALS = [
     ("analyze", ["--model", "{tok}", "--data-dir", "{long}", "--max-length", "1024"],
      "--max-length 1024 exceeds the 512 positions of model"),
     ("analyze", ["--run", "{run}", "--model", "x"], "--model contradicts --run"),
+    # analyze (audit 6, finding 8a): an IndexError traceback in the pair encoding.
+    ("analyze", [*TINY, "--data-dir", "{rte}", "--max-length", "2"],
+     "--max-length must be >= 4, got 2"),
+    ("analyze", [*TINY, "--data-dir", "{rte}", "--max-length", "1"],
+     "--max-length must be >= 4, got 1"),
     # export, predict (destinations refused before the restore), bench.
     ("export", ["{run}", "{run}/checkpoints/hf"], "own files"),
     ("export", ["{run}", "{run}/config.json/hf"], "is a file, not a folder"),
