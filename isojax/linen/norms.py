@@ -66,12 +66,10 @@ _ISOBN, _BN, _LN, _WHITEN, _ITERNORM = (
 
 
 def _checked(name: str):
-    """The `__post_init__` of normaliser `name`'s module: `normalizers.check_hparams` (the one
-    check, NNX's constructors run it too) on its fields, refused at construction."""
+    """A `__post_init__` running `normalizers.check_hparams` (as NNX's constructors do)."""
 
     def __post_init__(self):
-        fields = {k: getattr(self, k) for k in normalizers.HPARAMS[name]}
-        normalizers.check_hparams(name, **fields)
+        normalizers.check_hparams(name, **{k: getattr(self, k) for k in normalizers.HPARAMS[name]})
         nn.Module.__post_init__(self)
 
     return __post_init__
@@ -120,7 +118,6 @@ class IsoBN(nn.Module):
     debias: bool = _ISOBN["debias"]
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
-
     __post_init__ = _checked("isobn")
 
     @nn.compact
@@ -200,7 +197,6 @@ class Whiten(nn.Module):
     group_size: int | None = _WHITEN["group_size"]
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
-
     __post_init__ = _checked("whiten")
 
     @nn.compact
@@ -273,7 +269,6 @@ class IterNorm(nn.Module):
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
     param_dtype: jax.typing.DTypeLike = jnp.float32
-
     __post_init__ = _checked("iternorm")
 
     @nn.compact
@@ -331,7 +326,6 @@ class Recenter(nn.Module):
     momentum: float = normalizers.HPARAMS["recenter"]["momentum"]
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
-
     __post_init__ = _checked("recenter")
 
     @nn.compact
@@ -376,7 +370,6 @@ class BatchNorm(nn.Module):
     param_dtype: jax.typing.DTypeLike = jnp.float32
     bias_init: Callable = _BN["bias_init"]
     scale_init: Callable = _BN["scale_init"]
-
     __post_init__ = _checked("batchnorm")
 
     @nn.compact
@@ -419,7 +412,6 @@ class LayerNorm(nn.Module):
     use_scale: bool = _LN["use_scale"]
     dtype: jax.typing.DTypeLike | None = None
     param_dtype: jax.typing.DTypeLike = jnp.float32
-
     __post_init__ = _checked("layernorm")
 
     @nn.compact
@@ -440,7 +432,6 @@ class Identity(nn.Module):
     """The `none` normaliser: returns its input (cast to `dtype` when one is given)."""
 
     dtype: jax.typing.DTypeLike | None = None
-
     __post_init__ = _checked("none")
 
     def __call__(

@@ -48,10 +48,10 @@ def _mode_error(owner: str) -> str:
 
 
 def _check(name: str, arguments: dict) -> None:
-    """`normalizers.check_hparams` (the one check, linen's modules run it too) on a
-    constructor's `arguments` (its `locals()`) that are normaliser `name`'s hyper-parameters."""
-    hparams = {k: arguments[k] for k in normalizers.HPARAMS[name]}
-    normalizers.check_hparams(name, front="nnx", **hparams)
+    """`normalizers.check_hparams` (as linen's modules run it) on a constructor's `locals()`."""
+    normalizers.check_hparams(
+        name, front="nnx", **{k: arguments[k] for k in normalizers.HPARAMS[name]}
+    )
 
 
 class RunningModule(nnx.Module):

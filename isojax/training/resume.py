@@ -201,7 +201,9 @@ def check_same_run(fields: dict, workdir: pathlib.Path) -> None:
     """Refuses (`ConfigChanged`) a `workdir` holding any run artefact (`run_artefacts`) of a
     run with another config than the flattened `fields` (`specs.RunSpec.fields`; its
     `config.json`), or holding some without a `config.json` (unless checkpoints, whose stamps
-    `restore` compares)."""
+    `restore` compares); and (`ModelFolderRefused`) one that holds a model, whose
+    `config.json` the run's would replace (`check_not_model_folder`)."""
+    check_not_model_folder(workdir, "the run's config.json")
     found, saved = run_artefacts(workdir), workdir / "config.json"
     if not found:
         return

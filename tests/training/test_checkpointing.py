@@ -231,8 +231,10 @@ def test_writer_thread_errors_of_every_kind_are_logged_not_printed(capfd, caplog
 def test_a_changed_config_names_each_field_once(tmp_path, before, now, named):
     """Audit 6, finding 11: "(normalizer_kwargs, normalizer_kwargs.iterations differ)" and
     "(front_end differ)"; each changed field is named once, in grammatical English."""
-    (tmp_path / "config.json").write_text(json.dumps({"task": "rte", **before}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"task": "rte", "normalizer": "none", **before})
+    )
     (tmp_path / "results.json").write_text("{}")
     with pytest.raises(resume.ConfigChanged) as err:
-        resume.check_same_run({"task": "rte", **now}, tmp_path)
+        resume.check_same_run({"task": "rte", "normalizer": "none", **now}, tmp_path)
     assert named in str(err.value), str(err.value)
