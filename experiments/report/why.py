@@ -27,8 +27,8 @@ again, so a rerun resumes as the grid grows. An unfinished folder is skipped wit
 line; a bad one (no checkpoint, a config that does not restore, missing data) is logged with
 its folder and the others go on; the exit status is then 1. `--figure` (default
 `experiments/results/whitening_why_mechanism.png`) draws every line of `--out`: one row per
-task, the dev score against the noise-to-spread (log scale), the head input's effective rank
-and its principal outlier's 1-D score, one point per run, coloured by arm; a dashed line at the
+task, the dev score against the noise-to-spread (log scale), the head input's EV_1 and its
+principal outlier's 1-D score, one point per run, coloured by arm; a dashed line at the
 best constant prediction's score (`experiments.report.records.CHANCE`), a dotted one where the
 1-D score equals the dev score.
 """
@@ -248,9 +248,12 @@ def read_lines(out: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
 
 
+# EV_1, not the effective rank: the lines of `whitening_why_runs.jsonl` were measured before
+# audit 6 (finding 1), whose effective rank and RankMe drop the float32 tail of a collapsed
+# spectrum, and their run folders are gone; EV_1 never went through that cut.
 PANELS = (
     ("noise_to_spread", "head input: dropout / spread (log)"),
-    ("erank", "head input: effective rank"),
+    ("EV_1", "head input: EV_1 (first direction's share)"),
     ("outlier_score", "head input: principal outlier's 1-D score"),
 )
 

@@ -141,10 +141,12 @@ def _check_args(args: argparse.Namespace) -> None:
             setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
     if not 0.0 <= args.zeta <= 1.0:
         raise common.UsageError(f"--zeta {args.zeta} not in [0, 1]")
-    for name in ("max_length", "batch_size"):
+    from isojax.data import batching
+
+    for name, least in (("max_length", batching.MIN_LENGTH), ("batch_size", 1)):
         value = getattr(args, name)
-        if value is not None and value < 1:
-            raise common.UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if value is not None and value < least:
+            raise common.UsageError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
     for name in ("max_examples", "max_train_examples"):
         if getattr(args, name) < 0:
             flag = "--" + name.replace("_", "-")
@@ -320,7 +322,7 @@ def _analyze_run(args: argparse.Namespace):
     train = None
     if args.outlier_score:
         train = predict.load_split(restored, "train", data_dir=args.data_dir, labelled=True)
-        train = train[: args.max_train_examples or None]
+        train = check_rows(train[: args.max_train_examples or None], task, "train")
     rep = analysis.analyze_run(
         restored, examples, batch_size=args.batch_size, zeta=args.zeta, train_examples=train
     )

@@ -14,7 +14,16 @@ consecutive features (one group of `d` by default), on the `m` unmasked rows of 
     W = P_T / \sqrt{\operatorname{tr}\Sigma},\quad y = X_c W.
 
 `T` (``iterations``, 5 by default) Newton–Schulz steps give a *partial* whitening on purpose:
-it is not run to convergence (`whitening.inverse_sqrt` is). The gradient flows through `μ`,
+it is not run to convergence (`whitening.inverse_sqrt` is). SPEC.md §10.3 and [IterNorm] use
+T = 5; the rule accepts `0 ≤ T ≤ normalizers.MAX_ITERATIONS` (6). This uncoupled iteration
+amplifies float32 rounding in the directions a batch does not span (a 32-row batch at
+`d = 384` is rank-deficient, Σ's condition number about 1e6), and those directions reach the
+running `W_r` that evaluation uses. Against the float64 value of the same recursion on the
+float64 Σ, the float32 `W` is off by at most 5e-5 at T = 6 on every batch tried (2 rows of 8
+features to 32 of 384: 1.5e-7 there), but by 2.4e-3 at T = 7 on 2 rows of 8, and on 32 rows of
+384 by 8.6e-4 at T = 10, 13× at T = 12 and 1e27 at T = 15 (audit 6, finding 3). SPEC's fact
+that large T (50) approaches `Σ^(−1/2)` holds for a well-conditioned Σ only;
+`iterative_whitening` itself takes any T. The gradient flows through `μ`,
 `Σ` and every `P_k` by plain autodiff (the reference's hand-written backward equals it), unless
 ``stop_gradient``: the same forward with `μ` and `W` detached, so that `∂y/∂x = W` only.
 
@@ -166,8 +175,12 @@ def iternorm(
         count, mean, sigma = batch_covariance(
             x32, mask, group_size=group_size, epsilon=epsilon, axis_name=axis_name
         )
+        # A non-finite Σ is replaced before the iteration (the double `where`): the skipped
+        # batch's gradient is then the evaluation output's, not 0 · inf = NaN.
+        stats_ok = lax.stop_gradient(jnp.all(jnp.isfinite(sigma)))
+        sigma = jnp.where(stats_ok, sigma, jnp.eye(sigma.shape[-1], dtype=sigma.dtype))
         wmat = iterative_whitening(sigma, iterations)
-        ok = running.batch_ok(count, mean, wmat, min_count=MIN_ROWS["iternorm"])
+        ok = stats_ok & running.batch_ok(count, mean, wmat, min_count=MIN_ROWS["iternorm"])
         if stop_gradient:
             mean, wmat = lax.stop_gradient(mean), lax.stop_gradient(wmat)
         y = jnp.where(ok, _apply(x32, mean, wmat), y)

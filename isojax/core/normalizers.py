@@ -172,7 +172,9 @@ MIN_ROWS: dict[str, int] = {
 NORMALIZERS = tuple(HPARAMS)
 # The smallest shrinkage `alpha` of ``whiten`` that its rule accepts.
 MIN_ALPHA = 0.0
-_FRONT_END_ONLY = {"linen": ("name",), "nnx": ()}
+# The most Newton-Schulz steps of ``iternorm`` (SPEC.md §10.3: 5): `core/iternorm.py` says why.
+MAX_ITERATIONS = 6
+_FRONT_END_ONLY = {"linen": ("name",), "nnx": ()}  # "config": the maths' own, no STRUCTURAL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,11 +197,16 @@ def _f32_away_from_1(v) -> bool:
     return np.float32(v) != 1.0 and np.float32(1.0 - v) != 1.0
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
 _FLAG = Rule(bool)
-_EPSILON = Rule(float, ((lambda v: v > 0.0, "{name} must be > 0, got {value}"),))
-_ITERATIONS = Rule(
-    int, ((lambda v: v >= 0, "{name} must be an integer >= 0, got {value!r}"),), typed_by_range=True
+_EPSILON = Rule(
+    float, ((lambda v: np.float32(v) > 0, "{name} must be > 0 in float32, got {value}"),)
 )
+_ITERATIONS = Rule(int, (
+    (lambda v: v >= 0, "{name} must be an integer in [0, {MAX_ITERATIONS}], got {value!r}"),
+    (lambda v: v <= MAX_ITERATIONS, "{name} {value} > {MAX_ITERATIONS}: more float32 "
+     "Newton-Schulz steps amplify rounding in the batch covariance's near-null directions"),
+), typed_by_range=True)  # fmt: skip
 # The hyper-parameters by name: every normaliser taking a `momentum` reads it the same way. A
 # name not here is typed by its `HPARAMS` default (a bool, an int, a float, a callable), so a new
 # normaliser's row is type-checked as it is written (`schema`); a None default needs a rule here.
@@ -229,7 +236,7 @@ RULES: dict[str, Rule] = {
     **{flag: _FLAG for flag in
        ("debias", "keep_scale", "stop_gradient", "affine", "use_bias", "use_scale")},
 }  # fmt: skip
-_KIND_NAMES = {float: "a finite number", int: "an integer", bool: "True or False"}
+_KIND_NAMES = {float: "a number finite in float32", int: "an integer", bool: "True or False"}
 
 
 def _rule(field: str, default: Any) -> Rule:
@@ -257,8 +264,8 @@ def _typed(rule: Rule, value: Any) -> bool:
         return False
     if rule.kind is int:
         return isinstance(value, numbers.Integral)
-    if rule.kind is float:
-        return isinstance(value, numbers.Real) and math.isfinite(value)
+    if rule.kind is float:  # the maths is float32: 1e300 would be inf there
+        return isinstance(value, numbers.Real) and math.isfinite(value) and abs(value) <= _F32_MAX
     return callable(value)
 
 
@@ -267,12 +274,18 @@ def _check_value(field: str, rule: Rule, value: Any) -> None:
         return
     if value is None or not _typed(rule, value):
         if rule.typed_by_range:
-            raise ValueError(rule.checks[0][1].format(name=field, value=value))
+            raise ValueError(
+                rule.checks[0][1].format(name=field, value=value, MAX_ITERATIONS=MAX_ITERATIONS)
+            )
         kind = _KIND_NAMES.get(rule.kind, "a callable") + (" or None" if rule.nullable else "")
         raise ValueError(f"{field} must be {kind}, got {value!r}")
     for ok, says in rule.checks:
         if not ok(value):
-            raise ValueError(says.format(name=field, value=value, MIN_ALPHA=MIN_ALPHA))
+            raise ValueError(
+                says.format(
+                    name=field, value=value, MIN_ALPHA=MIN_ALPHA, MAX_ITERATIONS=MAX_ITERATIONS
+                )
+            )
 
 
 def check_hparams(name: str, /, *, front: str = "linen", **hparams) -> None:
@@ -283,11 +296,14 @@ def check_hparams(name: str, /, *, front: str = "linen", **hparams) -> None:
 
     The names a normaliser takes are its `HPARAMS` and `STRUCTURAL` entries (plus linen's
     module `name` for `front="linen"`), the same for the linen and the NNX classes; both front
-    ends' constructors run it too.
+    ends' constructors run it too. `front="config"` takes the `HPARAMS` entries only: what a
+    run's config sets (the head sets the rest).
     """
     if name not in HPARAMS:
         raise ValueError(f"unknown normalizer {name!r}; known: {', '.join(NORMALIZERS)}")
-    takes = set(HPARAMS[name]) | set(STRUCTURAL[name]) | set(_FRONT_END_ONLY[front])
+    takes = set(HPARAMS[name])
+    if front != "config":
+        takes |= set(STRUCTURAL[name]) | set(_FRONT_END_ONLY[front])
     unknown = sorted(set(hparams) - takes)
     if unknown:
         raise ValueError(
@@ -300,11 +316,11 @@ def check_hparams(name: str, /, *, front: str = "linen", **hparams) -> None:
 
 def check_values(**hparams) -> None:
     """Raises ValueError (one line) for a hyper-parameter of the wrong type or out of range, by
-    its name's rule in `RULES`: momentum a number in (0, 1) with neither it nor `1 − momentum`
-    rounding to 1 in float32 (the running averages are float32), beta >= 0, epsilon > 0, alpha
-    in [`MIN_ALPHA`, 1], iterations an integer >= 0, group_size a positive integer or None
-    (that it divides `d`: `check_width`), the flags (debias, keep_scale, stop_gradient, affine,
-    use_bias, use_scale) True or False. A name without a rule is not checked here."""
+    its name's rule in `RULES`: every number finite in float32 (the maths' dtype), momentum in
+    (0, 1) with neither it nor `1 − momentum` rounding to 1 in float32, beta >= 0, epsilon > 0
+    in float32, alpha in [`MIN_ALPHA`, 1], iterations an integer in [0, `MAX_ITERATIONS`],
+    group_size a positive integer or None (that it divides `d`: `check_width`), the flags
+    (debias, keep_scale, stop_gradient, affine, use_bias, use_scale) True or False."""
     for field, value in hparams.items():
         if field in RULES:
             _check_value(field, RULES[field], value)

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     import tokenizers
 
 DEFAULT_BUCKETS = (32, 64, 96, 128, 192, 256)
+# The shortest row a pair can be encoded in: [CLS] a [SEP] b [SEP] less one of its tokens.
+MIN_LENGTH = 4
 
 
 class Encoded(NamedTuple):

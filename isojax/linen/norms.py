@@ -65,6 +65,16 @@ _ISOBN, _BN, _LN, _WHITEN, _ITERNORM = (
 )
 
 
+def _checked(name: str):
+    """A `__post_init__` running `normalizers.check_hparams` (as NNX's constructors do)."""
+
+    def __post_init__(self):
+        normalizers.check_hparams(name, **{k: getattr(self, k) for k in normalizers.HPARAMS[name]})
+        nn.Module.__post_init__(self)
+
+    return __post_init__
+
+
 class IsoBN(nn.Module):
     r"""Isotropic batch normalisation: `x * stop_gradient(gain(S, s))` (SPEC.md §1).
 
@@ -108,6 +118,7 @@ class IsoBN(nn.Module):
     debias: bool = _ISOBN["debias"]
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
+    __post_init__ = _checked("isobn")
 
     @nn.compact
     def __call__(
@@ -186,10 +197,7 @@ class Whiten(nn.Module):
     group_size: int | None = _WHITEN["group_size"]
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
-
-    def __post_init__(self):
-        normalizers.check_hparams("whiten", **{k: getattr(self, k) for k in _WHITEN})
-        super().__post_init__()
+    __post_init__ = _checked("whiten")
 
     @nn.compact
     def __call__(
@@ -236,7 +244,7 @@ class IterNorm(nn.Module):
     Attributes:
         use_running_average: default for the call argument of the same name.
         momentum: `ρ`, the batch's weight in the running averages (0.1).
-        iterations: `T`, Newton–Schulz steps (5: a partial whitening; 0 is `I / sqrt(tr Σ)`).
+        iterations: `T`, Newton–Schulz steps, 0 to 6 (5: a partial whitening; 0: `I/sqrt(tr Σ)`).
         epsilon: `ε` added to the covariance's diagonal (1e-5).
         group_size: None whitens all `d` features together; `g` (dividing `d`) whitens
             consecutive groups of `g` features (block-diagonal `W`).
@@ -261,10 +269,7 @@ class IterNorm(nn.Module):
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
     param_dtype: jax.typing.DTypeLike = jnp.float32
-
-    def __post_init__(self):
-        normalizers.check_hparams("iternorm", **{k: getattr(self, k) for k in _ITERNORM})
-        super().__post_init__()
+    __post_init__ = _checked("iternorm")
 
     @nn.compact
     def __call__(
@@ -321,6 +326,7 @@ class Recenter(nn.Module):
     momentum: float = normalizers.HPARAMS["recenter"]["momentum"]
     axis_name: str | None = None
     dtype: jax.typing.DTypeLike | None = None
+    __post_init__ = _checked("recenter")
 
     @nn.compact
     def __call__(
@@ -364,6 +370,7 @@ class BatchNorm(nn.Module):
     param_dtype: jax.typing.DTypeLike = jnp.float32
     bias_init: Callable = _BN["bias_init"]
     scale_init: Callable = _BN["scale_init"]
+    __post_init__ = _checked("batchnorm")
 
     @nn.compact
     def __call__(
@@ -405,6 +412,7 @@ class LayerNorm(nn.Module):
     use_scale: bool = _LN["use_scale"]
     dtype: jax.typing.DTypeLike | None = None
     param_dtype: jax.typing.DTypeLike = jnp.float32
+    __post_init__ = _checked("layernorm")
 
     @nn.compact
     def __call__(
@@ -424,6 +432,7 @@ class Identity(nn.Module):
     """The `none` normaliser: returns its input (cast to `dtype` when one is given)."""
 
     dtype: jax.typing.DTypeLike | None = None
+    __post_init__ = _checked("none")
 
     def __call__(
         self,

@@ -47,6 +47,13 @@ def _mode_error(owner: str) -> str:
     )
 
 
+def _check(name: str, arguments: dict) -> None:
+    """`normalizers.check_hparams` (as linen's modules run it) on a constructor's `locals()`."""
+    normalizers.check_hparams(
+        name, front="nnx", **{k: arguments[k] for k in normalizers.HPARAMS[name]}
+    )
+
+
 class RunningModule(nnx.Module):
     """A transform whose running state is float32 `nnx.BatchStat` attributes, moved by a pure
     step of :mod:`isojax.core.normalizers` or :mod:`isojax.core.istar`; `set_view` sets its mode."""
@@ -164,6 +171,7 @@ class IsoBN(RunningModule):
         dtype: jax.typing.DTypeLike | None = None,
         rngs: nnx.Rngs | None = None,
     ):
+        _check("isobn", locals())
         del rngs
         self.num_features, self.use_running_average = num_features, use_running_average
         self.momentum, self.beta, self.epsilon, self.debias = momentum, beta, epsilon, debias
@@ -225,10 +233,7 @@ class Whiten(RunningModule):
         rngs: nnx.Rngs | None = None,
     ):
         del rngs
-        normalizers.check_values(
-            momentum=momentum, alpha=alpha, epsilon=epsilon, keep_scale=keep_scale,
-            group_size=group_size,
-        )  # fmt: skip
+        _check("whiten", locals())
         self.num_features, self.use_running_average = num_features, use_running_average
         self.momentum, self.alpha, self.epsilon = momentum, alpha, epsilon
         self.keep_scale, self.group_size = keep_scale, group_size
@@ -298,7 +303,7 @@ class IterNorm(RunningModule):
             "momentum": momentum, "iterations": iterations, "epsilon": epsilon,
             "group_size": group_size, "stop_gradient": stop_gradient,
         }  # fmt: skip
-        normalizers.check_values(affine=affine, **hparams)
+        _check("iternorm", locals())
         self.num_features, self.use_running_average = num_features, use_running_average
         for name, value in hparams.items():
             setattr(self, name, value)
@@ -337,6 +342,7 @@ class Recenter(RunningModule):
         dtype: jax.typing.DTypeLike | None = None,
         rngs: nnx.Rngs | None = None,
     ):
+        _check("recenter", locals())
         del rngs
         self.num_features, self.use_running_average = num_features, use_running_average
         self.momentum, self.axis_name, self.dtype = momentum, axis_name, dtype
@@ -375,6 +381,7 @@ class BatchNorm(RunningModule):
         param_dtype: jax.typing.DTypeLike = jnp.float32,
         rngs: nnx.Rngs | None = None,
     ):
+        _check("batchnorm", locals())
         self.num_features, self.use_running_average = num_features, use_running_average
         self.momentum, self.epsilon, self.axis_name = momentum, epsilon, axis_name
         self.dtype, self.param_dtype = dtype, param_dtype
@@ -424,6 +431,7 @@ class LayerNorm(Stateless):
         param_dtype: jax.typing.DTypeLike = jnp.float32,
         rngs: nnx.Rngs | None = None,
     ):
+        _check("layernorm", locals())
         self.num_features, self.epsilon = num_features, epsilon
         self.dtype, self.param_dtype = dtype, param_dtype
         used = {"use_scale": use_scale, "use_bias": use_bias}

@@ -36,12 +36,15 @@ from isojax import logs, runs
 from isojax.linen import pretrained as linen_pretrained
 from isojax.models import hf_import
 from isojax.runs import predict
-from isojax.training import specs
+from isojax.training import resume, specs
 
 ISOTROPY_ROWS = (
     ("sentence", "sentence vector (the head's input)"),
     ("pre_logits", "after the normaliser (the classifier's input)"),
 )
+
+
+EXPORT_MARK = "Exported by isojax"  # in the model card: the folder is an earlier export
 
 
 class DestinationRefused(ValueError):
@@ -53,7 +56,9 @@ def check_destination(folder: str | pathlib.Path, *, overwrite: bool = False) ->
     `overwrite`) an earlier export: only plain files, one of them a Hugging Face
     `config.json` (with "architectures"). A run folder (`runs.is_run_folder`) is never
     taken, nor a folder among a run's own files (`runs.run_owning`: under its checkpoints) or
-    under a file."""
+    under a file, nor a model folder that no isojax export wrote (`resume.model_files`: a
+    foreign `config.json` or weights, and no model card of an export: `ModelFolderRefused`,
+    even with `overwrite`)."""
     folder = pathlib.Path(folder)
     parent = next(p for p in folder.absolute().parents if p.exists())
     if not (folder.exists() or parent.is_dir()):
@@ -75,6 +80,10 @@ def check_destination(folder: str | pathlib.Path, *, overwrite: bool = False) ->
     entries = sorted(folder.iterdir())
     if not entries:
         return
+    card = folder / "README.md"
+    exported = card.is_file() and EXPORT_MARK in card.read_text(encoding="utf-8", errors="replace")
+    if not exported:  # a model folder (`--model`'s, a download): never written over
+        resume.check_not_model_folder(folder, "an export")
     if not overwrite:
         raise DestinationRefused(
             f"{folder} is not empty: choose an empty or new folder, or --overwrite to replace "
@@ -277,7 +286,7 @@ def model_card(
         "",
         f"# {model.model} fine-tuned on GLUE {task.folder} with isojax ({method})",
         "",
-        f"Exported by isojax {isojax.__version__} from the run `{restored.run_dir}`, "
+        f"{EXPORT_MARK} {isojax.__version__} from the run `{restored.run_dir}`, "
         f"{restored.checkpoint} checkpoint (step {restored.step}, "
         f"epoch {evaluation.get('epoch')}).",
         "",

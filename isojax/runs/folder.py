@@ -101,11 +101,7 @@ def is_run_folder(path: str | pathlib.Path) -> bool:
         saved = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return (
-        isinstance(saved, dict)
-        and "task" in saved
-        and bool({"normalizer", "method"} & saved.keys())
-    )
+    return resume.is_run_config(saved)
 
 
 # What a run folder holds of its own: `predict` and `export` never write there.

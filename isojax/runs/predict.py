@@ -39,7 +39,7 @@ import numpy as np
 
 from isojax import runs
 from isojax.data import batching, glue, metrics, tasks
-from isojax.training import evaluation
+from isojax.training import evaluation, resume
 
 # (task, test split) -> the benchmark's file name.
 SUBMISSION_FILES = {
@@ -62,9 +62,9 @@ class OutputRefused(ValueError):
 
 
 def check_file(path: str | pathlib.Path) -> None:
-    """Refuses (`OutputRefused`) a file destination that is a folder, lies under a file, or is
-    one of a run folder's own files (`runs.run_owning`: its config, log, results, checkpoints).
-    """
+    """Refuses (`OutputRefused`) a file destination that is a folder, lies under a file, is
+    one of a run folder's own files (`runs.run_owning`: its config, log, results, checkpoints),
+    or lies in a model folder (`resume.model_files`: a foreign `config.json` or weights)."""
     path = pathlib.Path(path)
     if path.is_dir():
         raise OutputRefused(f"{path} is a folder: name the file to write")
@@ -72,6 +72,11 @@ def check_file(path: str | pathlib.Path) -> None:
     if run is not None:
         raise OutputRefused(
             f"{path} is one of the run folder {run}'s own files: write the predictions elsewhere"
+        )
+    if resume.model_files(path.parent):
+        raise OutputRefused(
+            f"{path.parent} holds a model ({', '.join(resume.model_files(path.parent)[:3])}), "
+            "not an isojax run: write the predictions elsewhere"
         )
     for parent in path.parents:
         if parent.exists():

@@ -34,7 +34,7 @@ from ml_collections import config_dict
 
 from isojax import errors
 from isojax.core import istar, normalizers, penalties
-from isojax.data import tasks
+from isojax.data import batching, tasks
 from isojax.models import heads
 from isojax.models.config import ATTENTION_BACKENDS
 from isojax.training import optim, precision, throughput
@@ -322,11 +322,11 @@ def _check_objective(config: ml_collections.ConfigDict) -> None:
         config.sentence in heads.SENTENCE_VECTORS,
         f"sentence must be one of {heads.SENTENCE_VECTORS}, got {config.sentence!r}",
     )
-    _owned("isobn", normalizers.check_hparams, "isobn", **config.isobn.to_dict())
-    normalizer, normalizer_kwargs = normalizer_of(config)
-    _owned("normalizer_kwargs", normalizers.check_hparams, normalizer, **normalizer_kwargs)
+    _owned("isobn", normalizers.check_hparams, "isobn", front="config", **config.isobn.to_dict())
     reserved = sorted(set(config.normalizer_kwargs) & set(HEAD_SETS))
     _check(not reserved, f"normalizer_kwargs: {reserved} are set by the classifier head")
+    normalizer, kwargs = normalizer_of(config)
+    _owned("normalizer_kwargs", normalizers.check_hparams, normalizer, front="config", **kwargs)
     _owned("istar.zeta", istar.check_zeta, config.istar.zeta)
     s = config.istar.stabilizer
     window = s.window if s.window is not None else (s.tokens if s.unit == "tokens" else 1)
@@ -374,7 +374,10 @@ def _check_loop(config: ml_collections.ConfigDict) -> None:
     ):
         value = config[name]
         _check(value is None or value >= 1, f"{name} must be None or >= 1, got {value}")
-    _check(config.max_length >= 4, f"max_length must be >= 4, got {config.max_length}")
+    shortest = batching.MIN_LENGTH
+    _check(
+        config.max_length >= shortest, f"max_length must be >= {shortest}, got {config.max_length}"
+    )
     _check(all(int(b) >= 1 for b in config.buckets), f"buckets must be positive: {config.buckets}")
     _check(
         not (config.packing and config.row_buckets) or all(int(r) >= 1 for r in config.row_buckets),

@@ -102,10 +102,10 @@ def train_and_evaluate(
     build.check_model(spec.model)  # the model's sizes: refused before the folder is touched
     distributed.initialize_distributed()
     workdir = pathlib.Path(workdir)
+    resume.check_same_run(spec.fields, workdir)  # a refusal leaves the folder as it was
     workdir.mkdir(parents=True, exist_ok=True)
     lead = jax.process_index() == 0
     # The folder held and the signals watched before anything is built (`stops.Watch`).
-    resume.check_same_run(spec.fields, workdir)  # a refusal leaves the folder as it was
     with resume.hold_run_folder(workdir, lead), stops.Watch() as watch:
         run = build_run(spec, mesh=mesh)
         if lead and spec.loop.progress:  # the progress display's first line, once the data

@@ -201,7 +201,9 @@ def check_same_run(fields: dict, workdir: pathlib.Path) -> None:
     """Refuses (`ConfigChanged`) a `workdir` holding any run artefact (`run_artefacts`) of a
     run with another config than the flattened `fields` (`specs.RunSpec.fields`; its
     `config.json`), or holding some without a `config.json` (unless checkpoints, whose stamps
-    `restore` compares)."""
+    `restore` compares); and (`ModelFolderRefused`) one that holds a model, whose
+    `config.json` the run's would replace (`check_not_model_folder`)."""
+    check_not_model_folder(workdir, "the run's config.json")
     found, saved = run_artefacts(workdir), workdir / "config.json"
     if not found:
         return
@@ -217,7 +219,65 @@ def check_same_run(fields: dict, workdir: pathlib.Path) -> None:
     if changed:
         raise ConfigChanged(
             f"{workdir} holds a run ({', '.join(found)}) with another config "
-            f"({', '.join(changed)} differ): resume with its config.json, or use a new workdir"
+            f"({_differ(changed)}): resume with its config.json, or use a new workdir"
+        )
+
+
+def _differ(changed: list[str]) -> str:
+    """ "a differs" / "a and b differ" / "a, b and c differ", a key left out when a changed
+    key under it names it better (an empty `normalizer_kwargs` against `.iterations`)."""
+    keys = [k for k in changed if not any(o.startswith(k + ".") for o in changed)]
+    if len(keys) == 1:
+        return f"{keys[0]} differs"
+    return f"{', '.join(keys[:-1])} and {keys[-1]} differ"
+
+
+# A model's weights, as transformers, Flax, TensorFlow and others save them.
+WEIGHT_FILES = (
+    "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.bin.index.json",
+    "*.msgpack", "*.msgpack.index.json", "*.h5", "*.onnx", "*.gguf", "*.pt", "*.pth", "*.ckpt",
+)  # fmt: skip
+
+
+def is_run_config(saved: object) -> bool:
+    """Whether a parsed `config.json` is an isojax run's: one with a task and a normaliser, or
+    a method (an older run)."""
+    return (
+        isinstance(saved, dict) and "task" in saved and bool({"normalizer", "method"} & set(saved))
+    )
+
+
+def model_files(folder: pathlib.Path) -> list[str]:
+    """What of a model `folder` holds (top level): a `config.json` that is not an isojax run's
+    (`is_run_config`; unreadable counts as foreign), then its weight files (`WEIGHT_FILES`)."""
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        return []
+    found = sorted({p.name for pattern in WEIGHT_FILES for p in folder.glob(pattern)})
+    config = folder / "config.json"
+    if config.exists():
+        try:
+            saved = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            saved = None
+        if not is_run_config(saved):
+            found.insert(0, "config.json")
+    return found
+
+
+class ModelFolderRefused(errors.InputError):
+    """A destination that holds a model: a foreign `config.json` or weights (one line)."""
+
+
+def check_not_model_folder(folder: pathlib.Path, writer: str) -> None:
+    """Refuses (`ModelFolderRefused`) a `folder` that holds a model (`model_files`), which
+    `writer` (what would write there) could write over: nothing is written."""
+    found = model_files(folder)
+    if found:
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise ModelFolderRefused(
+            f"{folder} holds a model ({shown}), not an isojax run: {writer} would write over "
+            "it; choose another folder"
         )
 
 

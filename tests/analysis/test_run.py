@@ -204,6 +204,11 @@ def test_analyze_refuses_contradictory_flags(capsys, tmp_path, isobn_run):
         (["--run", run_dir, "--data-dir", tmp_path], "RTE/dev.tsv"),
         (["--run", run_dir, "--max-train-examples", "3"], "limits the --posthoc or --outlier"),
         (["--run", run_dir, "--outlier-score", "--split", "train"], "--split must be dev"),
+        # Audit 6, finding 8b: a ValueError traceback after all the encoding.
+        (
+            ["--run", run_dir, "--outlier-score", "--max-train-examples", "1"],
+            "rte train: 1 row(s); the report needs at least 2",
+        ),
         (["--posthoc", "abtt", "--outlier-score"], "--outlier-score is a part of the isotropy"),
     ]
     for flags, message in cases:

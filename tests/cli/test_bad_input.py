@@ -246,9 +246,9 @@ TINY = ["--model", "tiny-bert", "--tokenizer", "{tok}", "--max-length", "32"]
 REFUSALS = [
     # finetune (finding 2): every normalizer_kwargs value typed before the build.
     ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.momentum=abc"],
-     "normalizer_kwargs: momentum must be a finite number, got 'abc'"),
+     "normalizer_kwargs: momentum must be a number finite in float32, got 'abc'"),
     ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.alpha=abc"],
-     "normalizer_kwargs: alpha must be a finite number, got 'abc'"),
+     "normalizer_kwargs: alpha must be a number finite in float32, got 'abc'"),
     ("finetune", ["--normalizer", "whiten", "--set", "normalizer_kwargs.group_size=5"],
      "group_size 5 does not divide the width 32 of whiten's input (the hidden size of model "
      "'tiny-bert')"),
@@ -262,6 +262,20 @@ REFUSALS = [
      "debias must be True or False, got 'no'"),
     ("finetune", ["--set", "max_length=100000", "--model", "{tok}"],
      "max_length 100000 exceeds the 512 positions"),
+    # finetune (audit 6, findings 3, 4, 6, 11): iterations bounded (1e6 hung while tracing),
+    # epsilon and beta finite and > 0 in float32, no key offered that is then refused.
+    ("finetune", ["--normalizer", "iternorm", "--set", "normalizer_kwargs.iterations=1000000"],
+     "normalizer_kwargs: iterations 1000000 > 6: more float32 Newton-Schulz steps"),
+    ("finetune", ["--normalizer", "iternorm", "--set", "normalizer_kwargs.epsilon=1e300"],
+     "normalizer_kwargs: epsilon must be a number finite in float32, got 1e+300"),
+    ("finetune", ["--normalizer", "iternorm", "--set", "normalizer_kwargs.epsilon=1e-300"],
+     "normalizer_kwargs: epsilon must be > 0 in float32, got 1e-300"),
+    ("finetune", ["--normalizer", "isobn", "--set", "isobn.beta=1e300"],
+     "isobn: beta must be a number finite in float32, got 1e+300"),
+    ("finetune", ["--normalizer", "layernorm", "--set", "normalizer_kwargs.momentum=0.5"],
+     "has no hyper-parameter(s) ['momentum']; it takes ['epsilon', 'use_bias', 'use_scale']"),
+    ("finetune", ["--normalizer", "none", "--set", "normalizer_kwargs.momentum=0.5"],
+     "normalizer 'none' has no hyper-parameter(s) ['momentum']; it takes []"),
     # analyze (finding 7).
     ("analyze", [*TINY, "--data-dir", "{rte}", "--out", "{run}/results.json"],
      "--out {run}/results.json is a file"),
@@ -278,6 +292,11 @@ REFUSALS = [
     ("analyze", ["--model", "{tok}", "--data-dir", "{long}", "--max-length", "1024"],
      "--max-length 1024 exceeds the 512 positions of model"),
     ("analyze", ["--run", "{run}", "--model", "x"], "--model contradicts --run"),
+    # analyze (audit 6, finding 8a): an IndexError traceback in the pair encoding.
+    ("analyze", [*TINY, "--data-dir", "{rte}", "--max-length", "2"],
+     "--max-length must be >= 4, got 2"),
+    ("analyze", [*TINY, "--data-dir", "{rte}", "--max-length", "1"],
+     "--max-length must be >= 4, got 1"),
     # export, predict (destinations refused before the restore), bench.
     ("export", ["{run}", "{run}/checkpoints/hf"], "own files"),
     ("export", ["{run}", "{run}/config.json/hf"], "is a file, not a folder"),
@@ -315,3 +334,56 @@ def test_every_commands_refusal_is_one_line_and_leaves_the_run_folder(
 
 def _no_weights(*args, **kwargs):
     raise AssertionError("a weights file or encoder was loaded before the refusal")
+
+
+def _hf_folder(root, minilm_dir, *, config=True, weights=True, card=None):
+    """A Hugging Face model folder: MiniLM's config.json and tokenizer, stand-in weights."""
+    root.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy(minilm_dir / name, root / name)
+    if config:
+        shutil.copy(minilm_dir / "config.json", root / "config.json")
+    if weights:
+        (root / "model.safetensors").write_bytes(b"stand-in weights")
+    if card is not None:
+        (root / "README.md").write_text(card)
+    return root
+
+
+@pytest.mark.parametrize(
+    "kind", ["hf", "weights only", "config only", "export", "unreadable config"]
+)
+def test_finetune_export_and_predict_never_write_over_a_model_folder(
+    capsys, monkeypatch, tmp_path, minilm_dir, run_folder, kind
+):
+    """Audit 6, finding 2: `finetune --workdir DIR` wrote its config.json over the Hugging Face
+    model in DIR (the `--model` folder itself, an `isojax export`), exit 0. Now `finetune`
+    into a folder holding a foreign config.json or any weights, `export --overwrite` into one
+    that no isojax export wrote, and `predict --out` / `--glue-submission` into one are each
+    refused in one line, exit 2, and every file of the folder is byte-identical."""
+    card = "# x\nExported by isojax 0.0 from the run `r`\n" if kind == "export" else None
+    folder = _hf_folder(
+        tmp_path / "model",
+        minilm_dir,
+        config=kind != "weights only",
+        weights=kind != "config only",
+        card=card,
+    )
+    if kind == "unreadable config":
+        (folder / "config.json").write_bytes(b"\xff\xfe{")
+    monkeypatch.setattr(build, "load_encoder", _no_weights)
+    before = _snapshot(folder)
+    commands = [
+        ["finetune", "--task", "rte", "--model", "tiny-bert", "--workdir", str(folder),
+         "--set", f"tokenizer={minilm_dir}", "--set", "progress=false"],
+        ["predict", str(run_folder), "--split", "dev", "--out", str(folder / "p.tsv")],
+        ["predict", str(run_folder), "--split", "test", "--glue-submission", str(folder)],
+    ]  # fmt: skip
+    if kind != "export":  # an earlier isojax export is what --overwrite replaces
+        commands.append(["export", str(run_folder), str(folder), "--overwrite"])
+    for argv in commands:
+        code = cli.main(argv)
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and one_line(err), (argv, err)
+        assert "holds a model" in err and str(folder) in err, err
+        assert _snapshot(folder) == before, argv

@@ -29,7 +29,7 @@ def test_finetune_into_a_run_of_another_config_is_one_line_with_status_2(capsys,
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("isojax finetune: error: ")
-    assert "another config (normalizer differ)" in err
+    assert "another config (normalizer differs)" in err
     assert (workdir / "config.json").read_text() == saved  # nothing overwritten
     assert sorted(p.name for p in workdir.iterdir()) == ["checkpoints", "config.json"]
 

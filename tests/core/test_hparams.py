@@ -11,15 +11,15 @@ from isojax.core import normalizers
 @pytest.mark.parametrize(
     "hparams, message",
     [
-        ({"momentum": "abc"}, "momentum must be a finite number, got 'abc'"),
-        ({"alpha": "abc"}, "alpha must be a finite number, got 'abc'"),
-        ({"epsilon": float("nan")}, "epsilon must be a finite number, got nan"),
+        ({"momentum": "abc"}, "momentum must be a number finite in float32, got 'abc'"),
+        ({"alpha": "abc"}, "alpha must be a number finite in float32, got 'abc'"),
+        ({"epsilon": float("nan")}, "epsilon must be a number finite in float32, got nan"),
         ({"group_size": 16.0}, "group_size must be a positive integer or None, got 16.0"),
         ({"group_size": True}, "group_size must be a positive integer or None, got True"),
         ({"group_size": 0}, "group_size must be a positive integer or None, got 0"),
         ({"keep_scale": "maybe"}, "keep_scale must be True or False, got 'maybe'"),
         ({"keep_scale": 1}, "keep_scale must be True or False, got 1"),
-        ({"momentum": True}, "momentum must be a finite number, got True"),
+        ({"momentum": True}, "momentum must be a number finite in float32, got True"),
         ({"momentum": 1.0}, "momentum 1.0 not in (0, 1)"),
     ],
 )
@@ -69,15 +69,18 @@ def new_row(monkeypatch):
 @pytest.mark.parametrize(
     "hparams, message",
     [
-        ({"momentum": "x"}, "momentum must be a finite number"),
+        ({"momentum": "x"}, "momentum must be a number finite in float32"),
         ({"momentum": 1.5}, "momentum 1.5 not in (0, 1)"),
-        ({"eps": 0.0}, "eps must be > 0, got 0.0"),
-        ({"T": 2.0}, "T must be an integer >= 0, got 2.0"),
-        ({"T": -1}, "T must be an integer >= 0, got -1"),
+        ({"eps": 0.0}, "eps must be > 0 in float32, got 0.0"),
+        ({"T": 2.0}, "T must be an integer in [0, 6], got 2.0"),
+        ({"T": -1}, "T must be an integer in [0, 6], got -1"),
         ({"group_size": True}, "group_size must be a positive integer or None"),
         ({"stop_gradient": "no"}, "stop_gradient must be True or False, got 'no'"),
         ({"affine": 0}, "affine must be True or False, got 0"),
-        ({"scale": "2"}, "scale must be a finite number, got '2'"),  # typed by its default
+        (
+            {"scale": "2"},
+            "scale must be a number finite in float32, got '2'",
+        ),  # typed by its default
     ],
 )
 def test_a_new_row_is_typed_from_the_table(new_row, hparams, message):
@@ -97,8 +100,8 @@ def test_a_none_default_without_a_rule_is_refused(monkeypatch):
 def test_iternorms_row_is_typed_without_code_of_its_own():
     """IterNorm's row (added after the schema) is checked from the table alone."""
     for hparams, message in [
-        ({"momentum": "abc"}, "momentum must be a finite number, got 'abc'"),
-        ({"iterations": 2.5}, "iterations must be an integer >= 0, got 2.5"),
+        ({"momentum": "abc"}, "momentum must be a number finite in float32, got 'abc'"),
+        ({"iterations": 2.5}, "iterations must be an integer in [0, 6], got 2.5"),
         ({"stop_gradient": "yes"}, "stop_gradient must be True or False, got 'yes'"),
         ({"affine": None}, "affine must be True or False, got None"),
     ]:
@@ -107,3 +110,40 @@ def test_iternorms_row_is_typed_without_code_of_its_own():
         assert str(err.value) == message
     with pytest.raises(ValueError, match="group_size 5 does not divide the width 32"):
         normalizers.check_width("iternorm", 32, group_size=5)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("epsilon", 1e300, "epsilon must be a number finite in float32, got 1e+300"),
+        ("epsilon", 1e-300, "epsilon must be > 0 in float32, got 1e-300"),
+        ("beta", 1e300, "beta must be a number finite in float32, got 1e+300"),
+        ("momentum", 5.0, "momentum 5.0 not in (0, 1)"),
+        (
+            "iterations",
+            1000000,
+            "iterations 1000000 > 6: more float32 Newton-Schulz steps amplify rounding in the "
+            "batch covariance's near-null directions",
+        ),
+    ],
+)
+@pytest.mark.parametrize("front", ["linen", "nnx"])
+def test_every_normaliser_checks_its_values_in_float32_at_construction(
+    front, field, value, message
+):
+    """Audit 6, findings 6 and 4: `epsilon`/`isobn.beta` 1e300 passed (float64-finite, inf in
+    the float32 maths) and 1e-300 became 0; `IsoBN(momentum=5.0)` was accepted when built
+    directly in either front end while `Whiten` refused it. Every normaliser's constructor,
+    linen's and NNX's, runs the one check (`check_hparams`) on its own hyper-parameters."""
+    import isojax
+
+    classes = (isojax.linen if front == "linen" else isojax.nnx).norms.CLASSES
+    checked = 0
+    for name, cls in classes.items():
+        if field not in normalizers.HPARAMS[name]:
+            continue
+        with pytest.raises(ValueError) as err:
+            cls(**{field: value}) if front == "linen" else cls(8, **{field: value})
+        assert str(err.value) == message, (name, str(err.value))
+        checked += 1
+    assert checked >= {"epsilon": 4, "beta": 1, "momentum": 5, "iterations": 1}[field]

@@ -123,7 +123,7 @@ def lines_of(text: str) -> list[tuple[int, str]]:
 
 
 def test_export_refuses_a_run_folder_and_overwrite_replaces_only_an_export(
-    killed_twice, capsys, tmp_path
+    killed_twice, capsys, tmp_path, glue_dir
 ):
     root = killed_twice[0]
     workdir = root / "export-run"  # a copy: the other tests keep their run folder whatever happens
@@ -146,6 +146,18 @@ def test_export_refuses_a_run_folder_and_overwrite_replaces_only_an_export(
     assert done.returncode == 0, done.stderr[-2000:]
     assert "model.safetensors" in os.listdir(out) and "pytorch_model.bin" not in os.listdir(out)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
+
+    # Audit 6, finding 2: the export used as `--model F --workdir F` lost its config.json to
+    # the run's; now one line, exit 2, and the folder byte-identical.
+    exported = tree(out)
+    code = cli.main(
+        ["finetune", "--task", "rte", "--model", str(out), "--workdir", str(out),
+         "--data-dir", str(glue_dir), "--set", "max_train_examples=16", "--set", "batch_size=8",
+         "--set", "max_length=32", "--set", "progress=False", "--set", "tensorboard=False"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and one_line(err) and "holds a model (config.json" in err, err
+    assert tree(out) == exported
 
     mine = tmp_path / "mine"
     mine.mkdir()

@@ -226,12 +226,14 @@ def test_the_figure_draws_one_point_per_drawable_run(tmp_path):
             "arm": arm,
             "dev_score": 0.5,
             "noise_to_spread": None if k == 5 else 0.3 * (k + 1),
-            "pre_logits": {"erank": 10.0 + k, "outlier_score": {"score": 0.1 * k}},
+            "pre_logits": {"EV_1": 0.1 * k, "outlier_score": {"score": 0.1 * k}},
         }
         for k, (task, arm) in enumerate(cells)
     ]
     assert why.panel_x(lines[5], "noise_to_spread") is None
     assert why.panel_x(lines[4], "outlier_score") == pytest.approx(0.4)
+    assert why.panel_x(lines[3], "EV_1") == pytest.approx(0.3)
+    assert [key for key, _ in why.PANELS] == ["noise_to_spread", "EV_1", "outlier_score"]
     assert why.arm_colours(lines + [{"arm": "aaa"}]) == {"none": "C0", "whiten": "C1", "aaa": "C2"}
     png = why.draw(lines, tmp_path / "f.png")
     assert png.stat().st_size > 10_000

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 from flax import nnx
-from helpers import TINY_MODERNBERT, tiny_modernbert_folder
+from helpers import TINY_MODERNBERT, assert_tree_close, tiny_modernbert_folder
 
 from isojax import linen, models
 from isojax.models import config as config_lib
@@ -365,3 +365,80 @@ def test_residual_boundary_is_the_identity_in_every_mode():
     grad = jax.grad(lambda v: jnp.sum(modernbert.residual_boundary(v) * x))(x)
     np.testing.assert_array_equal(grad, x)
     np.testing.assert_array_equal(jax.vmap(modernbert.residual_boundary)(x), x)
+    grad = jax.grad(lambda v: jnp.sum(jax.vmap(modernbert.residual_boundary)(v) * x))(x)
+    np.testing.assert_array_equal(grad, x)  # audit 6, finding 5: NotImplementedError on CPU
+
+
+def test_grad_of_a_vmapped_example_loss_equals_the_batched_reference_gradient(monkeypatch):
+    """Audit 6, finding 5: `jax.grad` of a per-example ModernBERT loss `vmap`-ped over the batch
+    raised NotImplementedError on CPU (the boundary's cond). It now equals the gradient of the
+    batched loss, and that of the reference path without the boundary (the plain identity,
+    as a BERT-style stack has), within float32 rounding."""
+    cfg = config_lib.EncoderConfig.from_hf(
+        {"model_type": "modernbert", "vocab_size": 64, "hidden_size": 32,
+         "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "local_attention": 4}
+    )  # fmt: skip
+    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=2, dropout_rate=0.0)
+    params = linen.init_variables(head, jax.random.key(0))["params"]
+    ids, labels = jnp.arange(48).reshape(4, 12) % 60 + 3, jnp.array([0, 1, 0, 1])
+
+    def example_loss(p, ids1, label):
+        logits, _ = head.apply({"params": p}, ids1[None], jnp.ones_like(ids1)[None])
+        return -jax.nn.log_softmax(logits[0])[label]
+
+    def batched_loss(p):
+        logits, _ = head.apply({"params": p}, ids, jnp.ones_like(ids))
+        return jnp.mean(-jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+
+    got = jax.grad(lambda p: jnp.mean(jax.vmap(example_loss, (None, 0, 0))(p, ids, labels)))(params)
+    assert_tree_close(got, jax.grad(batched_loss)(params), tol=1e-5)
+    monkeypatch.setattr(modernbert, "residual_boundary", lambda x: x)
+    assert_tree_close(got, jax.grad(batched_loss)(params), tol=1e-5)
+
+
+# Audit 6's ModernBERT parity probe that held, as a test: 5 layers, 24-token rows padded on
+# the right and on the left, six configurations beyond the defaults. `legacy` rewrites the
+# saved config.json with the pre-`layer_types` / pre-`rope_parameters` keys isojax also reads.
+EXTRA_CONFIGS = {
+    "biases, mean pooling": ({"attention_bias": True, "mlp_bias": True, "norm_bias": True,
+                              "classifier_bias": True, "classifier_pooling": "mean"}, {}),
+    "odd window, global every 2": ({"local_attention": 7, "global_attn_every_n_layers": 2},
+                                   {"global_attn_every_n_layers": 2}),
+    "rope thetas 1000 / 50": ({"global_rope_theta": 1000.0, "local_rope_theta": 50.0},
+                              {"global_rope_theta": 1000.0, "local_rope_theta": 50.0}),
+    "regression, silu head, gelu_new mlp": ({"num_labels": 1, "classifier_activation": "silu",
+                                             "hidden_activation": "gelu_new"}, {}),
+    "window 2": ({"local_attention": 2}, {}),
+    "window longer than the row": ({"local_attention": 60}, {}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(EXTRA_CONFIGS))
+def test_six_more_configurations_match_transformers(name, tmp_path):
+    """Logits and every layer's hidden state within 1e-5 of transformers' eager PyTorch (the
+    audit measured 9.5e-7), right- and left-padded rows."""
+    changes, legacy = EXTRA_CONFIGS[name]
+    changes = {"num_hidden_layers": 5, "classifier_pooling": "cls", "num_labels": 3, **changes}
+    pooling, labels = changes.pop("classifier_pooling"), changes.pop("num_labels")
+    model = reference(tmp_path, pooling, num_labels=labels, **changes)
+    if legacy:
+        saved = json.loads((tmp_path / "config.json").read_text())
+        for key in ("layer_types", "rope_parameters"):
+            saved.pop(key, None)
+        (tmp_path / "config.json").write_text(json.dumps({**saved, **legacy}))
+    pre = linen.load_pretrained(tmp_path)
+    assert pre.config.layer_types == tuple(model.config.layer_types)
+    head = linen.SequenceClassifier(linen.Encoder(pre.config), num_labels=labels, dropout_rate=0.0)
+    params = {"encoder": pre.params, "classifier": classifier_params(tmp_path)}
+    apply = jax.jit(head.apply)
+    ids, mask = padded_batch(TINY["vocab_size"], t=24)
+    for side, (i, m) in (("right", (ids, mask)), ("left", (ids[:, ::-1], mask[:, ::-1]))):
+        i, m = np.ascontiguousarray(i), np.ascontiguousarray(m)
+        ref = run_reference(model, i, m)
+        logits, extras = apply({"params": params}, i, m)
+        for ours, theirs in zip(
+            extras["encoder"].hidden_states, ref.hidden_states[1:], strict=True
+        ):
+            np.testing.assert_allclose(ours, theirs.numpy(), rtol=0, atol=1e-5, err_msg=side)
+        np.testing.assert_allclose(logits, ref.logits.numpy(), rtol=0, atol=1e-5, err_msg=side)

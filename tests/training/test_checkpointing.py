@@ -3,6 +3,7 @@ file; only damaged files fall back to an older checkpoint; atomic saves; a full 
 line."""
 
 import errno
+import json
 import os
 import pathlib
 import shutil
@@ -13,7 +14,7 @@ import optax
 import pytest
 from helpers import logged_warning
 
-from isojax.training import checkpointing
+from isojax.training import checkpointing, resume
 
 
 def _state(value: float, **changes) -> dict:
@@ -215,3 +216,25 @@ def test_writer_thread_errors_of_every_kind_are_logged_not_printed(capfd, caplog
     logged = " ".join(r.getMessage() for r in caplog.records)
     for kind in ("print", "unraisable", "thread"):
         assert f"{kind}: Event loop is closed" in logged
+
+
+@pytest.mark.parametrize(
+    "before, now, named",
+    [
+        ({"normalizer_kwargs": {}}, {"normalizer_kwargs.iterations": 7},
+         "(normalizer_kwargs.iterations differs)"),
+        ({"front_end": "linen"}, {"front_end": "nnx"}, "(front_end differs)"),
+        ({"seed": 0, "front_end": "linen"}, {"seed": 1, "front_end": "nnx"},
+         "(front_end and seed differ)"),
+    ],
+)  # fmt: skip
+def test_a_changed_config_names_each_field_once(tmp_path, before, now, named):
+    """Audit 6, finding 11: "(normalizer_kwargs, normalizer_kwargs.iterations differ)" and
+    "(front_end differ)"; each changed field is named once, in grammatical English."""
+    (tmp_path / "config.json").write_text(
+        json.dumps({"task": "rte", "normalizer": "none", **before})
+    )
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(resume.ConfigChanged) as err:
+        resume.check_same_run({"task": "rte", "normalizer": "none", **now}, tmp_path)
+    assert named in str(err.value), str(err.value)

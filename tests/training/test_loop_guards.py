@@ -165,7 +165,7 @@ def test_config_json_is_written_only_once_the_restore_accepted_the_config(
         checkpointing.shutil.rmtree(path)
     capsys.readouterr()
     assert cli.main([*argv, "--set", "seed=5"]) == 2
-    assert "with another config (seed differ)" in capsys.readouterr().err
+    assert "with another config (seed differs)" in capsys.readouterr().err
     best = json.loads((workdir / "results.json").read_text())["best"]
     assert [int(p.name) for p in (workdir / "best_checkpoint").iterdir()] == [best["step"]]
 
