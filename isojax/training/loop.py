@@ -99,8 +99,8 @@ def train_and_evaluate(
     """
     config_lib.validate_config(config)  # the boundary: below it, builders take `spec`'s parts
     spec = specs.RunSpec.of(config)
+    distributed.initialize_distributed()  # before any JAX call: the checks ask for the platform
     build.check_model(spec.model)  # the model's sizes: refused before the folder is touched
-    distributed.initialize_distributed()
     workdir = pathlib.Path(workdir)
     resume.check_same_run(spec.fields, workdir)  # a refusal leaves the folder as it was
     workdir.mkdir(parents=True, exist_ok=True)

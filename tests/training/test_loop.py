@@ -317,7 +317,9 @@ def test_resume_refuses_a_config_that_changes_the_run(tmp_path):
     config.log_every, config.progress = 7, False  # harmless
     resume.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
     config.method, config.optimizer.learning_rate = "isobn", 1e-3
-    with pytest.raises(ValueError, match=r"another config \(method, optimizer.learning_rate"):
+    with pytest.raises(
+        ValueError, match=r"another config \(method and optimizer.learning_rate differ\)"
+    ):
         resume.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
 
 
