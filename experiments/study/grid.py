@@ -34,10 +34,11 @@ class Cell(NamedTuple):
 
 def load_grid(spec: str) -> tuple[ml_collections.ConfigDict, object]:
     """`path.py[:arg]` -> (the grid ConfigDict, the `study_recipe` module it uses: the grid
-    file's own `study_recipe`, else `experiments.configs.study_recipe`). The file is loaded by
-    path; it imports the recipe as a package module (`from experiments.configs import
-    study_recipe`), so the checkout's root must be importable (`python -m experiments.study`
-    from it)."""
+    file's own `study_recipe`, else `experiments.configs.study_recipe`). `arg` must be one of
+    the file's `ARGS` (none by default: an argument no grid reads is refused, not ignored).
+    The file is loaded by path; it imports the recipe as a package module (`from
+    experiments.configs import study_recipe`), so the checkout's root must be importable
+    (`python -m experiments.study` from it)."""
     path, _, arg = spec.partition(":")
     path = pathlib.Path(path).resolve()
     if not path.is_file():
@@ -52,6 +53,10 @@ def load_grid(spec: str) -> tuple[ml_collections.ConfigDict, object]:
         raise StudyError(f"grid file {path}: {type(err).__name__}: {err}") from None
     if not callable(getattr(module, "get_config", None)):
         raise StudyError(f"grid file {path} has no get_config(arg)")
+    accepted = getattr(module, "ARGS", ())  # the arguments a grid file declares it reads
+    if arg and arg not in accepted:
+        takes = f"one of {list(accepted)}" if accepted else "no argument"
+        raise StudyError(f"grid file {path} takes {takes}, got ':{arg}'")
     try:
         grid = module.get_config(arg or None)
     except Exception as err:

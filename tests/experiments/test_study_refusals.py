@@ -76,6 +76,20 @@ def test_a_grid_file_python_cannot_read_is_one_line(tmp_path, capsys):
     _refused(capsys, command.main([str(grid)]), "get_config raised ZeroDivisionError")
 
 
+def test_an_argument_the_grid_file_does_not_read_is_refused(tmp_path, capsys):
+    """`GRID:zzz` on a grid file that reads no argument (all of experiments/configs/ today)
+    is refused in one line, not ignored; a file's declared `ARGS` are accepted."""
+    _refused(capsys, command.main([GRID + ":zzz", "--dry-run"]), "takes no argument, got ':zzz'")
+    grid = tmp_path / "study_args.py"
+    grid.write_text(
+        "from experiments.configs import study_pilot\n"
+        "ARGS = ('small',)\n"
+        "def get_config(arg=None):\n    return study_pilot.get_config()\n"
+    )
+    load_grid(f"{grid}:small")
+    _refused(capsys, command.main([f"{grid}:big", "--dry-run"]), "takes one of ['small']")
+
+
 @pytest.mark.parametrize("tier", ["0", "-1"])
 def test_tier_below_one_is_refused(tmp_path, capsys, tier):
     code = command.main([GRID, "--dry-run", "--tier", tier, "--results", str(tmp_path / "r")])
