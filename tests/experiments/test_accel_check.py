@@ -5,9 +5,12 @@ import gzip
 import json
 import re
 
+import pytest
+
 from experiments.device import accel_check
 
 
+@pytest.mark.e2e  # the whole check, at tiny sizes
 def test_dry_run_prints_every_arm_the_equality_and_the_profile(tmp_path, capsys):
     lines = accel_check.main(["--dry", "--no-torch", "--out", str(tmp_path)])
     assert lines == capsys.readouterr().out.splitlines()

@@ -66,6 +66,7 @@ def _dev_mean_of_predict(tmp_path, glue_dir, minilm_dir, label_mean_bias: bool) 
     return float(predict.predict(runs.restore(workdir), "dev").logits[:, 0].mean())
 
 
+@pytest.mark.e2e  # two whole runs
 def test_a_centred_regression_head_predicts_on_the_labels_scale(tmp_path, glue_dir, minilm_dir):
     """`iternorm` whitens the head's input (mean 0), so the scores' mean is about the bias: at
     the mean of the labels it trained on (the first 64 rows: 3.54; the TSVs are ordered by
