@@ -162,6 +162,7 @@ def test_exported_classifier_loads_in_transformers(front, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a base-sized model (22 layers): the full lane, not the fast one
 def test_base_sized_matches_transformers(tmp_path):
     """ModernBERT-base's shape (22 layers, hidden 768, GeGLU 1152, window 128, every third
     layer global; a 1024-token vocabulary to keep the file small) on a 2 x 160 batch (longer
