@@ -1,0 +1,1 @@
+"""Checks run by hand across commits: `same_numbers` (a restructuring changes no number)."""
