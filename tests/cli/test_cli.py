@@ -187,3 +187,26 @@ def test_analyze_tiny_model_writes_report(capsys, tmp_path, glue_dir, minilm_dir
     assert f"{summary['cls']['EV_3']:.4f}" in out
     for name in ("ev_curve", "std_histogram", "abs_correlation", "layer_isoscore"):
         assert (tmp_path / f"{name}.png").stat().st_size > 2000
+
+
+def test_one_loader_reads_presets_files_and_grid_files(tmp_path):
+    """`configs.load("NAME[:ARG]" | "path.py[:ARG]")`: the ARG after the colon, else the
+    argument; the study's grid files come through the same loader."""
+    from experiments.study import grid as study_grid
+    from isojax.training import configs
+
+    config_file = tmp_path / "task_config.py"
+    config_file.write_text(
+        "import ml_collections\n"
+        "def get_config(arg):\n"
+        "    return ml_collections.ConfigDict(dict(task=arg))\n"
+    )
+    assert configs.load(f"{config_file}:mrpc").task == "mrpc"
+    assert configs.load(str(config_file), "cola").task == "cola"
+    assert configs.load(f"{config_file}:mrpc", "cola").task == "mrpc"  # the spec's own wins
+    assert configs.load(str(config_file)).task is None
+    assert configs.load("istar:unused").to_dict() == configs.load("istar").to_dict()
+    assert configs.load("istar").penalty == "istar"
+    grid_file = str(REPO / "experiments" / "configs" / "study_pilot.py")
+    grid, _ = study_grid.load_grid(grid_file)
+    assert grid.to_dict() == configs.load(grid_file, what="grid file").to_dict()
