@@ -75,7 +75,9 @@ def find(name: str, *, what: str = "config file") -> types.ModuleType:
     return module
 
 
-def get_config(module: types.ModuleType, arg: str | None, *, what: str = "config file"):
+def get_config(
+    module: types.ModuleType, arg: str | None, *, what: str = "config file"
+) -> ml_collections.ConfigDict:
     """`module.get_config(arg)`, checked: a ConfigDict; what goes wrong is one `ConfigError`."""
     where = f"{what} {getattr(module, '__file__', module.__name__)}"
     if not callable(getattr(module, "get_config", None)):
