@@ -84,7 +84,7 @@ def _log_handler():
     tests/cli/test_run_messages.py)."""
     import logging
 
-    from isojax.cli.common import install_log_handler
+    from isojax.logs import install_log_handler
 
     install_log_handler()
     logger = logging.getLogger("isojax")

@@ -1,14 +1,14 @@
-"""The `isojax` command's log handler (`isojax.cli.common`) rewrites the progress line in place;
-that a run embedded in a program prints nothing until it installs a handler:
+"""The `isojax` command's log handler (`isojax.logs.TerminalHandler`) rewrites the progress line
+in place; that a run embedded in a program prints nothing until it installs a handler:
 tests/e2e/test_logs.py."""
 
 import logging
 
-from isojax.cli import common
+from isojax import logs
 
 
 def test_the_terminal_handler_rewrites_the_progress_line_in_place(capsys):
-    handler, logger = common.TerminalHandler(), logging.getLogger("isojax.test_handler")
+    handler, logger = logs.TerminalHandler(), logging.getLogger("isojax.test_handler")
     logger.addHandler(handler)
     logger.propagate = False
     try:

@@ -1,7 +1,7 @@
 """Train-step time of the NNX front end against linen's (prints figures; not a test).
 
-    PYTHONPATH=. python experiments/bench/nnx_step.py                        # 32 x 128, 7 rounds
-    PYTHONPATH=. python experiments/bench/nnx_step.py --rounds 2 --model tiny-bert   # smoke
+    python -m experiments.bench.nnx_step                        # 32 x 128, 7 rounds
+    python -m experiments.bench.nnx_step --rounds 2 --model tiny-bert   # smoke
 
 Three arms, one process, interleaved rounds (each round times `--steps` AdamW steps of every
 arm, in an order drawn per round), on the same model (MiniLM-L6 with an IsoBN head, STS-B

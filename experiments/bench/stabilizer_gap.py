@@ -16,8 +16,8 @@ over the same parameters (`C0_pass`, the epoch's training batches in order):
 
 It prints one table row per measurement and a summary per mode.
 
-    .venv/bin/python experiments/bench/stabilizer_gap.py            # MiniLM-L6, RTE, 1 epoch
-    .venv/bin/python experiments/bench/stabilizer_gap.py --max-steps 20 --max-length 64
+    python -m experiments.bench.stabilizer_gap            # MiniLM-L6, RTE, 1 epoch
+    python -m experiments.bench.stabilizer_gap --max-steps 20 --max-length 64
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """The throughput logging's cost on the train step, the step's tokens/s and MFU, its memory.
 
-    python experiments/bench/throughput_cost.py                     # MiniLM-L6, 32 x 128
-    python experiments/bench/throughput_cost.py --model tiny-bert --steps 3 --rounds 2
+    python -m experiments.bench.throughput_cost                     # MiniLM-L6, 32 x 128
+    python -m experiments.bench.throughput_cost --model tiny-bert --steps 3 --rounds 2
 
 Two arms on the same jitted MiniLM-L6 train step (`loop.setup`, f32, padded to `--length`,
 real RTE rows), run as the loop runs them, interleaved (ABBA order per pair of rounds), each

@@ -1,6 +1,6 @@
 """The library logs and prints nothing: a run embedded in a program writes no line until the
 program installs a handler, `logging.getLogger("isojax").setLevel(logging.ERROR)` silences even
-the warnings, and the `isojax` command shows the lines (`isojax.cli.common`)."""
+the warnings, and the `isojax` command shows the lines (`isojax.logs.install_log_handler`)."""
 
 import subprocess
 import sys
@@ -43,7 +43,7 @@ def test_an_embedded_run_is_silent_and_a_handler_shows_its_lines(tmp_path, glue_
     )
     assert quiet == ""
     shown = _run(
-        "from isojax.cli.common import install_log_handler; install_log_handler()",
+        "from isojax.logs import install_log_handler; install_log_handler()",
         tmp_path / "b",
         glue_dir,
         minilm_dir,
@@ -62,7 +62,7 @@ def test_a_torn_metrics_line_is_logged_and_silenced_with_the_logger(tmp_path, gl
     assert _run(quiet, tmp_path / "a", glue_dir, minilm_dir) == ""  # the finished run, reread
     (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 9, "ep')
     shown = _run(
-        "from isojax.cli.common import install_log_handler; install_log_handler()",
+        "from isojax.logs import install_log_handler; install_log_handler()",
         tmp_path / "a",
         glue_dir,
         minilm_dir,

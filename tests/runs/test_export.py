@@ -119,13 +119,13 @@ def test_exported_run_equals_predict_in_transformers(capsys, tmp_path, trained, 
     family = "Roberta" if name.startswith("roberta") else "Bert"
     assert f"as {family}ForSequenceClassification\n" in out
     results = json.loads((run_dir / "results.json").read_text())
-    assert f"dev: {cli.format_metrics(task, results['dev'])}" in out
+    assert f"dev: {cli.runs.format_metrics(task, results['dev'])}" in out
 
     code, out, err = run_cli(
         capsys, ["predict", run_dir, "--split", "dev", "--out", tmp_path / "p.tsv"]
     )
     assert code == 0, err
-    assert f"dev: {cli.format_metrics(task, results['dev'])}\n" in out
+    assert f"dev: {cli.runs.format_metrics(task, results['dev'])}\n" in out
     pred = predict.predict(runs.restore(run_dir), "dev")
     assert pred.metrics == results["dev"]  # the same eval batches: exactly the run's numbers
 
@@ -233,7 +233,7 @@ def test_best_restores_the_best_epochs_parameters(monkeypatch, tmp_path, glue_di
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["best"]["dev"]["score"] == 0.9 and saved["dev"]["score"] == 0.5
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["6"]
-    assert "\nbest: step 4  epoch 2  dev score 0.9000" in cli.format_results(results)
+    assert "\nbest: step 4  epoch 2  dev score 0.9000" in cli.finetune.format_results(results)
 
     best = runs.restore(tmp_path / "run", best=True)
     assert (best.step, best.checkpoint, best.evaluation["epoch"]) == (4, "best", 2)
