@@ -173,7 +173,7 @@ def check_stamp(stamp: dict | None, fields: dict, where: str) -> bool:
         return False
     if stamp["sha256"] == config_stamp(fields)["config"]["sha256"]:
         return True
-    before, now = stamp["fields"], fields
+    before, now = config_lib.translate(stamp["fields"]), fields  # renamed paths: new names
     changed = _changed_fields(before, now)
     if changed:
         missing = "(absent)"
