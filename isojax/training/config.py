@@ -78,6 +78,7 @@ class ConfigError(errors.InputError):
 # path is refused with the new one. "preset" and "method" name no path (a field removed, a
 # field split in two): the value is the advice shown.
 RENAMED = {
+    "istar.stabilizer": "istar.stabilizer.kind",  # a string before the section
     "istar.stabilizer_tokens": "istar.stabilizer.tokens",
     "istar.stabilizer_window": "istar.stabilizer.window",
     "istar.stabilizer_window_unit": "istar.stabilizer.unit",

@@ -4,13 +4,14 @@ and below the boundary no function of `isojax.training` or `isojax.runs` takes t
 import ast
 import collections
 import dataclasses
+import json
 
 import jax.numpy as jnp
 import pytest
 from helpers import REPO, finetune_args
 
 from isojax.training import config as config_lib
-from isojax.training import optim, schema, specs
+from isojax.training import optim, resume, schema, specs
 
 # The config fields whose spec checks or parses the value: another valid one.
 VALID = {"policy": "p=f32,c=bf16,o=f32", "optimizer.schedule": "constant"}
@@ -266,3 +267,43 @@ def test_the_ast_check_sees_a_config_parameter():
     typed = ast.parse("def build(cfg: ConfigDict): ...").body[0]
     clean = ast.parse("def build(spec: specs.FeedSpec, n): ...").body[0]
     assert _takes_config(planted) and _takes_config(typed) and not _takes_config(clean)
+
+
+def _old_spelling(config) -> dict:
+    """`config`'s JSON with I-STAR's C0 in the spelling before the `istar.stabilizer` section
+    (`config.RENAMED`)."""
+    saved = json.loads(config.to_json())
+    c0 = saved["istar"].pop("stabilizer")
+    saved["istar"]["stabilizer"] = c0["kind"]
+    for old, new in [("tokens", "tokens"), ("window", "window"), ("window_unit", "unit")]:
+        saved["istar"][f"stabilizer_{old}"] = c0[new]
+    saved["istar"] |= {"stabilizer_momentum": c0["momentum"], "stabilizer_debias": c0["debias"]}
+    return saved
+
+
+def test_renamed_paths_read_under_their_new_names(tmp_path):
+    """A run folder's `config.json` and a checkpoint's config stamp that spell a field by its
+    old path (`config.RENAMED`) read under the new one (`config.translate`): `load_config`
+    restores the values, the stamp and the same-run check see no change; a field that names
+    no path ("method") is refused in one line."""
+    from isojax.runs import folder
+
+    config = config_lib.default_config()
+    config.update_from_flattened_dict(
+        {"penalty": "istar", "istar.stabilizer.kind": "ema", "istar.stabilizer.tokens": 512}
+    )
+    old = _old_spelling(config)
+    assert "istar.stabilizer_tokens" in config_lib.flatten(old)
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert folder.load_config(tmp_path).to_dict() == config.to_dict()
+    fields = specs.RunSpec.of(config).fields
+    stamp = resume.config_stamp(config_lib.flatten(old))["config"]
+    assert resume.check_stamp(stamp, fields, "step 1")  # no ConfigChanged
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    resume.check_same_run(fields, tmp_path)  # no ConfigChanged
+    changed = dict(fields, **{"istar.stabilizer.tokens": 1024})
+    with pytest.raises(resume.ConfigChanged, match=r"istar.stabilizer.tokens: 512 -> 1024"):
+        resume.check_stamp(stamp, changed, "step 1")
+    (tmp_path / "config.json").write_text(json.dumps(old | {"method": "istar"}))
+    with pytest.raises(folder.RunNotRestorable, match="field 'method' is now two fields"):
+        folder.load_config(tmp_path)
