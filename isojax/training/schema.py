@@ -147,9 +147,16 @@ def _value(declared: Declared) -> Any:
 
 
 def tree(spec: type) -> ml_collections.ConfigDict:
-    """The config `spec` declares, every field at its default (`config.default_config`)."""
-    config = ml_collections.ConfigDict()
+    """The config `spec` declares, every field at its default (`config.default_config`).
+    A path declared twice is refused (`ValueError`): one spec declares it, others read it."""
+    config, owners = ml_collections.ConfigDict(), {}
     for declared in declarations(spec):
+        if declared.path in owners:
+            raise ValueError(
+                f"config field {declared.path!r} is declared by {owners[declared.path].__name__} "
+                f"and {declared.owner.__name__}: one declares it, the other reads it (schema.reads)"
+            )
+        owners[declared.path] = declared.owner
         *parents, leaf = declared.path.split(".")
         node = config
         for part in parents:
