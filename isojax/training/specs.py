@@ -28,7 +28,7 @@ import json
 
 import ml_collections
 
-from isojax.training import optim, precision, schema
+from isojax.training import precision, schema
 from isojax.training.optim import OptimSpec
 
 __all__ = [
@@ -295,7 +295,7 @@ class StateSpec(schema.Section):
     loss_scale: str = "auto"
     fsdp: bool = False
     front_end: str = "linen"
-    optim: OptimSpec = schema.section(optim.OptimSpec, "optimizer")
+    optim: OptimSpec = schema.section(OptimSpec, "optimizer")
     objective: ObjectiveSpec = schema.section(ObjectiveSpec)
 
 
