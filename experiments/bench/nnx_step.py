@@ -32,7 +32,7 @@ from flax import nnx
 
 from isojax.models import transformer
 from isojax.nnx import pretrained
-from isojax.training import build, specs, steps
+from isojax.training import build, optim, specs, steps
 from isojax.training import config as config_lib
 
 
@@ -98,9 +98,9 @@ def make_steppers(config, batch) -> dict:
     """`{arm: step()}` for "linen", "nnx" and "nnx_jit": each call runs one AdamW step of its
     arm on `batch` (its state held in the closure) and returns the loss, not waited for."""
     spec = specs.RunSpec.of(config)
-    tx = build.make_optimizer(spec.state.optim, 1000)
+    tx = optim.make_optimizer(spec.state.optim, 1000)
     model, enc_params, _, hidden = build.build_model(spec.model, num_labels=1)
-    objective = steps.Objective(regression=True)
+    objective = specs.ObjectiveSpec(regression=True)
     states, arms = {}, {}
     for front_end in ("linen", "nnx"):
         state_spec = dataclasses.replace(spec.state, front_end=front_end)

@@ -192,14 +192,15 @@ def penalty_hparams(spec: specs.ObjectiveSpec) -> dict:
     """The hyper-parameters of the run's token penalty (empty for "none")."""
     common = {"weight": spec.weight}
     if spec.penalty == "istar":
-        kind = spec.c0_mode
+        c0 = spec.istar.stabilizer
+        kind = c0.kind
         return common | {
-            "zeta": spec.zeta,
+            "zeta": spec.istar.zeta,
             "include_padding": spec.include_padding,
             "stabilizer": kind,
-            **({"tokens": spec.c0_tokens} if kind == "pass" else {}),
-            **({"window": spec.c0_window, "unit": spec.c0_unit} if kind == "epoch" else {}),
-            **({"momentum": spec.c0_momentum, "debias": spec.c0_debias} if kind == "ema" else {}),
+            **({"tokens": c0.tokens} if kind == "pass" else {}),
+            **({"window": c0.window, "unit": c0.unit} if kind == "epoch" else {}),
+            **({"momentum": c0.momentum, "debias": c0.debias} if kind == "ema" else {}),
         }
     if spec.penalty == "cosreg":
         return common | {"include_padding": spec.include_padding}

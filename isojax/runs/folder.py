@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import jax
 import ml_collections
+from flax import traverse_util
 
 from isojax.data import tasks
 from isojax.training import build, checkpointing, distributed, resume, specs, steps
@@ -134,23 +135,27 @@ def _unknown_fields(saved: dict) -> list[str]:
 
 def load_config(run_dir: str | pathlib.Path) -> ml_collections.ConfigDict:
     """The run's `config.json` over `config.default_config()` (fields a newer isojax added keep
-    their defaults), validated.
+    their defaults; a renamed one is read under its new path, `config.translate`), validated.
 
     Raises:
       RunNotRestorable: no `config.json`, or one that is not valid JSON or not a valid config;
-        one of an older layout names its first renamed field (`config.RENAMED`); a key that no
-        config has (a typo) is named.
+        one naming a field an older isojax had and this one has not (`config.RENAMED`: split
+        or removed) names it; a key that no config has (a typo) is named.
     """
     path = pathlib.Path(run_dir) / "config.json"
     if not path.is_file():
         raise RunNotRestorable(f"{path.parent}: not a run folder (no config.json)")
     try:
         saved = json.loads(path.read_text())
-        renamed = sorted(set(config_lib.flatten(saved)) & set(config_lib.RENAMED))
-        if renamed:
+        flat = config_lib.flatten(saved)
+        translated = config_lib.translate(flat)
+        if translated != flat:  # renamed paths, read under their new names
+            saved = traverse_util.unflatten_dict(translated, sep=".")
+        removed = sorted(set(translated) & set(config_lib.RENAMED))
+        if removed:
             raise ValueError(
-                f"written by an older isojax: field {renamed[0]!r} is now "
-                f"{config_lib.RENAMED[renamed[0]]}"
+                f"written by an older isojax: field {removed[0]!r} is now "
+                f"{config_lib.RENAMED[removed[0]]}"
             )
         unknown = _unknown_fields(saved)
         if unknown:

@@ -221,7 +221,7 @@ def predict(
     scores = None
     if labelled:
         scores = metrics.compute_metrics(task, logits, encoded.labels)
-        scores |= evaluation.isotropy_of(acc, restored.state, spec.state.objective.zeta)
+        scores |= evaluation.isotropy_of(acc, restored.state, spec.state.objective.istar.zeta)
     return Predictions(task=task, split=split, idx=encoded.idx, logits=logits, metrics=scores)
 
 

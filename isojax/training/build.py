@@ -141,9 +141,8 @@ def _encoder_config(model: str) -> models.EncoderConfig:
 
 def check_max_length(spec: specs.ModelSpec, *, field: str = "config: max_length") -> None:
     """`ConfigError` unless the model's position table (its config.json, read before any
-    weights) covers `spec.max_length` tokens; tiny-bert's table is sized to fit. `spec` needs
-    only `model` and `max_length` (`isojax analyze` passes its arguments, `field` naming its
-    flag)."""
+    weights) covers `spec.max_length` tokens; tiny-bert's table is sized to fit (`isojax
+    analyze` builds a `ModelSpec` of its arguments, `field` naming its flag)."""
     if spec.model == TINY_MODEL:
         return
     enc = _encoder_config(spec.model)
@@ -255,27 +254,12 @@ def classifier_apply(front_end: str, model: linen.SequenceClassifier):
     return pretrained.LinenApply.of(lambda: pretrained.from_linen(model, rngs=nnx.Rngs(0)))
 
 
-def make_optimizer(spec: specs.OptimSpec, total_steps: int):
-    """`optim.make_optimizer` with `spec`'s fields for a run of `total_steps` updates."""
-    return optim.make_optimizer(
-        learning_rate=spec.learning_rate,
-        total_steps=total_steps,
-        warmup_fraction=spec.warmup_fraction,
-        schedule=spec.schedule,
-        weight_decay=spec.weight_decay,
-        b1=spec.b1,
-        b2=spec.b2,
-        adam_eps=spec.adam_eps,
-        clip_norm=spec.clip_norm,
-    )
-
-
 def create_train_state(
     spec: specs.StateSpec,
     model: linen.SequenceClassifier,
     encoder_params: dict | None,
     tx: optax.GradientTransformation,
-    objective: steps.Objective,
+    objective: specs.ObjectiveSpec,
     hidden_size: int,
     mesh: jax.sharding.Mesh | None = None,
 ) -> steps.TrainState:
@@ -331,23 +315,6 @@ def load_examples(spec: specs.DataSpec, split: str) -> list[tasks.Example]:
     return examples if limit is None else examples[:limit]
 
 
-def make_objective(
-    spec: specs.ObjectiveSpec, task: tasks.GlueTask, steps_per_epoch: int
-) -> steps.Objective:
-    """What the train step minimises for `spec` (static: compiled into the step)."""
-    return steps.Objective(
-        penalty=spec.penalty,
-        regression=task.is_regression,
-        weight=spec.weight,
-        zeta=spec.zeta,
-        include_padding=spec.include_padding,
-        c0_mode=spec.c0_mode,
-        # A running stabiliser counts micro-batches: an epoch is k times the updates.
-        c0_settings=tuple(spec.c0_settings(steps_per_epoch * spec.grad_accum_steps).items()),
-        cls_only=spec.cls_only,
-    )
-
-
 def train_state(
     spec: specs.StateSpec,
     task: tasks.GlueTask,
@@ -361,12 +328,13 @@ def train_state(
     abstract: bool = False,
 ) -> steps.TrainState:
     """The run's train state on `mesh`, the one build that the loop's `setup` and a restore
-    (`isojax.runs.restore`) share: optimizer (`make_optimizer`), objective (`make_objective`)
-    and `create_train_state`. `abstract`: its shapes and dtypes only, each leaf a
-    `jax.ShapeDtypeStruct` with the sharding the run gives it (what a checkpoint restores
-    into); a restore passes any `steps_per_epoch` and `total_steps`, which shape no array."""
-    tx = make_optimizer(spec.optim, total_steps)
-    objective = make_objective(spec.objective, task, steps_per_epoch)
+    (`isojax.runs.restore`) share: optimizer (`optim.make_optimizer`), objective
+    (`ObjectiveSpec.for_run`: the task's loss, an epoch of steps) and `create_train_state`.
+    `abstract`: its shapes and dtypes only, each leaf a `jax.ShapeDtypeStruct` with the
+    sharding the run gives it (what a checkpoint restores into); a restore passes any
+    `steps_per_epoch` and `total_steps`, which shape no array."""
+    tx = optim.make_optimizer(spec.optim, total_steps)
+    objective = spec.objective.for_run(task.is_regression, steps_per_epoch)
 
     def create(params):
         return create_train_state(spec, model, params, tx, objective, hidden_size, mesh)

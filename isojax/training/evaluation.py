@@ -49,7 +49,7 @@ def isotropy_of(
     acc: steps.EvalAccumulator, state: steps.TrainState, zeta: float
 ) -> dict[str, float]:
     """`steps.isotropy_metrics` of the accumulated statistics, with the run's C0 if any and
-    its `zeta` (`specs.ObjectiveSpec.zeta`)."""
+    its `zeta` (`specs.IStarSpec.zeta`)."""
     c0 = None if state.stabilizer is None else state.stabilizer["c0"]
     return resume.host_floats(_isotropy_jit(acc, c0, zeta))
 
@@ -62,7 +62,7 @@ def evaluate(
     spec = run.spec
     logits, acc = eval_outputs(run.eval_fn, state, encoded, spec.feed, run.mesh, run.hidden_size)
     result = metrics.compute_metrics(run.task, logits, encoded.labels)
-    return result | isotropy_of(acc, state, spec.state.objective.zeta)
+    return result | isotropy_of(acc, state, spec.state.objective.istar.zeta)
 
 
 def evaluate_all(

@@ -232,8 +232,8 @@ def build_run(spec: specs.RunSpec, *, mesh: jax.sharding.Mesh | None = None) -> 
 
 def c0_pass(run: Run, state: steps.TrainState, epoch: int):
     """`state` with I-STAR's C0 rebuilt by the explicit pass (SPEC.md §4): eval
-    mode, no gradient, `epoch`'s training batches in order until `c0_tokens` token vectors
-    (all layers; `penalties.estimate_c0`) of the run's `specs.ObjectiveSpec`."""
+    mode, no gradient, `epoch`'s training batches in order until `istar.stabilizer.tokens`
+    token vectors (all layers; `penalties.estimate_c0`) of the run's `specs.ObjectiveSpec`."""
     replicated = NamedSharding(run.mesh, P())
     feed = run.spec.feed
     acc = penalties.estimate_c0(
@@ -242,7 +242,7 @@ def c0_pass(run: Run, state: steps.TrainState, epoch: int):
             run.train_encoded, feed, epoch, mesh=run.mesh, batch_size=feed.micro_batch_size
         ),
         jax.device_put(penalties.c0_pass_init(run.hidden_size), replicated),
-        num_points=run.spec.state.objective.c0_tokens,
+        num_points=run.spec.state.objective.istar.stabilizer.tokens,
     )
     c0 = jax.jit(penalties.c0_pass_finalize, out_shardings=replicated)(acc)
     c0 = jax.device_put(c0, state.stabilizer["c0"].sharding)  # FSDP may split it
@@ -316,7 +316,7 @@ class Loop:
         (`stops.Watch.requested`). Returns the last state and step."""
         run, position = self.run, self.position
         objective = run.spec.state.objective
-        c0_each_epoch = objective.penalty == "istar" and objective.c0_mode == "pass"
+        c0_each_epoch = objective.penalty == "istar" and objective.istar.stabilizer.kind == "pass"
         num_epochs = -(-run.total_steps // run.steps_per_epoch)
         step = int(state.step)
         while step < run.total_steps and position.epoch < num_epochs:

@@ -173,7 +173,7 @@ def check_stamp(stamp: dict | None, fields: dict, where: str) -> bool:
         return False
     if stamp["sha256"] == config_stamp(fields)["config"]["sha256"]:
         return True
-    before, now = stamp["fields"], fields
+    before, now = config_lib.translate(stamp["fields"]), fields  # renamed paths: new names
     changed = _changed_fields(before, now)
     if changed:
         missing = "(absent)"
@@ -214,7 +214,7 @@ def check_same_run(fields: dict, workdir: pathlib.Path) -> None:
             f"{workdir} holds a run ({', '.join(found)}) but no config.json to compare this "
             "config with: use a new workdir, or put the run's config.json back"
         )
-    before = config_lib.flatten(json.loads(saved.read_text()))
+    before = config_lib.translate(config_lib.flatten(json.loads(saved.read_text())))
     changed = _changed_fields(before, fields)
     if changed:
         raise ConfigChanged(

@@ -18,7 +18,7 @@ a penalty or a statistic; `include_padding=True` (reference parity) lets the pad
 of real examples in, not the filler rows.
 
 Without a token penalty the loss reads only the sentence vectors, so the train step runs the
-encoder's last layer at the [CLS] tokens alone (`Objective.reads_tokens`, the encoder's
+encoder's last layer at the [CLS] tokens alone (`ObjectiveSpec.reads_tokens`, the encoder's
 `cls_only`): the same loss and gradients, to float rounding, for about 1/7 less work on a
 6-layer encoder. Evaluation, the C0 pass and the token penalties run every token.
 
@@ -38,7 +38,6 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -53,55 +52,19 @@ from isojax.core import geometry, isotropy, penalties, stats
 from isojax.data import packing
 from isojax.linen import istar as linen_istar
 from isojax.models import transformer
-from isojax.training import distributed, precision
+from isojax.training import distributed, precision, specs
 
 
-@dataclasses.dataclass(frozen=True)
-class Objective:
-    """What the train step minimises (static: part of the compiled step).
-
-    Attributes:
-      penalty: `config.penalty`: "istar" or "cosreg" adds a token penalty, "none" adds none
-        (the normaliser is the head's, not the objective's).
-      regression: squared error on `logits[:, 0]` (STS-B) instead of cross-entropy.
-      weight: lambda of the penalty (istar / cosreg), 0 otherwise.
-      zeta: I-STAR shrinkage towards C0.
-      include_padding: padding tokens of real examples enter the penalty and C0 (reference
-        parity); filler rows never do.
-      c0_mode: I-STAR's C0: "pass" (explicit pass per epoch, `c0_pass_step` driven by
-        `penalties.estimate_c0`),
-        "epoch" or "ema" (running, `isojax.linen.istar.IsoScoreStar`).
-      c0_settings: the other `IsoScoreStar` fields as a hashable tuple of pairs, e.g.
-        `(("window", 250_000), ("window_unit", "tokens"))`.
-      cls_only: the last encoder layer runs at the [CLS] tokens only when the loss reads no
-        tokens (`reads_tokens`); False: always at every token.
-    """
-
-    penalty: str = "none"
-    regression: bool = False
-    weight: float = 0.0
-    zeta: float = 0.2
-    include_padding: bool = False
-    c0_mode: str = "pass"
-    c0_settings: tuple = ()
-    cls_only: bool = True
-
-    @property
-    def reads_tokens(self) -> bool:
-        """The loss reads token vectors (a token penalty, also when it is only a metric at
-        weight 0); otherwise only the sentence vector, and the encoder's last layer runs at
-        the [CLS] tokens alone (if `cls_only`)."""
-        return self.penalty in ("istar", "cosreg")
-
-
-def istar_module(objective: Objective) -> linen_istar.IsoScoreStar:
-    """The IsoScore* module (C0 mode `objective.c0_mode`) of an I-STAR objective."""
+def istar_module(objective: specs.ObjectiveSpec) -> linen_istar.IsoScoreStar:
+    """The IsoScore* module (C0 estimated as `objective.istar.stabilizer.kind`) of an I-STAR
+    objective."""
+    istar = objective.istar
     return linen_istar.make_isoscore_star(
-        objective.c0_mode, zeta=objective.zeta, **dict(objective.c0_settings)
+        istar.stabilizer.kind, zeta=istar.zeta, **istar.stabilizer.settings()
     )
 
 
-def init_istar_state(objective: Objective, hidden_size: int) -> dict | None:
+def init_istar_state(objective: specs.ObjectiveSpec, hidden_size: int) -> dict | None:
     """The initial `TrainState.stabilizer`: the module's `batch_stats` (`{'c0': [d, d]
     identity, ...}` float32) for the I-STAR penalty, None otherwise."""
     if objective.penalty != "istar":
@@ -135,7 +98,7 @@ class TrainState:
     rng: jax.Array
     apply_fn: Callable = flax.struct.field(pytree_node=False)
     tx: optax.GradientTransformation = flax.struct.field(pytree_node=False)
-    objective: Objective = flax.struct.field(pytree_node=False)
+    objective: specs.ObjectiveSpec = flax.struct.field(pytree_node=False)
     rng_impl: str = flax.struct.field(pytree_node=False, default="threefry2x32")
 
 

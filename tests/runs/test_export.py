@@ -20,7 +20,16 @@ from isojax import cli, linen, runs
 from isojax.data import glue, tasks
 from isojax.models import config as config_lib
 from isojax.runs import predict
-from isojax.training import build, checkpointing, distributed, evaluation, loop, resume, specs
+from isojax.training import (
+    build,
+    checkpointing,
+    distributed,
+    evaluation,
+    loop,
+    optim,
+    resume,
+    specs,
+)
 
 pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
 
@@ -79,8 +88,8 @@ def untrained_run(workdir: pathlib.Path, config) -> pathlib.Path:
         spec.state,
         model,
         encoder_params,
-        build.make_optimizer(spec.state.optim, 1),
-        build.make_objective(spec.state.objective, task, 1),
+        optim.make_optimizer(spec.state.optim, 1),
+        spec.state.objective.for_run(task.is_regression, 1),
         hidden,
         distributed.make_mesh(),
     )

@@ -146,12 +146,11 @@ def test_filler_rows_never_enter_the_penalty_or_c0(method, stabilizer, include_p
     """The penalty, the running stabiliser and the C0 pass of a batch padded with filler rows
     equal those of the batch without them; `include_padding` adds only real rows' padding
     (the I-STAR penalty checked against `penalties.istar_penalty` on the real rows)."""
-    objective = steps.Objective(
+    c0 = specs.StabilizerSpec(kind=stabilizer or "pass", momentum=0.5)
+    objective = specs.ObjectiveSpec(
         penalty=method,
-        weight=1.0,
-        include_padding=include_padding,
-        c0_mode=stabilizer or "pass",
-        c0_settings=(("momentum", 0.5),) if stabilizer == "ema" else (),
+        istar=specs.IStarSpec(weight=1.0, include_padding=include_padding, stabilizer=c0),
+        cosreg=specs.CosRegSpec(weight=1.0, include_padding=include_padding),
     )
     results = []
     for filler in (0, 2):
@@ -357,7 +356,10 @@ def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
     assert len(batches) == 3
     tokens = [_eval_tokens(run, run.state, b) for b in batches]
     # `istar.stabilizer.tokens`: 1 batch, or 1 token more: 2
-    objective = dataclasses.replace(run.spec.state.objective, c0_tokens=len(tokens[0]) + extra)
+    objective = run.spec.state.objective
+    c0 = dataclasses.replace(objective.istar.stabilizer, tokens=len(tokens[0]) + extra)
+    istar = dataclasses.replace(objective.istar, stabilizer=c0)
+    objective = dataclasses.replace(objective, istar=istar)
     spec = dataclasses.replace(
         run.spec, state=dataclasses.replace(run.spec.state, objective=objective)
     )

@@ -22,7 +22,7 @@ from isojax.training import optim, resume, specs, stops
 )
 def test_non_finite_hyperparameters_are_refused(key, value):
     with pytest.raises(ValueError, match=f"{key} must be a finite number"):
-        optim.check_hparams(**({"learning_rate": 1e-4} | {key: value}))
+        optim.OptimSpec(**({"learning_rate": 1e-4} | {key: value}))
 
 
 def test_max_nonfinite_steps_is_validated_and_may_change_on_resume(tmp_path):
