@@ -2,7 +2,7 @@
 
     restored = runs.restore("runs/rte-isobn", best=True)
     rep = run_analysis.analyze_run(restored, predict.load_split(restored, "dev", labelled=True))
-    encoder.write_summary(rep, "runs/rte-isobn/analysis")
+    figures.write_summary(rep, "runs/rte-isobn/analysis")
 
 The forward pass is the run's dev evaluation mode; the statistics, the numbers and the figures
 are those of `isojax.analysis` (the pre-trained encoder's report), plus

@@ -168,6 +168,22 @@ def _residual_boundary_jvp(primals, tangents):
     return x, on_cpu
 
 
+def check_unread(token_type_ids: jax.Array | None, cls_only: bool) -> None:
+    """Raises ValueError (one line) for what ModernBERT cannot read: `token_type_ids` (it has
+    no token type embeddings) or `cls_only=True` (its mean pooling and sliding windows read
+    every token). Both front ends' encoders run it."""
+    if token_type_ids is not None:
+        raise ValueError(
+            f"token_type_ids {tuple(token_type_ids.shape)} given to a ModernBERT encoder, which "
+            "has no token type embeddings: pass None"
+        )
+    if cls_only:
+        raise ValueError(
+            "cls_only=True given to a ModernBERT encoder, which computes every token (mean "
+            "pooling and sliding windows read them): pass False"
+        )
+
+
 def encode(
     cfg: config_lib.EncoderConfig,
     x: jax.Array,

@@ -1,16 +1,17 @@
 """isojax's Flax NNX front end: native `nnx.Module` twins of the linen modules, over the same
-pure functions (one copy of the maths; `isojax.linen.norms`, `isojax.core.running`,
+pure functions (one copy of the maths; `isojax.core.normalizers`, `isojax.core.running`,
 `isojax.core.istar`).
 
 - `make_normalizer(name, num_features, *, rngs=None, **hparams)`: IsoBN, whitening, iterative
   normalisation, batch norm, layer norm, re-centring, none (`isojax.nnx.norms`), the names of
-  `isojax.linen.norms.NORMALIZERS`;
+  `isojax.core.normalizers.NORMALIZERS`;
 - `IsoScoreStar` with the `pass`, `epoch` and `ema` stabilisers, `install_c0` for the explicit
   pass's `C0`, and `penalty_and_update` (`isojax.nnx.istar`);
-- `Encoder` (BERT, RoBERTa, DistilBERT, ALBERT; packed inputs, `cls_only`) and
-  `SequenceClassifier` (`isojax.nnx.encoder`, `isojax.nnx.heads`), over the pure functions of
-  `isojax.models.transformer` and `isojax.models.heads` (as the linen `isojax.linen.Encoder`
-  and `SequenceClassifier`);
+- `Encoder` (BERT, RoBERTa, DistilBERT, ALBERT in `isojax.nnx.bert`, ModernBERT in
+  `isojax.nnx.modernbert`; packed inputs, `cls_only`) and `SequenceClassifier`
+  (`isojax.nnx.encoder`, `isojax.nnx.heads`), over the pure functions of
+  `isojax.models.transformer`, `isojax.models.modernbert` and `isojax.models.heads` (as the
+  linen `isojax.linen.Encoder` and `SequenceClassifier`);
 - `from_pretrained` / `export_pretrained` (a Hugging Face folder or the weights package, through
   the linen name tables) and `from_linen` / `to_linen` / `linen_variables` /
   `load_linen_variables`, the twin in either direction (`isojax.nnx.pretrained`).

@@ -10,6 +10,7 @@ import pytest
 import tokenizers
 
 from isojax.analysis import encoder as analysis
+from isojax.analysis import figures
 from isojax.core import isotropy
 from isojax.data import glue
 from isojax.linen import encoder as encoder_lib
@@ -189,14 +190,14 @@ def test_analyze_encoder_equals_one_unbucketed_batch(tiny_rte):
 
 def test_write_figures_and_summary(tiny_rte, tmp_path):
     *_, rep = tiny_rte
-    paths = analysis.write_figures(rep, tmp_path)
+    paths = figures.write_figures(rep, tmp_path)
     assert sorted(p.name for p in paths) == [
         "abs_correlation.png", "ev_curve.png", "layer_isoscore.png", "std_histogram.png"
     ]  # fmt: skip
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 2000
-    summary = json.loads(analysis.write_summary(rep, tmp_path).read_text())
+    summary = json.loads(figures.write_summary(rep, tmp_path).read_text())
     assert summary["cls"]["count"] == 16 and 0 < summary["cls"]["EV_3"] <= 1
     assert len(summary["layers"]["cls_isoscore_star"]) == 2
-    table = analysis.format_table(summary)
+    table = figures.format_table(summary)
     assert "EV_3" in table and "pooled" in table

@@ -2,6 +2,7 @@
 ModernBertForSequenceClassification (float32, eager attention), loaded from a folder that
 transformers wrote (random weights: no ModernBERT checkpoint can be downloaded here)."""
 
+import functools
 import json
 
 import jax
@@ -443,3 +444,42 @@ def test_six_more_configurations_match_transformers(name, tmp_path):
         ):
             np.testing.assert_allclose(ours, theirs.numpy(), rtol=0, atol=1e-5, err_msg=side)
         np.testing.assert_allclose(logits, ref.logits.numpy(), rtol=0, atol=1e-5, err_msg=side)
+
+
+@pytest.mark.parametrize("front", ["linen", "nnx"])
+def test_token_type_ids_and_cls_only_are_refused_and_the_head_passes_neither(front):
+    """Issue 60: ModernBERT has no token type embeddings and computes every token, and its
+    encoder used to ignore `token_type_ids` and `cls_only` silently. Each front end's encoder
+    now refuses them in one line; the head (as the loop and `isojax analyze` call it, with the
+    batch's `token_type_ids` and `cls_only=True`) passes neither, and its logits are those of a
+    call without them."""
+    from isojax import nnx as ijx
+
+    cfg, linen_head, variables = _packed_head("cls")
+    ids, mask = (jnp.asarray(a) for a in padded_batch(cfg.vocab_size, t=12))
+    types = jnp.ones_like(ids)
+    if front == "linen":
+        encoder, params = linen.Encoder(cfg), {"params": variables["params"]["encoder"]}
+
+        def call(*args, **kw):
+            return encoder.apply(params, *args, **kw)
+
+        def head(*args, **kw):
+            return linen_head.apply(variables, *args, **kw)[0]
+    else:
+        model = ijx.Encoder(cfg, rngs=nnx.Rngs(0))
+        call = functools.partial(model, deterministic=True)
+        nnx_head = nnx_heads.SequenceClassifier(model, num_labels=3, rngs=nnx.Rngs(0))
+
+        def head(*args, **kw):
+            return nnx_head(*args, deterministic=True, **kw)[0]
+
+    for args, kw, says in [
+        ((ids, mask, types), {}, "token_type_ids (3, 12) given to a ModernBERT encoder"),
+        ((ids, mask), {"cls_only": True}, "cls_only=True given to a ModernBERT encoder"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            call(*args, **kw)
+        assert str(err.value).startswith(says) and "\n" not in str(err.value)
+    want = head(ids, mask)
+    np.testing.assert_array_equal(head(ids, mask, types, cls_only=True), want)

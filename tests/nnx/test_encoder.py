@@ -14,6 +14,7 @@ from helpers import tiny_encoder_config
 from isojax import linen, models
 from isojax.linen import encoder as linen_encoder
 from isojax.models import dropout as dropout_lib
+from isojax.nnx import bert as nnx_bert
 from isojax.nnx import encoder as nnx_encoder
 from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained
@@ -142,7 +143,7 @@ def test_dropout_modes_and_masks():
     assert not np.allclose(first, eval_out) and not np.allclose(first, second)
     np.testing.assert_array_equal(model(IDS, mask).pooled, eval_out)  # the original: eval
     # The NNX dropout is the linen one's function, at the key its stream draws.
-    drop = nnx_encoder.Dropout(0.25, rngs=nnx.Rngs(dropout=7))
+    drop = nnx_bert.Dropout(0.25, rngs=nnx.Rngs(dropout=7))
     key = nnx.Rngs(dropout=7)["dropout"].fork()()
     x = jnp.ones((4, 64))
     np.testing.assert_array_equal(drop(x, deterministic=False), dropout_lib.dropout(x, 0.25, key))
