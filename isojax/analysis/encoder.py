@@ -53,15 +53,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from isojax.analysis import outliers
-from isojax.core import geometry, isotropy, stats
+from isojax.core import isotropy, stats
 from isojax.data import batching
 from isojax.models import heads as model_heads
 
 LAYER_ZETA = 0.75  # [I-STAR] analysis of [CLS] per layer (SPEC.md §4).
-EV_KS = (1, 3)
 # `sentence_report`'s keys of SPEC.md §10.4 (`geometry.geometry_from_moments`); the dev
 # evaluation's are the same, prefixed (`sentence_erank`, `pre_logits_erank`, ...).
-GEOMETRY = ("erank", "rankme", "outliers", "principal_outlier", "principal_outlier_share")
+GEOMETRY = isotropy.GEOMETRY
+# `isotropy.summarize`'s keys as `sentence_report` and summary.json name them: the dev
+# evaluation's `ev1` is `EV_1` here; every other key keeps its name.
+NAMES = {f"ev{k}": f"EV_{k}" for k in isotropy.EV_KS}
+SCALARS = tuple(NAMES.get(key, key) for key in isotropy.SCALARS)  # summary.json's, in order
 OUTLIER_SCORE = "principal_outlier_score"  # Report.summary key of Report.outlier_score
 HEAD_INPUT = "pre_logits"  # Report.embeddings key of the classifier's input (run_analysis).
 DROPOUT = "head_input_dropout"  # Report.summary key of run_analysis.dropout_noise
@@ -155,28 +158,19 @@ def correlation(cov: jax.typing.ArrayLike) -> jax.Array:
 
 @jax.jit
 def sentence_report(state: isotropy.SentenceStats) -> dict[str, jax.Array]:
-    """Isotropy of one kind of sentence embedding (sample covariance, ``ddof=1``).
+    """Isotropy of one kind of sentence embedding (sample covariance, ``ddof=1``):
+    `isotropy.summarize`, under this report's names (`NAMES`), and the correlations.
 
     Returns:
-      dict of float32 arrays: ``count []``, ``ev_ratio [d]`` (descending eigenvalue shares;
-      their cumulative sum is the EV_k curve), ``EV_1``, ``EV_3``, ``isoscore``,
-      ``participation_ratio``, ``mean_cosine``, the `GEOMETRY` keys (scalars), ``std [d]``
-      per-dimension standard deviation, ``abs_corr [d, d]`` ``|ρ|``.
+      dict of float32 arrays (the geometry's counts int32): the `SCALARS` ``count``,
+      ``EV_1``, ``EV_3``, ``isoscore``, ``participation_ratio``, ``mean_cosine`` and the
+      `GEOMETRY` keys; ``ev_ratio [d]`` (descending eigenvalue shares; their cumulative sum
+      is the EV_k curve), ``std [d]`` per-dimension standard deviation, ``abs_corr [d, d]``
+      ``|ρ|``.
     """
-    moments = stats.moments_finalize(state.moments, ddof=1)
-    ratio = isotropy.explained_variance_ratio(moments.cov)  # [d]
-    out = {
-        "count": moments.count,
-        "ev_ratio": ratio,
-        "isoscore": isotropy.isoscore_from_cov(moments.cov),
-        "participation_ratio": isotropy.participation_ratio(moments.cov),
-        "mean_cosine": isotropy.mean_cosine_from_sums(state.unit_sum, state.unit_sq, moments.count),
-        "std": moments.std,
-        "abs_corr": jnp.abs(correlation(moments.cov)),
-        **geometry.geometry_from_moments(state.moments),
-    }
-    out.update({f"EV_{k}": jnp.sum(ratio[:k]) for k in EV_KS})
-    return out
+    out = {NAMES.get(k, k): v for k, v in isotropy.summarize(state, ddof=1).items()}
+    cov = stats.moments_finalize(state.moments, ddof=1).cov
+    return out | {"abs_corr": jnp.abs(correlation(cov))}
 
 
 @functools.partial(jax.jit, static_argnames=("zeta",))
@@ -245,10 +239,8 @@ class Report(NamedTuple):
         the `GEOMETRY` keys; the per-layer scores as lists; for a fine-tuned run ``"sentence"``
         (a string) and ``"head_input_dropout"`` (`DROPOUT`: the dict of `run.dropout_noise`);
         with train sentences ``"principal_outlier_score"`` (`OUTLIER_SCORE`)."""
-        keys = ("count", *(f"EV_{k}" for k in EV_KS), "isoscore", "participation_ratio",
-                "mean_cosine", *GEOMETRY)  # fmt: skip
         out: dict[str, Any] = {
-            name: {key: float(values[key]) for key in keys}
+            name: {key: float(values[key]) for key in SCALARS}
             for name, values in self.embeddings.items()
         }
         for name in out:

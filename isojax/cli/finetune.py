@@ -99,7 +99,7 @@ class _Removed(argparse.Action):
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     config = finetune_config(args)
-    from isojax.training import build, checkpointing, loop, resume, stops, throughput
+    from isojax.training import build, checkpointing, loop, run_folder, stops, throughput
     from isojax.training import config as config_lib
 
     if args.print_config:
@@ -115,7 +115,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     # The compiled step's memory (DoesNotFit) too: one line, status 2.
     except (
         build.VocabularyMismatch,
-        resume.ConfigChanged,
+        run_folder.ConfigChanged,
         throughput.DoesNotFit,
         checkpointing.CheckpointMismatch,  # a checkpoint of other arrays, or an edited position
     ) as err:

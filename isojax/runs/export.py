@@ -36,7 +36,7 @@ from isojax import logs, runs
 from isojax.linen import pretrained as linen_pretrained
 from isojax.models import hf_import
 from isojax.runs import predict
-from isojax.training import resume, specs
+from isojax.training import run_folder, specs
 
 ISOTROPY_ROWS = (
     ("sentence", "sentence vector (the head's input)"),
@@ -56,7 +56,7 @@ def check_destination(folder: str | pathlib.Path, *, overwrite: bool = False) ->
     `overwrite`) an earlier export: only plain files, one of them a Hugging Face
     `config.json` (with "architectures"). A run folder (`runs.is_run_folder`) is never
     taken, nor a folder among a run's own files (`runs.run_owning`: under its checkpoints) or
-    under a file, nor a model folder that no isojax export wrote (`resume.model_files`: a
+    under a file, nor a model folder that no isojax export wrote (`run_folder.model_files`: a
     foreign `config.json` or weights, and no model card of an export: `ModelFolderRefused`,
     even with `overwrite`)."""
     folder = pathlib.Path(folder)
@@ -83,7 +83,7 @@ def check_destination(folder: str | pathlib.Path, *, overwrite: bool = False) ->
     card = folder / "README.md"
     exported = card.is_file() and EXPORT_MARK in card.read_text(encoding="utf-8", errors="replace")
     if not exported:  # a model folder (`--model`'s, a download): never written over
-        resume.check_not_model_folder(folder, "an export")
+        run_folder.check_not_model_folder(folder, "an export")
     if not overwrite:
         raise DestinationRefused(
             f"{folder} is not empty: choose an empty or new folder, or --overwrite to replace "

@@ -5,8 +5,8 @@
     logits, _ = restored.apply(restored.variables, ids, mask, types)
 
 A run folder (`loop.train_and_evaluate`) holds `config.json`, the newest checkpoints in
-`checkpoints/` and the best dev epoch's in `best_checkpoint/` (`resume.LATEST_DIR`,
-`resume.BEST_DIR`). The classifier is rebuilt from the config exactly as the run built it
+`checkpoints/` and the best dev epoch's in `best_checkpoint/` (`run_folder.LATEST_DIR`,
+`run_folder.BEST_DIR`). The classifier is rebuilt from the config exactly as the run built it
 (`build.build_model` and `build.train_state`, the build the loop runs, only its shapes),
 placed on the same kind of mesh, and the whole train state is read back by the
 `checkpointing.Checkpointer` that wrote it, so a config or code change that alters an array
@@ -14,7 +14,7 @@ is named, not papered over. `isojax export`, `isojax predict` and `isojax analyz
 here.
 
 `config.json` is not trusted alone: a key that no config has is refused, and the config is
-compared with the one saved inside the checkpoint (`resume.check_stamp`), so an edit that
+compared with the one saved inside the checkpoint (`run_folder.check_stamp`), so an edit that
 changes the run (`sentence` pooled -> cls, `max_length`, ...) is refused with the field named
 instead of moving the scores silently. A checkpoint written before isojax saved its config
 there is restored with a logged warning that nothing could be compared. A restore only reads:
@@ -35,7 +35,7 @@ import ml_collections
 from flax import traverse_util
 
 from isojax.data import tasks
-from isojax.training import build, checkpointing, distributed, resume, specs, steps
+from isojax.training import build, checkpointing, distributed, run_folder, specs, steps
 from isojax.training import config as config_lib
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Restored(build.Classifier):
       config: the run's configuration (`config.json` over `config.default_config()`,
         validated), what `spec` was built from and what a model card describes.
       checkpoint: "latest", "best" or "step N": which checkpoint this is.
-      position: the `resume.Position` saved with it (JSON: epoch, batch, last_eval, best).
+      position: the `position.Position` saved with it (JSON: epoch, batch, last_eval, best).
     """
 
     run_dir: pathlib.Path
@@ -94,7 +94,7 @@ def is_run_folder(path: str | pathlib.Path) -> bool:
     metrics log, results, or an isojax `config.json` (one with a task and a normaliser, or
     a method: an older run)."""
     path = pathlib.Path(path)
-    if any((path / name).exists() for name in (resume.LATEST_DIR, resume.BEST_DIR)):
+    if any((path / name).exists() for name in (run_folder.LATEST_DIR, run_folder.BEST_DIR)):
         return True
     if any((path / name).is_file() for name in ("metrics.jsonl", "results.json")):
         return True
@@ -102,11 +102,17 @@ def is_run_folder(path: str | pathlib.Path) -> bool:
         saved = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return resume.is_run_config(saved)
+    return run_folder.is_run_config(saved)
 
 
 # What a run folder holds of its own: `predict` and `export` never write there.
-RUN_FILES = ("config.json", "metrics.jsonl", "results.json", resume.LATEST_DIR, resume.BEST_DIR)
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "results.json",
+    run_folder.LATEST_DIR,
+    run_folder.BEST_DIR,
+)
 
 
 def run_owning(path: str | pathlib.Path) -> pathlib.Path | None:
@@ -172,7 +178,7 @@ def _checkpoints(run_dir: pathlib.Path, step: int | None, best: bool) -> tuple[p
     """The checkpoint folder to read and the name of the choice; refuses an empty one."""
     if best and step is not None:
         raise RunNotRestorable("choose a step or the best checkpoint, not both")
-    folder = run_dir / (resume.BEST_DIR if best else resume.LATEST_DIR)
+    folder = run_dir / (run_folder.BEST_DIR if best else run_folder.LATEST_DIR)
     if not any(p.name.isdigit() for p in (folder.iterdir() if folder.is_dir() else ())):
         what = "best dev checkpoint" if best else "checkpoint"
         raise RunNotRestorable(f"{run_dir}: no {what} in {folder}")
@@ -204,7 +210,7 @@ def restore(
       checkpointing.CheckpointMismatch: the checkpoint holds other arrays than this config
         builds (a changed config or code).
         Also: `config.json` differs from the config saved with the checkpoint in a field
-        that changes the run (the message names each, `resume.ConfigChanged`'s words).
+        that changes the run (the message names each, `run_folder.ConfigChanged`'s words).
     """
     run_dir = pathlib.Path(run_dir)
     config = load_config(run_dir)  # validated: the boundary of a restore
@@ -236,8 +242,8 @@ def restore(
             raise RunNotRestorable(f"{run_dir}: {err}") from None
     where = f"checkpoint step {int(state.step)} in {folder}"
     try:
-        stamped = resume.check_stamp(position.pop("config", None), spec.fields, where)
-    except resume.ConfigChanged as err:
+        stamped = run_folder.check_stamp(position.pop("config", None), spec.fields, where)
+    except run_folder.ConfigChanged as err:
         raise RunNotRestorable(str(err)) from None
     if not stamped:
         logger.warning(

@@ -52,12 +52,14 @@ from isojax.training import (
     feeds,
     reporting,
     resume,
+    run_folder,
     specs,
     steps,
     stops,
     throughput,
 )
 from isojax.training import config as config_lib
+from isojax.training.position import Position
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ def train_and_evaluate(
     with overrides (validated here, once); `config.front_end` "nnx" trains the `isojax.nnx` twin
     of the classifier through this same loop; `mesh`: the devices (default: all of every
     process). Resumes from the newest usable checkpoint in `workdir/checkpoints` (state and
-    `resume.Position`), ending as an uninterrupted run would; writes `config.json`,
+    `Position`), ending as an uninterrupted run would; writes `config.json`,
     `metrics.jsonl`, `tensorboard/` and `results.json`, and keeps the best dev epoch's
     checkpoint in `workdir/best_checkpoint`.
     With `config.progress`, the run's first line on stderr names where its data come from
@@ -82,7 +84,7 @@ def train_and_evaluate(
     A loss that stays non-finite (float32, bfloat16) stops the run with
     `stops.NonFiniteLoss`, its `results.json` a stop record with no score.
     Returns the last dev results: `{split: {metric: value}}` per dev split ("dev", or MNLI's
-    two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
+    two) with the task's metrics, `score` and the isotropy keys of `evaluation.isotropy_metrics`;
     plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
     score on the first dev split (`isojax export/predict --best`).
 
@@ -92,9 +94,9 @@ def train_and_evaluate(
     was requested raises `stops.StopFailed` (status 1). A normaliser that skipped every
     batch of an epoch stops the run with `stops.NormalizerStalled`.
 
-    The run folder is held (`resume.hold_run_folder`: a second process is refused with
-    `resume.RunFolderBusy`) and must hold nothing of a run with another config
-    (`resume.check_same_run`); `config.json` is written once the restore has accepted the
+    The run folder is held (`run_folder.hold_run_folder`: a second process is refused with
+    `run_folder.RunFolderBusy`) and must hold nothing of a run with another config
+    (`run_folder.check_same_run`); `config.json` is written once the restore has accepted the
     config. The profiler window and the writers are closed on every way out.
     """
     config_lib.validate_config(config)  # the boundary: below it, builders take `spec`'s parts
@@ -102,11 +104,11 @@ def train_and_evaluate(
     distributed.initialize_distributed()  # before any JAX call: the checks ask for the platform
     build.check_model(spec.model)  # the model's sizes: refused before the folder is touched
     workdir = pathlib.Path(workdir)
-    resume.check_same_run(spec.fields, workdir)  # a refusal leaves the folder as it was
+    run_folder.check_same_run(spec.fields, workdir)  # a refusal leaves the folder as it was
     workdir.mkdir(parents=True, exist_ok=True)
     lead = jax.process_index() == 0
     # The folder held and the signals watched before anything is built (`stops.Watch`).
-    with resume.hold_run_folder(workdir, lead), stops.Watch() as watch:
+    with run_folder.hold_run_folder(workdir, lead), stops.Watch() as watch:
         run = build_run(spec, mesh=mesh)
         if lead and spec.loop.progress:  # the progress display's first line, once the data
             # have loaded (a refusal stays the one line on stderr; progress off: errors only)
@@ -276,7 +278,7 @@ class Loop:
     meter: throughput.Meter | None
     ckpt: checkpointing.Checkpointer
     best_ckpt: checkpointing.Checkpointer
-    position: resume.Position
+    position: Position
     loss_watch: stops.LossWatch
     watch: stops.Watch
     profile: throughput.Window | None
@@ -306,7 +308,7 @@ class Loop:
             loss_watch=loss_watch,
             watch=watch,
             profile=profile,
-            stamp=resume.config_stamp(run.spec.fields),
+            stamp=run_folder.config_stamp(run.spec.fields),
         )
         return loop, state
 
@@ -345,7 +347,7 @@ class Loop:
 
     def train_epoch(self, state, step: int) -> EpochEnd:
         """Trains from the position to the end of its epoch or of the run. After each step:
-        the position (`resume.Position.add_step`), the log, the non-finite watch; a checkpoint
+        the position (`Position.add_step`), the log, the non-finite watch; a checkpoint
         every `checkpoint_every` steps (`specs.LoopSpec`; not at the epoch's end); a requested
         stop ends the epoch early."""
         run, position = self.run, self.position
@@ -356,7 +358,8 @@ class Loop:
         )
         for batch in batches:
             batch = distributed.global_batch(batch, run.mesh, stacked=feed.grad_accum_steps > 1)
-            state, step_metrics = self.train_fn(state, batch)(state, batch)
+            executable = self.compiled(state, batch)
+            state, step_metrics = executable(state, batch)
             step += 1
             self.after_step(step, state)
             counts = {} if self.meter is None else self.meter.counts()
@@ -374,9 +377,10 @@ class Loop:
                 self.save(step, state)
         return EpochEnd(state, step, epoch_done, stopped=False)
 
-    def train_fn(self, state, batch: dict) -> Callable:
+    def compiled(self, state, batch: dict) -> Callable:
         """The train step for `batch`'s shapes: with the meter, compiled here ahead of its
-        first call, so that the meter reads its cost (FLOPs, memory); else the jitted step."""
+        first call (once per shape), so that the meter reads its cost (FLOPs, memory); else
+        the jitted step."""
         if self.meter is None:
             return self.run.train_fn
         key = tuple((k, v.shape) for k, v in batch.items())
@@ -394,7 +398,7 @@ class Loop:
 
     def log_step(self, step: int) -> None:
         """The progress line; on a log step (`RunLog.due`) the window's step-metric means
-        (`resume.Position.pop_means`), with the meter's rates in place of its counts."""
+        (`Position.pop_means`), with the meter's rates in place of its counts."""
         means = None
         if self.log.due(step):
             means = self.position.pop_means()

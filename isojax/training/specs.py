@@ -18,7 +18,7 @@ its `RunSpec`; below them every builder takes the spec it needs (`ModelSpec` for
 `ObjectiveSpec` for the train state, `LoopSpec` for the loop), not the whole config, and the
 built classifier (`build.Classifier`: the loop's `Run`, `runs.Restored`) carries its `spec`.
 `RunSpec.fields` is the flattened config itself, what the run folder's `config.json` and each
-checkpoint's stamp hold (`resume.config_stamp`).
+checkpoint's stamp hold (`run_folder.config_stamp`).
 """
 
 from __future__ import annotations
@@ -344,7 +344,7 @@ class RunSpec(schema.Section):
       model, data, feed, state, loop: what each builder reads (`ModelSpec`, `DataSpec`,
         `FeedSpec`, `StateSpec`, `LoopSpec`).
       fields: the flattened config (`config.flatten` of its JSON values), what `config.json`
-        and each checkpoint's stamp record (`resume.config_stamp`, `resume.check_same_run`).
+        and each checkpoint's stamp record (`run_folder.config_stamp`, `run_folder.check_same_run`).
     """
 
     model: ModelSpec = schema.section(ModelSpec)

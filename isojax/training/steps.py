@@ -48,7 +48,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from isojax.core import geometry, isotropy, penalties, stats
+from isojax.core import isotropy, penalties, stats
 from isojax.data import packing
 from isojax.linen import istar as linen_istar
 from isojax.models import transformer
@@ -272,37 +272,10 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     return new_state, jax.tree.map(lambda x: x.astype(jnp.float32), step_metrics)
 
 
-@flax.struct.dataclass
-class EvalAccumulator:
-    """Sufficient statistics of the dev set's embeddings (float32), summed batch by batch.
-
-    Attributes:
-      sentence: the sentence vectors `[b, h]` before the normaliser (moments and unit-vector
-        sums for the mean cosine: `isotropy.SentenceStats`, as `isojax analyze` keeps them).
-      pre_logits: the same of the normalised sentence vectors (what the classifier reads).
-      tokens: moments of every token of every layer (padding excluded).
-      last_tokens: moments and unit-vector sums of the last layer's tokens (CosReg's
-        statistics: its penalty is their mean cosine, SPEC.md §5).
-    """
-
-    sentence: isotropy.SentenceStats
-    pre_logits: isotropy.SentenceStats
-    tokens: stats.MomentState
-    last_tokens: isotropy.SentenceStats
-
-
-def eval_accumulator_init(hidden_size: int) -> EvalAccumulator:
-    return EvalAccumulator(
-        sentence=isotropy.sentence_stats_init(hidden_size),
-        pre_logits=isotropy.sentence_stats_init(hidden_size),
-        tokens=stats.moments_init(hidden_size),
-        last_tokens=isotropy.sentence_stats_init(hidden_size),
-    )
-
-
-def eval_step(state: TrainState, batch: dict, acc: EvalAccumulator) -> tuple[EvalAccumulator, dict]:
-    """Eval-mode forward pass on `batch`; returns the updated accumulator and
-    `{'logits' [b, k] f32, 'labels' [b], 'example_mask' [b]}` for the task metrics."""
+def eval_step(state: TrainState, batch: dict, acc: Any) -> tuple[Any, dict]:
+    """Eval-mode forward pass on `batch`; returns `acc` (an `evaluation.EvalAccumulator`, a
+    module that imports this one) with `batch` added, and `{'logits' [b, k] f32, 'labels'
+    [b], 'example_mask' [b]}` for the task metrics."""
     logits, out = state.apply_fn(
         {"params": state.params, "batch_stats": state.batch_stats},
         **transformer.model_inputs(batch),
@@ -313,7 +286,7 @@ def eval_step(state: TrainState, batch: dict, acc: EvalAccumulator) -> tuple[Eva
     real = batch["example_mask"]  # [b]
     hidden = jnp.stack(out["encoder"].hidden_states)  # [L, b, t, h]
     token_mask = packing.token_mask(batch)  # [rows, t]
-    acc = EvalAccumulator(
+    acc = acc.replace(
         sentence=isotropy.sentence_stats_update(acc.sentence, out["sentence"], real),
         pre_logits=isotropy.sentence_stats_update(acc.pre_logits, out["pre_logits"], real),
         tokens=stats.moments_update(
@@ -327,48 +300,6 @@ def eval_step(state: TrainState, batch: dict, acc: EvalAccumulator) -> tuple[Eva
         "example_mask": real,
     }
     return acc, outputs
-
-
-def isotropy_metrics(
-    acc: EvalAccumulator, c0: jax.Array | None = None, zeta: float = 0.0
-) -> dict[str, jax.Array]:
-    """Isotropy of the accumulated dev embeddings (float32 scalars).
-
-    Keys: `sentence_ev1`, `sentence_ev3` (explained variance of the top 1 / 3 principal axes),
-    `sentence_isoscore`, `sentence_mean_cosine`; the same `pre_logits_*` after the normaliser
-    (the classifier's input); per sentence vector also the geometry of SPEC.md §10.4
-    (`geometry.geometry_from_moments`): `sentence_erank` (effective rank), `sentence_rankme`,
-    `sentence_outliers` (dimensions with at least 5 × the mean variance),
-    `sentence_principal_outlier` (the highest-variance dimension's index, a float) and
-    `sentence_principal_outlier_share` (its share of the variance), and the same
-    `pre_logits_*`; `tokens_isoscore` (all layers' tokens; IsoScore* with zeta = 0)
-    and, with `c0` (I-STAR runs), `tokens_isoscore_star` (IsoScore* of the tokens shrunk
-    towards the run's C0 by `zeta`); `last_tokens_mean_cosine` (the last layer's tokens, what
-    CosReg penalises) and `last_tokens_max_abs_mean` (max over dimensions of |their mean|: the
-    outlier dimension of SPEC.md §9's CosReg claim).
-    """
-    out = {}
-    for name, sentence_stats in (("sentence", acc.sentence), ("pre_logits", acc.pre_logits)):
-        cov = stats.moments_finalize(sentence_stats.moments).cov
-        out[f"{name}_ev1"] = isotropy.explained_variance(cov, 1)
-        out[f"{name}_ev3"] = isotropy.explained_variance(cov, 3)
-        out[f"{name}_isoscore"] = isotropy.isoscore_from_cov(cov)
-        out[f"{name}_mean_cosine"] = _mean_cosine(sentence_stats)
-        shape = geometry.geometry_from_moments(sentence_stats.moments)
-        out |= {f"{name}_{key}": value for key, value in shape.items()}
-    token_cov = stats.moments_finalize(acc.tokens, ddof=1).cov
-    out["tokens_isoscore"] = isotropy.isoscore_star_from_cov(token_cov)
-    if c0 is not None:
-        out["tokens_isoscore_star"] = isotropy.isoscore_star_from_cov(token_cov, c0=c0, zeta=zeta)
-    out["last_tokens_mean_cosine"] = _mean_cosine(acc.last_tokens)
-    out["last_tokens_max_abs_mean"] = jnp.max(jnp.abs(acc.last_tokens.moments.mean))
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), out)
-
-
-def _mean_cosine(sentence_stats: isotropy.SentenceStats) -> jax.Array:
-    return isotropy.mean_cosine_from_sums(
-        sentence_stats.unit_sum, sentence_stats.unit_sq, sentence_stats.moments.count
-    )
 
 
 def c0_pass_step(state: TrainState, batch: dict, acc: stats.MomentState) -> stats.MomentState:

@@ -88,6 +88,25 @@ def test_sentence_report_matches_numpy_float64():
         np.testing.assert_allclose(got[key], value, rtol=2e-4, atol=2e-5, err_msg=key)
 
 
+def test_summary_keys_are_the_reports_names():
+    """`summary.json` names `isotropy.summarize`'s scalars as `isojax analyze` always has, in
+    its order, with the values of `sentence_report` (the dev evaluation's `sentence_ev1` is
+    this `EV_1`)."""
+    rng = np.random.default_rng(2)
+    state = isotropy.sentence_stats_update(
+        isotropy.sentence_stats_init(5), anisotropic(rng, (30,), 5).astype(np.float32)
+    )
+    values = jax.tree.map(np.asarray, analysis.sentence_report(state))
+    report = analysis.Report(embeddings={"cls": values}, layers={}, zeta=analysis.LAYER_ZETA)
+    summary = report.summary()["cls"]
+    assert list(summary) == [
+        "count", "EV_1", "EV_3", "isoscore", "participation_ratio", "mean_cosine",
+        "erank", "rankme", "outliers", "principal_outlier", "principal_outlier_share",
+    ]  # fmt: skip
+    assert summary == {key: values[key].item() for key in summary}
+    assert set(values) == {*summary, "ev_ratio", "std", "abs_corr"}
+
+
 def test_mean_cosine_counts_zero_vectors_as_zero():
     x = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 0.0]], np.float32)
     state = isotropy.sentence_stats_update(isotropy.sentence_stats_init(2), x)

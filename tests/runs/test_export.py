@@ -27,9 +27,10 @@ from isojax.training import (
     evaluation,
     loop,
     optim,
-    resume,
+    run_folder,
     specs,
 )
+from isojax.training.position import Position
 
 pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
 
@@ -95,8 +96,8 @@ def untrained_run(workdir: pathlib.Path, config) -> pathlib.Path:
     )
     workdir.mkdir(parents=True)
     (workdir / "config.json").write_text(config.to_json(indent=2))
-    with checkpointing.Checkpointer(workdir / resume.LATEST_DIR) as ckpt:
-        ckpt.save(0, state, resume.Position().to_json() | resume.config_stamp(spec.fields))
+    with checkpointing.Checkpointer(workdir / run_folder.LATEST_DIR) as ckpt:
+        ckpt.save(0, state, Position().to_json() | run_folder.config_stamp(spec.fields))
     return workdir
 
 
@@ -258,10 +259,10 @@ def test_best_restores_the_best_epochs_parameters(monkeypatch, tmp_path, glue_di
 def test_best_survives_a_resume_and_a_tie_keeps_the_earlier_epoch():
     """The best evaluation travels in the checkpointed Position (JSON), so a resumed run
     compares against it; an equal later score does not replace it."""
-    position = resume.Position()
+    position = Position()
     evals = [{"step": 2 * k, "epoch": k, "dev": {"score": s}} for k, s in ((1, 0.5), (2, 0.7))]
     assert position.note_eval(evals[0], "dev") and position.note_eval(evals[1], "dev")
-    again = resume.Position(**json.loads(json.dumps(position.to_json())))
+    again = Position(**json.loads(json.dumps(position.to_json())))
     assert again.best == evals[1]
     assert not again.note_eval({"step": 6, "epoch": 3, "dev": {"score": 0.7}}, "dev")
     assert again.best == evals[1] and again.last_eval["step"] == 6

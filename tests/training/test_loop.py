@@ -21,7 +21,7 @@ from isojax.core.normalizers import NORMALIZERS
 from isojax.data import batching
 from isojax.models import transformer
 from isojax.training import config as config_lib
-from isojax.training import distributed, feeds, loop, resume, specs, steps
+from isojax.training import distributed, evaluation, feeds, loop, run_folder, specs, steps
 
 # ---------------------------------------------------------------------------------------------
 # Steps.
@@ -188,7 +188,7 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
     config = tiny_config(glue_dir, minilm_dir, normalizer="isobn", max_eval_examples=12)
     run = loop.setup(config)  # 4 devices
     state = run.state
-    acc = steps.eval_accumulator_init(run.hidden_size)
+    acc = evaluation.eval_accumulator_init(run.hidden_size)
     sentences, pre_logits, tokens, last_tokens = [], [], [], []
     logits_all = []
     apply = jax.jit(run.model.apply)
@@ -209,7 +209,7 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
         last_tokens.append(hidden[-1, real][token_mask])
         logits_all.append(np.asarray(logits)[real])
         np.testing.assert_allclose(np.asarray(out["logits"])[real], logits_all[-1], atol=1e-5)
-    got = jax.device_get(steps.isotropy_metrics(acc))
+    got = jax.device_get(evaluation.isotropy_metrics(acc))
     x = np.concatenate(sentences).astype(np.float64)
     cov = np.cov(x, rowvar=False, bias=True)
     eig = np.sort(np.linalg.eigvalsh(cov))[::-1]
@@ -314,12 +314,12 @@ def test_resume_refuses_a_config_that_changes_the_run(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "config.json").write_text(config.to_json())
     config.log_every, config.progress = 7, False  # harmless
-    resume.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
+    run_folder.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
     config.method, config.optimizer.learning_rate = "isobn", 1e-3
     with pytest.raises(
         ValueError, match=r"another config \(method and optimizer.learning_rate differ\)"
     ):
-        resume.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
+        run_folder.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from isojax.training import optim, resume, specs, stops
+from isojax.training import optim, run_folder, specs, stops
 
 
 @pytest.mark.parametrize(
@@ -40,8 +40,9 @@ def test_max_nonfinite_steps_is_validated_and_may_change_on_resume(tmp_path):
     del saved["max_nonfinite_steps"]  # a run folder of an isojax before the field
     (tmp_path / "config.json").write_text(json.dumps(saved))
     default = specs.RunSpec.of(config_lib.default_config()).fields
-    resume.check_same_run(default, tmp_path)  # the default: same run
-    resume.check_same_run(specs.RunSpec.of(config).fields, tmp_path)  # changed: it touches no state
+    run_folder.check_same_run(default, tmp_path)  # the default: same run
+    # changed: it touches no state
+    run_folder.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
 
 
 def test_the_watch_counts_consecutive_losses_and_is_off_under_a_dynamic_loss_scale(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from helpers import REPO, finetune_args
 
 from isojax.training import config as config_lib
-from isojax.training import optim, resume, schema, specs
+from isojax.training import optim, run_folder, schema, specs
 
 # The config fields whose spec checks or parses the value: another valid one.
 VALID = {"policy": "p=f32,c=bf16,o=f32", "optimizer.schedule": "constant"}
@@ -297,13 +297,13 @@ def test_renamed_paths_read_under_their_new_names(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(old))
     assert folder.load_config(tmp_path).to_dict() == config.to_dict()
     fields = specs.RunSpec.of(config).fields
-    stamp = resume.config_stamp(config_lib.flatten(old))["config"]
-    assert resume.check_stamp(stamp, fields, "step 1")  # no ConfigChanged
+    stamp = run_folder.config_stamp(config_lib.flatten(old))["config"]
+    assert run_folder.check_stamp(stamp, fields, "step 1")  # no ConfigChanged
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    resume.check_same_run(fields, tmp_path)  # no ConfigChanged
+    run_folder.check_same_run(fields, tmp_path)  # no ConfigChanged
     changed = dict(fields, **{"istar.stabilizer.tokens": 1024})
-    with pytest.raises(resume.ConfigChanged, match=r"istar.stabilizer.tokens: 512 -> 1024"):
-        resume.check_stamp(stamp, changed, "step 1")
+    with pytest.raises(run_folder.ConfigChanged, match=r"istar.stabilizer.tokens: 512 -> 1024"):
+        run_folder.check_stamp(stamp, changed, "step 1")
     (tmp_path / "config.json").write_text(json.dumps(old | {"method": "istar"}))
     with pytest.raises(folder.RunNotRestorable, match="field 'method' is now two fields"):
         folder.load_config(tmp_path)
