@@ -104,9 +104,16 @@ def _log_handler():
 # the last of them while the other idled). Here the files are ordered by their seconds, the
 # longest first: the sum over the tests selected of each test's seconds in the last session
 # that ran it (pytest's cache, `TEST_SECONDS`), or, for a test without a record (a clean clone:
-# all of them), `UNKNOWN_SECONDS` by its `e2e` marker. Within a file the order is the file's own.
+# all of them), a guess by its markers (`guess_seconds`). Within a file the order is the file's.
 TEST_SECONDS = "isojax/test_seconds"
-UNKNOWN_SECONDS = {True: 10.0, False: 0.5}  # an e2e test, another
+
+
+def guess_seconds(item) -> float:
+    """A test never timed here: `slow` 60 s, `e2e` 10 s, another 0.5 s."""
+    for marker, seconds in (("slow", 60.0), ("e2e", 10.0)):
+        if item.get_closest_marker(marker) is not None:
+            return seconds
+    return 0.5
 
 
 def _file_of(nodeid: str) -> str:
@@ -119,9 +126,9 @@ def pytest_collection_modifyitems(config, items):
     known = (cache.get(TEST_SECONDS, None) if cache is not None else None) or {}
     files: dict[str, float] = {}
     for item in items:
-        guess = UNKNOWN_SECONDS[item.get_closest_marker("e2e") is not None]
         file = _file_of(item.nodeid)
-        files[file] = files.get(file, 0.0) + known.get(item.nodeid, guess)
+        seconds = known.get(item.nodeid)
+        files[file] = files.get(file, 0.0) + (guess_seconds(item) if seconds is None else seconds)
     rank = {file: i for i, file in enumerate(sorted(files, key=lambda f: -files[f]))}
     items.sort(key=lambda item: rank[_file_of(item.nodeid)])  # stable: a file keeps its order
 

@@ -169,6 +169,7 @@ exec "$REAL_PYTHON" "$@"
 """
 
 
+@pytest.mark.slow
 def test_dry_bench_and_go_run_the_accelerator_check(tmp_path, glue_dir):
     """`bench` (no weights staged at all) runs the accelerator check's dry run in one call,
     its figure lines in the output and the whole log and the profile in $OUT; `go` with a
