@@ -244,7 +244,7 @@ class StateSpec:
       loss_scale: "auto", "dynamic" or "none" (`precision.make_loss_scale`).
       fsdp: parameters and optimizer state sharded over the devices.
       front_end: the modules that run the classifier, "linen" or "nnx"
-        (`build.classifier_apply`).
+        (`front_ends.get`).
       optim: the optimizer's `OptimSpec`.
       objective: the train step's `ObjectiveSpec`.
     """
