@@ -27,6 +27,7 @@ renamed or written (`checkpointing.Checkpointer(read_only=True)`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import pathlib
@@ -36,7 +37,7 @@ import jax
 import ml_collections
 
 from isojax.data import tasks
-from isojax.training import build, checkpointing, distributed, resume, specs, steps
+from isojax.training import build, checkpointing, distributed, front_ends, resume, specs, steps
 from isojax.training import config as config_lib
 
 logger = logging.getLogger(__name__)
@@ -76,18 +77,20 @@ class Restored(build.Classifier):
         `nnx.State`s)."""
         return {"params": self.state.params, "batch_stats": self.state.batch_stats}
 
-    @property
+    @functools.cached_property
     def apply(self) -> Callable:
-        """The classifier, called as linen's `model.apply` is, run by the run's front end
-        (`front_ends.LinenApply`: `model.apply`; `front_ends.NnxApply`: the NNX modules
-        merged from `variables`), its outputs as the modules return them."""
-        return dataclasses.replace(self.state.apply_fn, policy=None)
+        """`model` (this record's: a `dataclasses.replace` may swap it) called as linen's
+        `model.apply` is, run by the run's front end (`front_ends.LinenApply`: `model.apply`;
+        `front_ends.NnxApply`: the NNX modules merged from `variables`), its outputs as the
+        modules return them."""
+        state = self.spec.state
+        return front_ends.get(state.front_end).apply(self.model, None, state.rng_impl)
 
     def linen_twin(self) -> tuple:
         """`(linen SequenceClassifier, its variables)` with this checkpoint's weights, on the
         host: the run's own for linen, the NNX classifier's linen twin
         (`isojax.nnx.export.to_linen`) for NNX; what `isojax export` writes."""
-        module, variables = self.state.apply_fn.to_linen(self.variables)
+        module, variables = self.apply.to_linen(self.variables)
         return module, jax.device_get(variables)
 
     @property

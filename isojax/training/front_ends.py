@@ -143,6 +143,9 @@ class NnxEncoder:
     param_dtype: Any = jnp.float32
     remat: bool = False
 
+    def clone(self, **changes) -> NnxEncoder:
+        return dataclasses.replace(self, **changes)
+
 
 @dataclasses.dataclass(frozen=True)
 class NnxClassifier:
