@@ -220,6 +220,7 @@ def _raw_keys(rngs: nnx.State) -> nnx.State:
 
 
 def _typed_keys(rngs: nnx.State, impl: str) -> nnx.State:
+    """The streams with each raw key wrapped as a key of `impl` (what the modules draw from)."""
     return nnx.from_flat_state(
         [
             (p, v.replace(jax.random.wrap_key_data(v.get_value(), impl=impl)))

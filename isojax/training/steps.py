@@ -227,10 +227,6 @@ def dropout_key(state: TrainState) -> jax.Array:
     return jax.random.fold_in(key, state.step)
 
 
-def _variables(state: TrainState, params, batch_stats) -> dict:
-    return {"params": params, "batch_stats": batch_stats}
-
-
 def _grads(state: TrainState, batch_stats, stabilizer, batch: dict, rngs):
     """Gradients of the scaled objective on one (micro-)batch with the given running
     statistics and dropout randomness (`apply_fn.step_rngs`' or `micro_rngs`' `rngs`), and
@@ -240,7 +236,7 @@ def _grads(state: TrainState, batch_stats, stabilizer, batch: dict, rngs):
 
     def loss_fn(params):
         (logits, out), new_stats, new_rngs = state.apply_fn.train(
-            _variables(state, params, batch_stats),
+            {"params": params, "batch_stats": batch_stats},
             rngs,
             **transformer.model_inputs(batch),
             example_mask=batch["example_mask"],
@@ -383,7 +379,7 @@ def eval_step(state: TrainState, batch: dict, acc: EvalAccumulator) -> tuple[Eva
     """Eval-mode forward pass on `batch`; returns the updated accumulator and
     `{'logits' [b, k] f32, 'labels' [b], 'example_mask' [b]}` for the task metrics."""
     logits, out = state.apply_fn(
-        _variables(state, state.params, state.batch_stats),
+        {"params": state.params, "batch_stats": state.batch_stats},
         **transformer.model_inputs(batch),
         deterministic=True,
         use_running_average=True,
@@ -454,7 +450,7 @@ def c0_pass_step(state: TrainState, batch: dict, acc: stats.MomentState) -> stat
     """Adds one batch's tokens (all layers, eval mode, no gradient) to the C0 accumulator
     (`penalties.c0_pass_update`; `acc.count` counts the token vectors of all layers)."""
     _, out = state.apply_fn(
-        _variables(state, state.params, state.batch_stats),
+        {"params": state.params, "batch_stats": state.batch_stats},
         **transformer.model_inputs(batch),
         deterministic=True,
         use_running_average=True,
