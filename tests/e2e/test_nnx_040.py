@@ -30,14 +30,18 @@ pytestmark = pytest.mark.e2e
 V040 = "db1b38c"  # isojax 0.4.0
 
 
-def _worktree(tmp_path):
-    """A worktree of 0.4.0, or a skip when this checkout has no history to make it from."""
+@pytest.fixture
+def worktree(tmp_path):
+    """A worktree of 0.4.0 (unregistered afterwards), or a skip when this checkout has no
+    history to make it from."""
     known = subprocess.run(
         ["git", "-C", str(REPO), "cat-file", "-e", f"{V040}^{{commit}}"], capture_output=True
     )
     if known.returncode != 0:
         pytest.skip(f"this checkout has no git history holding isojax 0.4.0 ({V040})")
-    return study_commit.ensure_worktree(REPO, V040, tmp_path / "v040")
+    tree = study_commit.ensure_worktree(REPO, V040, tmp_path / "v040")
+    yield tree
+    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)])
 
 
 def _run_040(tree, *args, cwd):
@@ -54,9 +58,9 @@ def _run_040(tree, *args, cwd):
 
 
 def test_an_nnx_run_folder_of_040_restores_predicts_exports_and_resumes(
-    tmp_path, glue_dir, minilm_dir
+    tmp_path, glue_dir, minilm_dir, worktree
 ):
-    tree = _worktree(tmp_path)
+    tree = worktree
     run = tmp_path / "run"
     sets = {"tokenizer": minilm_dir, "max_train_examples": 16, "max_eval_examples": 16,
             "batch_size": 8, "eval_batch_size": 8, "max_length": 32, "num_epochs": 2,
