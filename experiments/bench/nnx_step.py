@@ -10,8 +10,8 @@ regression, float32, 1 device) and the same full batch (`--batch` rows of `--len
 - `linen`: isojax's linen train step (`steps.train_step`, `jax.jit`, state donated), what
   `isojax finetune` runs;
 - `nnx`: the same step with `config.front_end = "nnx"`, what `isojax finetune --front-end nnx`
-  runs: the NNX twin of the classifier merged from the train state inside the jitted step
-  (`isojax.nnx.pretrained.LinenApply`);
+  runs: the NNX classifier, its `nnx.State` merged inside the jitted step
+  (`isojax.training.front_ends.NnxApply`);
 - `nnx_jit`: the same loss under graph-mode `nnx.jit` (module and `nnx.Optimizer` as
   arguments), the NNX-native form.
 
@@ -99,17 +99,17 @@ def make_steppers(config, batch) -> dict:
     arm on `batch` (its state held in the closure) and returns the loss, not waited for."""
     spec = specs.RunSpec.of(config)
     tx = optim.make_optimizer(spec.state.optim, 1000)
-    model, enc_params, _, hidden = build.build_model(spec.model, num_labels=1)
     objective = specs.ObjectiveSpec(regression=True)
     states, arms = {}, {}
     for front_end in ("linen", "nnx"):
+        model, enc_params, _, hidden = build.build_model(spec.model, 1, front_end=front_end)
         state_spec = dataclasses.replace(spec.state, front_end=front_end)
         states[front_end] = build.create_train_state(
             state_spec, model, enc_params, tx, objective, hidden
         )
     train_step = jax.jit(steps.train_step, donate_argnums=0)
-    # Graph-mode nnx.jit over the NNX twin with the same weights.
-    graph_model = pretrained.from_linen(model, rngs=nnx.Rngs(0))
+    # Graph-mode nnx.jit over the NNX classifier (`model`, the last built), its own weights.
+    graph_model = model.make(nnx.Rngs(0))
     if enc_params is not None:
         pretrained.load_linen_variables(graph_model.encoder, {"params": enc_params})
     graph_opt = nnx.Optimizer(graph_model, tx, wrt=nnx.Param)

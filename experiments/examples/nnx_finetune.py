@@ -4,8 +4,8 @@
         --data-dir ../shared/data/glue --workdir /tmp/nnx-rte-isobn
 
 `--config` is what `isojax finetune --config` takes (a preset of `isojax.training.configs`,
-`isobn` or `istar`, or a `get_config` file); `config.front_end = "nnx"` runs the `isojax.nnx`
-twin of the classifier (`isojax.nnx.pretrained.LinenApply`) through
+`isobn` or `istar`, or a `get_config` file); `config.front_end = "nnx"` runs an `isojax.nnx`
+classifier (its own constructors, state and dropout streams: `isojax.training.front_ends`) through
 `isojax.training.train_and_evaluate`: the same config checks, train state, steps, checkpoints,
 preemption, evaluation and run folder as linen, so `isojax export`, `predict` and
 `analyze --run` read the run. The command line equivalent is

@@ -12,9 +12,12 @@ pure functions (one copy of the maths; `isojax.core.normalizers`, `isojax.core.r
   (`isojax.nnx.encoder`, `isojax.nnx.heads`), over the pure functions of
   `isojax.models.transformer`, `isojax.models.modernbert` and `isojax.models.heads` (as the
   linen `isojax.linen.Encoder` and `SequenceClassifier`);
-- `from_pretrained` / `export_pretrained` (a Hugging Face folder or the weights package, through
-  the linen name tables) and `from_linen` / `to_linen` / `linen_variables` /
-  `load_linen_variables`, the twin in either direction (`isojax.nnx.pretrained`).
+- `from_pretrained` (a Hugging Face folder or the weights package, through the one name
+  table, with this front end's own initialisers) and `linen_variables` /
+  `load_linen_variables`, its weights by their linen names (`isojax.nnx.pretrained`);
+- `export_pretrained` (a folder transformers loads) and `from_linen` / `to_linen`, the linen
+  twin in either direction (`isojax.nnx.export`, the one module here that imports
+  `isojax.linen`).
 
 Running statistics are float32 `nnx.BatchStat`s; the mode is the call argument or the
 `use_running_average` attribute that `.train()`, `.eval()` and `nnx.view` set:
@@ -36,6 +39,7 @@ Running statistics are float32 `nnx.BatchStat`s; the mode is the call argument o
 
 from isojax.core.normalizers import NORMALIZERS
 from isojax.nnx.encoder import Encoder, EncoderOutput
+from isojax.nnx.export import export_pretrained, from_linen, to_linen
 from isojax.nnx.heads import SequenceClassifier
 from isojax.nnx.istar import IsoScoreStar, install_c0, make_isoscore_star, penalty_and_update
 from isojax.nnx.norms import (
@@ -52,12 +56,9 @@ from isojax.nnx.norms import (
 )
 from isojax.nnx.pretrained import (
     Pretrained,
-    export_pretrained,
-    from_linen,
     from_pretrained,
     linen_variables,
     load_linen_variables,
-    to_linen,
 )
 
 __all__ = [

@@ -29,8 +29,6 @@ import pathlib
 import shutil
 from typing import NamedTuple
 
-import jax
-
 import isojax
 from isojax import logs, runs
 from isojax.linen import pretrained as linen_pretrained
@@ -171,13 +169,13 @@ def export_run(
 def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> Exported:
     """The export itself, into `folder` (created)."""
     task = restored.task
-    variables = jax.device_get(restored.variables)
+    module, variables = restored.linen_twin()  # NNX: its linen twin, the same weights
     # The reason, said once by the caller (`isojax export` prints it): not logged again.
-    encoder_only = linen_pretrained.encoder_only_reason(restored.model, variables)
+    encoder_only = linen_pretrained.encoder_only_reason(module, variables)
     with logs.quieted(linen_pretrained.__name__, logging.ERROR):
         linen_pretrained.export_pretrained(
             folder,
-            restored.model,
+            module,
             variables,
             tokenizer=hf_tokenizer(restored.spec.model),
             label_names=None if task.is_regression else task.label_names,

@@ -7,7 +7,9 @@
 A run folder (`loop.train_and_evaluate`) holds `config.json`, the newest checkpoints in
 `checkpoints/` and the best dev epoch's in `best_checkpoint/` (`run_folder.LATEST_DIR`,
 `run_folder.BEST_DIR`). The classifier is rebuilt from the config exactly as the run built it
-(`build.build_model` and `build.train_state`, the build the loop runs, only its shapes),
+(`build.build_model` and `build.train_state`, the build the loop runs, only its shapes, by
+the run's front end; an NNX run folder written by isojax 0.4.0, whose checkpoints hold linen's
+tree, is converted to NNX's as it is read: `steps.TrainState.older_layouts`),
 placed on the same kind of mesh, and the whole train state is read back by the
 `checkpointing.Checkpointer` that wrote it, so a config or code change that alters an array
 is named, not papered over. `isojax export`, `isojax predict` and `isojax analyze --run` start
@@ -25,6 +27,7 @@ renamed or written (`checkpointing.Checkpointer(read_only=True)`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import pathlib
@@ -35,7 +38,7 @@ import ml_collections
 from flax import traverse_util
 
 from isojax.data import tasks
-from isojax.training import build, checkpointing, distributed, run_folder, specs, steps
+from isojax.training import build, checkpointing, distributed, front_ends, run_folder, specs, steps
 from isojax.training import config as config_lib
 
 logger = logging.getLogger(__name__)
@@ -70,16 +73,26 @@ class Restored(build.Classifier):
 
     @property
     def variables(self) -> dict:
-        """`{'params': ..., 'batch_stats': ...}` for `apply` (running statistics in
-        'batch_stats', `{}` for a normaliser without them)."""
+        """`{'params': ..., 'batch_stats': ...}` for `apply`, in the run's front end's tree
+        (linen's collections, `{}` for a normaliser without running statistics; or NNX's
+        `nnx.State`s)."""
         return {"params": self.state.params, "batch_stats": self.state.batch_stats}
 
-    @property
+    @functools.cached_property
     def apply(self) -> Callable:
-        """The classifier called as `model.apply` is, by the run's front end: linen's
-        `model.apply`, or with front end "nnx" its NNX twin's
-        (`build.classifier_apply`), over the same `variables`."""
-        return build.classifier_apply(self.spec.state.front_end, self.model)
+        """`model` (this record's: a `dataclasses.replace` may swap it) called as linen's
+        `model.apply` is, run by the run's front end (`front_ends.LinenApply`: `model.apply`;
+        `front_ends.NnxApply`: the NNX modules merged from `variables`), its outputs as the
+        modules return them."""
+        state = self.spec.state
+        return front_ends.get(state.front_end).apply(self.model, None, state.rng_impl)
+
+    def linen_twin(self) -> tuple:
+        """`(linen SequenceClassifier, its variables)` with this checkpoint's weights, on the
+        host: the run's own for linen, the NNX classifier's linen twin
+        (`isojax.nnx.export.to_linen`) for NNX; what `isojax export` writes."""
+        module, variables = self.apply.to_linen(self.variables)
+        return module, jax.device_get(variables)
 
     @property
     def evaluation(self) -> dict | None:
@@ -221,7 +234,9 @@ def restore(
         )
     folder, checkpoint = _checkpoints(run_dir, step, best)
     task = tasks.get_task(spec.data.task)
-    module, _, tokenizer, hidden_size = build.build_model(spec.model, task.num_labels)
+    module, _, tokenizer, hidden_size = build.build_model(
+        spec.model, task.num_labels, front_end=spec.state.front_end
+    )
     mesh = distributed.make_mesh() if mesh is None else mesh
     # The schedule's length and a running stabiliser's window hold no array: one step.
     abstract = build.train_state(

@@ -49,7 +49,7 @@ RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 LOSS_SCALES = ("auto", "dynamic", "none")
 TINY_MODEL = "tiny-bert"
 # Which front end's modules run the classifier in the loop: the linen `isojax.models` ones, or
-# their `isojax.nnx` twins (`isojax.nnx.pretrained.LinenApply`); the rest of the run is one.
+# the `isojax.nnx` ones (`isojax.training.front_ends`); the rest of the run is one.
 FRONT_ENDS = ("linen", "nnx")
 # Dict fields whose keys are not fixed by `default_config` (empty there): their owner checks the
 # keys (`normalizers.check_hparams`), and `--set FIELD.KEY=VALUE` may add one.

@@ -8,8 +8,8 @@
 The file reads in call order (flax `examples/imagenet/train.py` shape): `train_and_evaluate`
 holds the run folder and the signals, validates the config once and takes its `specs.RunSpec`
 (below it every builder reads the spec it needs, not the config), calls `build_run`, which builds
-the classifier (linen, or its
-NNX twin with `config.front_end` "nnx": `build.classifier_apply`) and the train state on the
+the classifier (linen, or NNX with `config.front_end` "nnx": `front_ends`) and the train
+state on the
 device mesh (`build`, `distributed`) and encodes the task (`data.batching`; `feeds` pads each
 batch to a length bucket, or packs it with `config.packing`); then a `Loop` restores the newest
 usable checkpoint (`checkpointing`) and runs `Loop.epochs`: per epoch the I-STAR C0 pass
@@ -175,7 +175,9 @@ def build_run(spec: specs.RunSpec, *, mesh: jax.sharding.Mesh | None = None) -> 
     `mesh` (default: every device) and compiles nothing yet (the steps compile on first
     call)."""
     task = tasks.get_task(spec.data.task)
-    model, encoder_params, tokenizer, hidden_size = build.build_model(spec.model, task.num_labels)
+    model, encoder_params, tokenizer, hidden_size = build.build_model(
+        spec.model, task.num_labels, front_end=spec.state.front_end
+    )
     train_examples = build.load_examples(spec.data, "train")
     model = model.clone(output_bias=build.output_bias(spec.model, task, train_examples))
     encode = lambda split: batching.encode(  # noqa: E731

@@ -283,8 +283,7 @@ class StateSpec(schema.Section):
       loss_scale: "auto" (dynamic iff float16), "dynamic" or "none"
         (`precision.make_loss_scale`).
       fsdp: parameters and optimizer state sharded over the devices.
-      front_end: the modules that run the classifier, "linen" (`isojax.models`) or "nnx"
-        (their `isojax.nnx` twins; `build.classifier_apply`).
+      front_end: the modules that run the classifier, "linen" or "nnx" (`front_ends.get`).
       optim: the optimizer (`optim.OptimSpec`, config section `optimizer`).
       objective: the train step's `ObjectiveSpec`.
     """

@@ -38,7 +38,6 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -48,28 +47,52 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from isojax.core import isotropy, penalties, stats
+from isojax.core import isotropy, istar, penalties, stats
 from isojax.data import packing
-from isojax.linen import istar as linen_istar
 from isojax.models import transformer
 from isojax.training import distributed, precision, specs
 
 
-def istar_module(objective: specs.ObjectiveSpec) -> linen_istar.IsoScoreStar:
-    """The IsoScore* module (C0 estimated as `objective.istar.stabilizer.kind`) of an I-STAR
-    objective."""
-    istar = objective.istar
-    return linen_istar.make_isoscore_star(
-        istar.stabilizer.kind, zeta=istar.zeta, **istar.stabilizer.settings()
+def istar_settings(objective: specs.ObjectiveSpec) -> dict:
+    """The stabiliser settings of an I-STAR objective (`core.istar.DEFAULTS` under its
+    `istar.stabilizer.settings()`: ``stabilizer``, ``window``, ``window_unit``, ``momentum``,
+    ``debias``),
+    checked by the one rule of `core.istar` (ValueError, one line)."""
+    settings = objective.istar.stabilizer.settings()
+    istar.check_fields(settings)
+    settings = {k: v for k, v in istar.DEFAULTS.items() if k != "zeta"} | settings
+    istar.check_zeta(objective.istar.zeta)
+    istar.check_hparams(
+        objective.istar.stabilizer.kind,
+        window=settings["window"],
+        window_unit=settings["window_unit"],
+        momentum=settings["momentum"],
     )
+    return {"stabilizer": objective.istar.stabilizer.kind, **settings}
 
 
 def init_istar_state(objective: specs.ObjectiveSpec, hidden_size: int) -> dict | None:
-    """The initial `TrainState.stabilizer`: the module's `batch_stats` (`{'c0': [d, d]
-    identity, ...}` float32) for the I-STAR penalty, None otherwise."""
+    """The initial `TrainState.stabilizer` for the I-STAR penalty (`core.istar.state_init`:
+    `{'c0': [d, d] identity, ...}` float32, plus a running stabiliser's window or EMA and
+    counters), None otherwise."""
     if objective.penalty != "istar":
         return None
-    return linen_istar.init_batch_stats(istar_module(objective), hidden_size)
+    d = hidden_size
+    return istar.state_init(istar.identity_init(None, (d, d)), **istar_settings(objective))
+
+
+def istar_penalty(
+    objective: specs.ObjectiveSpec, stabilizer: dict, hidden, mask: jax.Array
+) -> tuple[jax.Array, dict]:
+    """`(1 - IsoScore*, new stabiliser state)` of the batch's tokens (SPEC.md §4): the pure
+    `core.istar.prepare` and `core.istar.step` on `TrainState.stabilizer` (the C0 of the
+    previous steps scores the batch, then a running stabiliser moves, under the bad-batch
+    guard); the state is unchanged for the `pass` stabiliser."""
+    x, mask = istar.prepare(hidden, mask)
+    score, new, _ = istar.step(
+        stabilizer, x, mask, update=True, zeta=objective.istar.zeta, **istar_settings(objective)
+    )
+    return 1.0 - score, stabilizer if new is None else new
 
 
 @flax.struct.dataclass
@@ -78,16 +101,25 @@ class TrainState:
 
     Attributes:
       step: `[]` int32 number of updates done.
-      params: the model's 'params' collection (`policy.param_dtype`).
+      params: the model's weights (`policy.param_dtype`): linen's 'params' collection, or
+        the NNX model's `nnx.Param` state (`nnx.State`, NNX's paths).
       opt_state: the optax state.
-      batch_stats: the normaliser's running statistics (float32), `{}` for none.
-      stabilizer: I-STAR's `IsoScoreStar` collection (float32 `{'c0': [d, d], ...}`, plus the
-        window or EMA of a running stabiliser); None for other methods.
+      batch_stats: the normaliser's running statistics (float32): linen's collection (`{}`
+        for none), or the `nnx.BatchStat` state.
+      stabilizer: I-STAR's state (`core.istar.state_init`: float32 `{'c0': [d, d], ...}`,
+        plus the window or EMA of a running stabiliser); None for other methods.
       loss_scale: `precision.NoOpLossScale` or `precision.DynamicLossScale`.
-      rng: raw data of the run key (uint32, `[2]` threefry or `[4]` rbg); step `t` uses
-        `fold_in(wrap_key_data(rng, impl=rng_impl), t)` for dropout.
-      apply_fn, tx, objective, rng_impl: static (not in the checkpoint).
+      rng: linen: raw data of the run key (uint32, `[2]` threefry or `[4]` rbg), step `t`
+        uses `fold_in(wrap_key_data(rng, impl=rng_impl), t)` for dropout; NNX: its dropout
+        streams (`nnx.RngState`: keys as raw key data, and their counters).
+      apply_fn: the front end's apply (`front_ends.LinenApply` or `NnxApply`);
+      tx, objective, rng_impl: static (not in the checkpoint), as `apply_fn`.
     """
+
+    def older_layouts(self) -> tuple:
+        """`((abstract state, convert), ...)`: the layouts an older isojax saved this state in
+        (a 0.4.0 NNX run's linen-shaped tree), for `checkpointing.Checkpointer.restore`."""
+        return self.apply_fn.older_layouts(self)
 
     step: jax.Array
     params: Any
@@ -95,8 +127,8 @@ class TrainState:
     batch_stats: Any
     stabilizer: dict | None
     loss_scale: precision.LossScale
-    rng: jax.Array
-    apply_fn: Callable = flax.struct.field(pytree_node=False)
+    rng: Any
+    apply_fn: Any = flax.struct.field(pytree_node=False)
     tx: optax.GradientTransformation = flax.struct.field(pytree_node=False)
     objective: specs.ObjectiveSpec = flax.struct.field(pytree_node=False)
     rng_impl: str = flax.struct.field(pytree_node=False, default="threefry2x32")
@@ -144,74 +176,76 @@ def _penalty(
     # The mask carries the padding choice, so the functions below never drop it themselves.
     mask = penalty_mask(batch, objective.include_padding)
     if objective.penalty == "istar":
-        return linen_istar.penalty_and_update(istar_module(objective), stabilizer, hidden, mask)
+        return istar_penalty(objective, stabilizer, hidden, mask)
     if objective.penalty == "cosreg":
         return penalties.cosreg_penalty(hidden[-1], mask), stabilizer
     return jnp.zeros([], jnp.float32), stabilizer
 
 
 def dropout_key(state: TrainState) -> jax.Array:
-    """This step's dropout key: `fold_in(run key, step)` with the run's key implementation."""
+    """This step's dropout key of a linen run: `fold_in(run key, step)` with the run's key
+    implementation."""
     key = jax.random.wrap_key_data(state.rng, impl=state.rng_impl)
     return jax.random.fold_in(key, state.step)
 
 
-def _grads(state: TrainState, batch_stats, stabilizer, batch: dict, rng: jax.Array):
+def _grads(state: TrainState, batch_stats, stabilizer, batch: dict, rngs):
     """Gradients of the scaled objective on one (micro-)batch with the given running
-    statistics, and `(new batch_stats, new stabiliser, task loss, penalty, objective)`."""
+    statistics and dropout randomness (`apply_fn.step_rngs`' or `micro_rngs`' `rngs`), and
+    `(new batch_stats, new stabiliser, what `apply_fn.train` gives of the dropout randomness
+    after the call, task loss, penalty, objective)`."""
     objective = state.objective
 
     def loss_fn(params):
-        (logits, out), updates = state.apply_fn(
+        (logits, out), new_stats, new_rngs = state.apply_fn.train(
             {"params": params, "batch_stats": batch_stats},
+            rngs,
             **transformer.model_inputs(batch),
-            deterministic=False,
-            use_running_average=False,
             example_mask=batch["example_mask"],
             cls_only=objective.cls_only and not objective.reads_tokens,
-            rngs={"dropout": rng},
-            mutable=["batch_stats"],
         )
         loss = task_loss(logits, batch["labels"], batch["example_mask"], objective.regression)
         penalty, new_stabilizer = _penalty(state, out, batch, stabilizer)
         total = loss + objective.weight * penalty  # penalty added before scaling
-        aux = (updates.get("batch_stats", {}), new_stabilizer, loss, penalty, total)
+        aux = (new_stats, new_stabilizer, new_rngs, loss, penalty, total)
         return state.loss_scale.scale(total), aux
 
     return jax.grad(loss_fn, has_aux=True)(state.params)
 
 
-def _accumulated_grads(state: TrainState, batch: dict, rng: jax.Array):
+def _accumulated_grads(state: TrainState, batch: dict, rngs):
     r"""`_grads` over `k` stacked micro-batches (`[k, rows, ...]` arrays) in one `lax.scan`.
 
     Micro-batch `i` holds `n_i` real examples (`example_mask`; packed micro-batches differ)
-    and gets the dropout key `fold_in(rng, i)`. The gradient is the real-example average
-    :math:`g = \sum_i n_i g_i / \sum_i n_i` of the micro-batches' mean-loss gradients, i.e.
-    the gradient of the mean loss over all `sum n_i` examples; the losses are averaged alike.
-    Running statistics (normaliser `batch_stats`, a running I-STAR stabiliser) go through the
-    micro-batches in order, each seeing the one before (PyTorch accumulation). Gradients sum
-    in float32.
+    and gets the dropout randomness `apply_fn.micro_rngs(rngs, i)` (linen: the key
+    `fold_in(rng, i)`; NNX: its streams, as the micro-batch before left them). The gradient is
+    the real-example average :math:`g = \sum_i n_i g_i / \sum_i n_i` of the micro-batches'
+    mean-loss gradients, i.e. the gradient of the mean loss over all `sum n_i` examples; the
+    losses are averaged alike. Running statistics (normaliser `batch_stats`, a running I-STAR
+    stabiliser) go through the micro-batches in order, each seeing the one before (PyTorch
+    accumulation). Gradients sum in float32.
     """
     counts = jnp.sum(batch["example_mask"].astype(jnp.float32), axis=1)  # [k]
     weights = counts / jnp.maximum(jnp.sum(counts), 1.0)  # [k]
     k = counts.shape[0]
 
     def body(carry, xs):
-        grads_sum, batch_stats, stabilizer, sums = carry
+        grads_sum, batch_stats, stabilizer, rngs, sums = carry
         micro, weight, i = xs
-        grads, (batch_stats, stabilizer, *losses) = _grads(
-            state, batch_stats, stabilizer, micro, jax.random.fold_in(rng, i)
+        grads, (batch_stats, stabilizer, after, *losses) = _grads(
+            state, batch_stats, stabilizer, micro, state.apply_fn.micro_rngs(rngs, i)
         )
+        rngs = state.apply_fn.carry_rngs(rngs, after)
         grads_sum = jax.tree.map(lambda a, g: a + weight * g.astype(jnp.float32), grads_sum, grads)
-        return (grads_sum, batch_stats, stabilizer, sums + weight * jnp.stack(losses)), None
+        return (grads_sum, batch_stats, stabilizer, rngs, sums + weight * jnp.stack(losses)), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-    init = (zeros, state.batch_stats, state.stabilizer, jnp.zeros([3], jnp.float32))
-    (grads, batch_stats, stabilizer, sums), _ = jax.lax.scan(
+    init = (zeros, state.batch_stats, state.stabilizer, rngs, jnp.zeros([3], jnp.float32))
+    (grads, batch_stats, stabilizer, rngs, sums), _ = jax.lax.scan(
         body, init, (batch, weights, jnp.arange(k))
     )
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-    return grads, (batch_stats, stabilizer, sums[0], sums[1], sums[2])
+    return grads, (batch_stats, stabilizer, rngs, sums[0], sums[1], sums[2])
 
 
 def _counts(batch: dict) -> dict[str, jax.Array]:
@@ -235,12 +269,14 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     unscaling, before clipping), `grads_finite` (1/0), `loss_scale`; `examples` and
     `real_tokens` (counts, `_counts`).
     """
-    rng = dropout_key(state)
+    rngs = state.apply_fn.step_rngs(state.rng, state.step, state.rng_impl)
     if batch["example_mask"].ndim == 2:
-        grads, aux = _accumulated_grads(state, batch, rng)
+        grads, aux = _accumulated_grads(state, batch, rngs)
     else:
-        grads, aux = _grads(state, state.batch_stats, state.stabilizer, batch, rng)
-    batch_stats, stabilizer, loss, penalty, total = aux
+        grads, aux = _grads(state, state.batch_stats, state.stabilizer, batch, rngs)
+    batch_stats, stabilizer, after, loss, penalty, total = aux
+    # Linen's run key stays as it is; NNX's dropout streams move on.
+    rng = state.apply_fn.next_rng(state.rng, state.apply_fn.carry_rngs(rngs, after))
     grads = state.loss_scale.unscale(grads)
     grads_finite = precision.all_finite(grads)
     updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
@@ -259,6 +295,7 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         batch_stats=batch_stats,
         stabilizer=stabilizer,
         loss_scale=state.loss_scale.adjust(grads_finite),
+        rng=rng,
     )
     step_metrics = {
         "loss": total,

@@ -17,6 +17,7 @@ from helpers import TINY_MODERNBERT, assert_tree_close, tiny_modernbert_folder
 from isojax import linen, models
 from isojax.models import config as config_lib
 from isojax.models import hf_import, modernbert, xla_cpu
+from isojax.nnx import export as nnx_export
 from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained as nnx_pretrained
 
@@ -146,10 +147,10 @@ def test_exported_classifier_loads_in_transformers(front, tmp_path):
         logits, _ = head.apply(variables, ids, mask)
         linen.export_pretrained(tmp_path, head, variables)
     else:
-        nnx_head = nnx_pretrained.from_linen(head, rngs=nnx.Rngs(0))
+        nnx_head = nnx_export.from_linen(head, rngs=nnx.Rngs(0))
         nnx_pretrained.load_linen_variables(nnx_head, variables)
         logits, _ = nnx_head(ids, mask, deterministic=True)
-        nnx_pretrained.export_pretrained(tmp_path, nnx_head)
+        nnx_export.export_pretrained(tmp_path, nnx_head)
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["architectures"] == ["ModernBertForSequenceClassification"]
     theirs = transformers.AutoModelForSequenceClassification.from_pretrained(
