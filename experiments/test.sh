@@ -25,6 +25,8 @@ if [[ -d "$ISOJAX_TEST_JAX_CACHE" ]] && (( $(du -sm "$ISOJAX_TEST_JAX_CACHE" | c
 fi
 mkdir -p "$ISOJAX_TEST_JAX_CACHE"
 # One pytest process per core, at most 4 (ISOJAX_TEST_WORKERS to choose; 0 runs in this process);
-# each test file stays in one process, so a file's module-scoped fixtures are built once.
+# each test file stays in one process, so a file's module-scoped fixtures are built once. The
+# files go to the workers in the collection's order, which tests/conftest.py makes the longest
+# first (by the seconds of the last session, in .pytest_cache), not xdist's most-tests first.
 workers="${ISOJAX_TEST_WORKERS:-$(python -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')}"
-python -m pytest -n "$workers" --dist loadfile ${args[@]+"${args[@]}"}
+python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder ${args[@]+"${args[@]}"}

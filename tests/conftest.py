@@ -84,7 +84,7 @@ def _log_handler():
     tests/cli/test_run_messages.py)."""
     import logging
 
-    from isojax.cli.common import install_log_handler
+    from isojax.logs import install_log_handler
 
     install_log_handler()
     logger = logging.getLogger("isojax")
@@ -93,3 +93,67 @@ def _log_handler():
     yield
     logger.setLevel(level)
     logger.propagate = True
+
+
+# ---------------------------------------------------------------------------------------------
+# The order the files are handed to the xdist workers: the longest first.
+# ---------------------------------------------------------------------------------------------
+# experiments/test.sh hands whole files to the workers (`--dist loadfile`) in the order of the
+# collection (`--no-loadscope-reorder`: xdist's own order puts the files with the most tests
+# first, so the few-test files of whole runs, the slowest of all, came last, and one worker ran
+# the last of them while the other idled). Here the files are ordered by their seconds, the
+# longest first: the sum over the tests selected of each test's seconds in the last session
+# that ran it (pytest's cache, `TEST_SECONDS`), or, for a test without a record (a clean clone:
+# all of them), a guess by its markers (`guess_seconds`). Within a file the order is the file's.
+TEST_SECONDS = "isojax/test_seconds"
+
+
+def guess_seconds(item) -> float:
+    """A test never timed here: `slow` 60 s, `e2e` 10 s, another 0.5 s."""
+    for marker, seconds in (("slow", 60.0), ("e2e", 10.0)):
+        if item.get_closest_marker(marker) is not None:
+            return seconds
+    return 0.5
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected
+def pytest_collection_modifyitems(config, items):
+    cache = getattr(config, "cache", None)
+    known = (cache.get(TEST_SECONDS, None) if cache is not None else None) or {}
+    files: dict[str, float] = {}
+    for item in items:
+        file = _file_of(item.nodeid)
+        seconds = known.get(item.nodeid)
+        files[file] = files.get(file, 0.0) + (guess_seconds(item) if seconds is None else seconds)
+    rank = {file: i for i, file in enumerate(sorted(files, key=lambda f: -files[f]))}
+    items.sort(key=lambda item: rank[_file_of(item.nodeid)])  # stable: a file keeps its order
+
+
+_SESSION_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each test's setup, call and teardown seconds (the controller, or the only process, sees
+    every test's reports)."""
+    _SESSION_SECONDS[report.nodeid] = _SESSION_SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """The controller (or the only process) records the seconds of the tests it ran for the
+    next session's order, keeping the records of the others whose file still exists."""
+    config = session.config
+    cache = getattr(config, "cache", None)
+    if cache is None or hasattr(config, "workerinput") or not _SESSION_SECONDS:
+        return
+    root = pathlib.Path(config.rootpath)
+    known = {
+        nodeid: s
+        for nodeid, s in (cache.get(TEST_SECONDS, None) or {}).items()
+        if (root / _file_of(nodeid)).is_file()
+    }
+    known.update({nodeid: round(s, 2) for nodeid, s in _SESSION_SECONDS.items()})
+    cache.set(TEST_SECONDS, known)

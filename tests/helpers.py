@@ -492,3 +492,38 @@ def tiny_modernbert_folder(folder, glue_dir):
     torch.manual_seed(0)
     transformers.ModernBertForMaskedLM(hf).save_pretrained(folder)
     return folder
+
+
+def nnx_from_linen_weights(monkeypatch) -> None:
+    """NNX runs start from the weights linen's `init` gives for the same seed (their own
+    constructors still run first; `front_ends.from_linen_tree` then puts linen's values in by
+    `linen_path`), so that the two front ends' runs can be compared number for number."""
+    from isojax import linen
+    from isojax.training import front_ends
+
+    own_init = front_ends.Nnx.init
+
+    def init(self, model, init_rng, run_rng, encoder_params, rng_impl):
+        params, batch_stats, rngs = own_init(
+            self, model, init_rng, run_rng, encoder_params, rng_impl
+        )
+        enc = model.encoder
+        twin = linen.SequenceClassifier(
+            encoder=linen.Encoder(
+                enc.config, dtype=enc.dtype, param_dtype=enc.param_dtype, remat=enc.remat
+            ),
+            num_labels=model.num_labels,
+            sentence=model.sentence,
+            normalizer=model.normalizer,
+            normalizer_kwargs=dict(model.normalizer_kwargs),
+            dropout_rate=model.dropout_rate,
+            output_bias=model.output_bias,
+            dtype=model.dtype,
+            param_dtype=model.param_dtype,
+        )
+        variables = linen.init_variables(twin, init_rng, encoder_params)
+        params = front_ends.from_linen_tree(params, variables["params"])
+        batch_stats = front_ends.from_linen_tree(batch_stats, variables.get("batch_stats", {}))
+        return params, batch_stats, rngs
+
+    monkeypatch.setattr(front_ends.Nnx, "init", init)

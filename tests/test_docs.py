@@ -61,6 +61,7 @@ def test_findings_page_names_every_claim():
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_docs_build_without_warnings():
     done = subprocess.run(
         ["bash", str(EXPERIMENTS / "docs.sh")],

@@ -1,8 +1,8 @@
 """Accelerator figures: bf16 train-step time, tokens/s and model FLOPs utilisation (MFU) of a
 BERT-base-sized encoder, plain and with IsoBN and I-STAR (as ratios to plain). Prints one table.
 
-    python experiments/bench/accelerator.py                 # GPU/TPU: BERT-base, 32x128, 256x128
-    python experiments/bench/accelerator.py --tiny          # tiny config, seconds (CPU default)
+    python -m experiments.bench.accelerator                 # GPU/TPU: BERT-base, 32x128, 256x128
+    python -m experiments.bench.accelerator --tiny          # tiny config, seconds (CPU default)
 
 Each setting is one jitted AdamW step built here from the public model APIs
 (`isojax.linen.SequenceClassifier` over `isojax.linen.Encoder`, random weights, compute

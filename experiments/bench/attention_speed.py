@@ -3,9 +3,9 @@
 where `isojax.models.attention` allows it on a GPU) over the einsum path
 (`transformer.attend_reference`): prints figures; not a test.
 
-    .venv/bin/python experiments/bench/attention_speed.py              # MiniLM-L6, 7 rounds
-    .venv/bin/python experiments/bench/attention_speed.py --rounds 1   # smoke test
-    python experiments/bench/attention_speed.py --variant bert-base \
+    python -m experiments.bench.attention_speed              # MiniLM-L6, 7 rounds
+    python -m experiments.bench.attention_speed --rounds 1   # smoke test
+    python -m experiments.bench.attention_speed --variant bert-base \
         --variant modernbert-base --dtype bfloat16 --batch 256 --rounds 5   # issue 51's check
 
 One process, interleaved rounds: each round times one jitted forward + backward (random

@@ -8,7 +8,7 @@ does not pack; and `batching.batches`' own default `buckets=` (32, 64, 96, 128, 
 which only direct callers of `batching.batches` get. Filler rows of the last batch count as
 padding.
 
-    .venv/bin/python experiments/bench/data_speed.py [--glue_dir ../shared/data/glue]
+    python -m experiments.bench.data_speed [--glue_dir ../shared/data/glue]
 """
 
 import argparse

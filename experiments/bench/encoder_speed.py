@@ -7,7 +7,7 @@ in-vocabulary ids with a quarter of each row padded. `--dropout 0` times evaluat
 gradients (no random masks); `--prng rbg` draws isojax's dropout masks with XLA's
 RngBitGenerator instead of threefry, which is costly on CPU.
 
-    .venv/bin/python experiments/bench/encoder_speed.py [--batch 32] [--length 128] \
+    python -m experiments.bench.encoder_speed [--batch 32] [--length 128] \
         [--repeats 5] [--dropout 1] [--prng threefry2x32|rbg]
 
 Prints seconds per step (median of `repeats`, after one warm-up / compile step) and the ratio

@@ -1,7 +1,7 @@
 """Epoch time of MiniLM-L6 fine-tuning on each local GLUE task: packed rows against length
 buckets against fixed padding (issue 13; prints figures and ratios, not a test).
 
-    .venv/bin/python experiments/bench/epoch_time.py [--rounds 7] [--tasks cola mrpc stsb rte]
+    python -m experiments.bench.epoch_time [--rounds 7] [--tasks cola mrpc stsb rte]
 
 The three layouts of the same epoch (`config.packing`, `config.buckets`; batch 32, max length
 128, seed 1, the study recipe's buckets (32, 64, 96)):
@@ -26,16 +26,13 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from isojax.data import batching  # noqa: E402
-from isojax.training import build, distributed, feeds, loop, specs  # noqa: E402
-from isojax.training import config as config_lib  # noqa: E402
+from experiments.bench import cpu_offline
+from isojax.data import batching
+from isojax.training import build, distributed, feeds, loop, specs
+from isojax.training import config as config_lib
 
 LAYOUTS = {
     "fixed": {"packing": False, "buckets": ()},
@@ -109,6 +106,7 @@ def time_shapes(args, samples: dict) -> dict:
 
 
 def main() -> None:
+    cpu_offline()
     args = parse_args()
     tokenizer = build.load_tokenizer(args.model)
     shapes, samples, fill = epoch_shapes(args, tokenizer)

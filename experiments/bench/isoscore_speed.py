@@ -4,7 +4,7 @@ The svd route is what the I-STAR reference does (torch.cov, then svdvals of the 
 covariance, then the IsoScore chain); here it is written in JAX so that both run on the
 same backend. Prints the time per call of each and their ratio.
 
-    python experiments/bench/isoscore_speed.py [--repeats 5]
+    python -m experiments.bench.isoscore_speed [--repeats 5]
 """
 
 import argparse

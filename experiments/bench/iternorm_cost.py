@@ -1,8 +1,8 @@
 """What the `iternorm` normaliser (SPEC.md §10.3) costs a train step on MiniLM-L6 (prints
 figures; not a test).
 
-    .venv/bin/python experiments/bench/iternorm_cost.py                # full run (9 rounds)
-    .venv/bin/python experiments/bench/iternorm_cost.py --rounds 1     # smoke test
+    python -m experiments.bench.iternorm_cost                # full run (9 rounds)
+    python -m experiments.bench.iternorm_cost --rounds 1     # smoke test
 
 The MiniLM-L6 AdamW train step (float32, 1 device, real RTE rows, 32 x 128, the
 `IsojaxStepper` of `train_speed.py`) with the `iternorm` head (its defaults: T = 5, one group of
@@ -19,21 +19,12 @@ effect. The train-mode work is 3 T = 15 products of `[d, d]` matrices (Newton–
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import pathlib
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location(
-    "train_speed", pathlib.Path(__file__).with_name("train_speed.py")
-)
-train_speed = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(train_speed)
+from experiments.bench import cpu_offline, train_speed
 
 BATCH, LENGTH = 32, 128
 ARMS = ("none", "iternorm")
@@ -74,6 +65,7 @@ def time_arms(args) -> None:
 
 
 def main() -> None:
+    cpu_offline()
     args = parse_args()
     print(
         f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} CPUs, load "

@@ -1,7 +1,7 @@
 """Train-step time of the NNX front end against linen's (prints figures; not a test).
 
-    PYTHONPATH=. python experiments/bench/nnx_step.py                        # 32 x 128, 7 rounds
-    PYTHONPATH=. python experiments/bench/nnx_step.py --rounds 2 --model tiny-bert   # smoke
+    python -m experiments.bench.nnx_step                        # 32 x 128, 7 rounds
+    python -m experiments.bench.nnx_step --rounds 2 --model tiny-bert   # smoke
 
 Three arms, one process, interleaved rounds (each round times `--steps` AdamW steps of every
 arm, in an order drawn per round), on the same model (MiniLM-L6 with an IsoBN head, STS-B
@@ -10,8 +10,8 @@ regression, float32, 1 device) and the same full batch (`--batch` rows of `--len
 - `linen`: isojax's linen train step (`steps.train_step`, `jax.jit`, state donated), what
   `isojax finetune` runs;
 - `nnx`: the same step with `config.front_end = "nnx"`, what `isojax finetune --front-end nnx`
-  runs: the NNX twin of the classifier merged from the train state inside the jitted step
-  (`isojax.nnx.pretrained.LinenApply`);
+  runs: the NNX classifier, its `nnx.State` merged inside the jitted step
+  (`isojax.training.front_ends.NnxApply`);
 - `nnx_jit`: the same loss under graph-mode `nnx.jit` (module and `nnx.Optimizer` as
   arguments), the NNX-native form.
 
@@ -32,7 +32,7 @@ from flax import nnx
 
 from isojax.models import transformer
 from isojax.nnx import pretrained
-from isojax.training import build, specs, steps
+from isojax.training import build, optim, specs, steps
 from isojax.training import config as config_lib
 
 
@@ -98,18 +98,18 @@ def make_steppers(config, batch) -> dict:
     """`{arm: step()}` for "linen", "nnx" and "nnx_jit": each call runs one AdamW step of its
     arm on `batch` (its state held in the closure) and returns the loss, not waited for."""
     spec = specs.RunSpec.of(config)
-    tx = build.make_optimizer(spec.state.optim, 1000)
-    model, enc_params, _, hidden = build.build_model(spec.model, num_labels=1)
-    objective = steps.Objective(regression=True)
+    tx = optim.make_optimizer(spec.state.optim, 1000)
+    objective = specs.ObjectiveSpec(regression=True)
     states, arms = {}, {}
     for front_end in ("linen", "nnx"):
+        model, enc_params, _, hidden = build.build_model(spec.model, 1, front_end=front_end)
         state_spec = dataclasses.replace(spec.state, front_end=front_end)
         states[front_end] = build.create_train_state(
             state_spec, model, enc_params, tx, objective, hidden
         )
     train_step = jax.jit(steps.train_step, donate_argnums=0)
-    # Graph-mode nnx.jit over the NNX twin with the same weights.
-    graph_model = pretrained.from_linen(model, rngs=nnx.Rngs(0))
+    # Graph-mode nnx.jit over the NNX classifier (`model`, the last built), its own weights.
+    graph_model = model.make(nnx.Rngs(0))
     if enc_params is not None:
         pretrained.load_linen_variables(graph_model.encoder, {"params": enc_params})
     graph_opt = nnx.Optimizer(graph_model, tx, wrt=nnx.Param)

@@ -13,7 +13,7 @@
    250 000 input tokens (the brief's figure) and to 250 000 token vectors over all 6 layers
    (how `penalties.estimate_c0` counts), as printed.
 
-    .venv/bin/python experiments/bench/stabilizer_cost.py [--batch 32 --len 128 --repeats 5]
+    python -m experiments.bench.stabilizer_cost [--batch 32 --len 128 --repeats 5]
 """
 
 import argparse

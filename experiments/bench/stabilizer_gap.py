@@ -16,8 +16,8 @@ over the same parameters (`C0_pass`, the epoch's training batches in order):
 
 It prints one table row per measurement and a summary per mode.
 
-    .venv/bin/python experiments/bench/stabilizer_gap.py            # MiniLM-L6, RTE, 1 epoch
-    .venv/bin/python experiments/bench/stabilizer_gap.py --max-steps 20 --max-length 64
+    python -m experiments.bench.stabilizer_gap            # MiniLM-L6, RTE, 1 epoch
+    python -m experiments.bench.stabilizer_gap --max-steps 20 --max-length 64
 """
 
 import argparse
@@ -31,7 +31,7 @@ import optax
 
 from isojax.core import penalties
 from isojax.models import transformer
-from isojax.training import configs, distributed, feeds, loop, steps
+from isojax.training import configs, distributed, feeds, loop, specs, steps
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MODES = ("epoch", "ema")
@@ -51,7 +51,7 @@ class Row:
     grad_distance: float  # ||g_mode - g_pass|| / ||g_pass||
 
 
-def make_probe(apply_fn, objective: steps.Objective):
+def make_probe(apply_fn, objective: specs.ObjectiveSpec):
     """`(params, batch_stats, batch, c0_mode, c0_pass) -> dict` of the eval-mode I-STAR penalty
     on `batch` with each C0: its IsoScore* and its gradient w.r.t. the parameters."""
 
@@ -65,7 +65,7 @@ def make_probe(apply_fn, objective: steps.Objective):
         )
         mask = steps.penalty_mask(batch, objective.include_padding)
         return penalties.istar_penalty(
-            out["encoder"].hidden_states, mask, c0=c0, zeta=objective.zeta
+            out["encoder"].hidden_states, mask, c0=c0, zeta=objective.istar.zeta
         )
 
     grad_fn = jax.value_and_grad(penalty)

@@ -1,12 +1,12 @@
 """The throughput logging's cost on the train step, the step's tokens/s and MFU, its memory.
 
-    python experiments/bench/throughput_cost.py                     # MiniLM-L6, 32 x 128
-    python experiments/bench/throughput_cost.py --model tiny-bert --steps 3 --rounds 2
+    python -m experiments.bench.throughput_cost                     # MiniLM-L6, 32 x 128
+    python -m experiments.bench.throughput_cost --model tiny-bert --steps 3 --rounds 2
 
 Two arms on the same jitted MiniLM-L6 train step (`loop.setup`, f32, padded to `--length`,
 real RTE rows), run as the loop runs them, interleaved (ABBA order per pair of rounds), each
 round `--steps` steps then one host sync (the log step's):
-  plain: `run.train_fn(state, batch)`, the step metrics summed (`resume.Position.add`);
+  plain: `run.train_fn(state, batch)`, the step metrics summed (`Position.add_step`);
   meter: the step compiled ahead (as the loop does), `meter.read` of its cost,
          the metrics plus `meter.counts()` summed, `meter.step(state)`
          (`isojax.training.throughput`).
@@ -34,7 +34,8 @@ import time
 import jax
 
 from isojax.training import config as config_lib
-from isojax.training import distributed, feeds, loop, precision, resume, throughput
+from isojax.training import distributed, feeds, loop, precision, throughput
+from isojax.training.position import Position
 
 CPU_PEAK = 2 * 2.6e9 * 32  # see the module doc
 
@@ -139,7 +140,7 @@ def interleaved_rounds(run, meter, compiled, key, state, batches, rounds: int):
     order."""
 
     def plain(state):
-        position = resume.Position()
+        position = Position()
         for batch in batches:
             state, m = run.train_fn(state, batch)
             position.add(m)
@@ -147,7 +148,7 @@ def interleaved_rounds(run, meter, compiled, key, state, batches, rounds: int):
         return state, None
 
     def metered(state):
-        position = resume.Position()
+        position = Position()
         meter.mark()
         for batch in batches:
             meter.read(key, compiled, batch["input_ids"].size)

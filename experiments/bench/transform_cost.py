@@ -11,7 +11,7 @@ them): `isojax.models` when it imports, otherwise a same-size stand-in (said in 
 
 Timings are medians of `--iters` round-robin calls after one compile-and-warm-up call each.
 
-    .venv/bin/python experiments/bench/transform_cost.py --batch 16 --len 64 --iters 5
+    python -m experiments.bench.transform_cost --batch 16 --len 64 --iters 5
 """
 
 import argparse

@@ -18,7 +18,7 @@ Timings: one jitted call each, compiled and warmed first, then `--rounds` interl
 the load average, since other jobs share the CPU. Accuracy: relative Frobenius error against
 float64 eigh in NumPy.
 
-    python experiments/bench/whiten_cost.py --rounds 5
+    python -m experiments.bench.whiten_cost --rounds 5
 """
 
 import argparse

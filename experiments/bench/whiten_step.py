@@ -1,8 +1,8 @@
 """What the `whiten` normaliser (SPEC.md §10.1) costs a train step: measured on MiniLM-L6 and
 counted in FLOPs at d = 384, 768, 1024 (prints figures; not a test).
 
-    .venv/bin/python experiments/bench/whiten_step.py                     # full run
-    .venv/bin/python experiments/bench/whiten_step.py --rounds 1 --step-flops 6n   # smoke test
+    python -m experiments.bench.whiten_step                     # full run
+    python -m experiments.bench.whiten_step --rounds 1 --step-flops 6n   # smoke test
 
 (a) Time. The MiniLM-L6 AdamW train step (float32, 1 device, real RTE rows, 32 x 128, the
 `IsojaxStepper` of `train_speed.py`) with the `whiten` head against `none`, in ONE process, in
@@ -48,28 +48,18 @@ goal of 1.03 (the noise reaches 1.028).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import pathlib
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from isojax import linen, models  # noqa: E402
-from isojax.core import normalizers, whitening  # noqa: E402
-from isojax.data import tasks  # noqa: E402
-from isojax.training import build, distributed, specs, steps, throughput  # noqa: E402
-from isojax.training import config as config_lib  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location(
-    "train_speed", pathlib.Path(__file__).with_name("train_speed.py")
-)
-train_speed = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(train_speed)
+from experiments.bench import cpu_offline, train_speed
+from isojax import linen, models
+from isojax.core import normalizers, whitening
+from isojax.data import tasks
+from isojax.training import build, distributed, specs, steps, throughput
+from isojax.training import config as config_lib
 
 BATCH, LENGTH = 32, 128
 # Width d -> (the encoder whose train step it is compared with, its isojax.models variant).
@@ -252,6 +242,7 @@ def count_flops(args) -> None:
 
 
 def main() -> None:
+    cpu_offline()
     args = parse_args()
     print(
         f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} CPUs, load "

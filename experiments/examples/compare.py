@@ -18,25 +18,15 @@ WORKDIR/pretrained.json, and each run's own results.json (with compare_minutes.j
 """
 
 import argparse
-import importlib.util
 import json
 import pathlib
 import sys
 import time
 
-from isojax.cli.common import install_log_handler
 from isojax.data import tasks
+from isojax.logs import install_log_handler
 from isojax.training import config as config_lib
-from isojax.training import evaluation, loop
-
-
-def load_get_config(path: str):
-    """The `get_config` of the file at `path`, loaded by path (a config importing the study
-    recipe imports it as `experiments.configs.study_recipe`: run from the checkout's root)."""
-    spec = importlib.util.spec_from_file_location("_compare_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config
+from isojax.training import configs, evaluation, loop
 
 
 def pretrained_row(config) -> dict:
@@ -92,14 +82,13 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default="runs/compare", help="one sub-folder per method")
     parser.add_argument("--no-pretrained", action="store_true", help="skip the pre-trained row")
     args = parser.parse_args(argv)
-    get_config = load_get_config(args.config)
     workdir = pathlib.Path(args.workdir)
     methods = [m for m in args.methods.split(",") if m]
-    configs = {method: get_config(method) for method in methods}
-    for config in configs.values():
+    runs = {method: configs.load(args.config, method) for method in methods}
+    for config in runs.values():
         config_lib.validate_config(config)  # every run's config is checked before the first starts
 
-    first = configs[methods[0]]
+    first = runs[methods[0]]
     split = tasks.get_task(first.task).dev_splits[0]
     rows = {}
     if not args.no_pretrained:
@@ -113,7 +102,7 @@ def main(argv=None) -> int:
             f"({workdir / 'pretrained.json'})",
             flush=True,
         )
-    for method, config in configs.items():
+    for method, config in runs.items():
         run_dir = workdir / method
         timing = run_dir / "compare_minutes.json"  # training time of the run that finished it
         start = time.perf_counter()

@@ -4,8 +4,8 @@
         --data-dir ../shared/data/glue --workdir /tmp/nnx-rte-isobn
 
 `--config` is what `isojax finetune --config` takes (a preset of `isojax.training.configs`,
-`isobn` or `istar`, or a `get_config` file); `config.front_end = "nnx"` runs the `isojax.nnx`
-twin of the classifier (`isojax.nnx.pretrained.LinenApply`) through
+`isobn` or `istar`, or a `get_config` file); `config.front_end = "nnx"` runs an `isojax.nnx`
+classifier (its own constructors, state and dropout streams: `isojax.training.front_ends`) through
 `isojax.training.train_and_evaluate`: the same config checks, train state, steps, checkpoints,
 preemption, evaluation and run folder as linen, so `isojax export`, `predict` and
 `analyze --run` read the run. The command line equivalent is
@@ -17,9 +17,8 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from isojax import cli
-from isojax.cli.common import install_log_handler
-from isojax.training import loop
+from isojax.logs import install_log_handler
+from isojax.training import configs, loop
 
 
 def main(argv=None) -> None:
@@ -32,7 +31,7 @@ def main(argv=None) -> None:
     parser.add_argument("--workdir", type=pathlib.Path, required=True)
     args = parser.parse_args(argv)
     install_log_handler()
-    config = cli.load_config(args.config)
+    config = configs.load(args.config)
     config.task, config.data_dir, config.front_end = args.task, args.data_dir, "nnx"
     results = loop.train_and_evaluate(config, args.workdir)
     print(results["dev"])

@@ -341,7 +341,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from isojax.cli.common import TerminalHandler, install_log_handler
+    from isojax.logs import TerminalHandler, install_log_handler
 
     args = _parser().parse_args(argv)
     install_log_handler()  # the library's notices (restores), as `isojax` shows them

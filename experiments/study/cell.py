@@ -104,14 +104,14 @@ def read_run(workdir: pathlib.Path, chunk: int = LOSS_CHUNK_STEPS) -> dict:
     step: exact when no line spans an epoch end (`log_every` 1, as the study recipe sets).
     `train_loss` merges consecutive lines of one epoch into means over >= `chunk` steps,
     `[last step, epoch (0-based, as metrics.jsonl), mean loss]`, to keep the record small.
-    The lines are the loop's own reading (`resume.metrics_lines`): a torn last line, what a
+    The lines are the loop's own reading (`reporting.metrics_lines`): a torn last line, what a
     kill mid-write leaves, is dropped with a warning; a bad line before it raises ValueError.
     """
-    from isojax.training import resume  # the loop's own reader
+    from isojax.training import reporting  # the loop's own reader
 
     evals, windows = [], []
     previous = 0
-    for _, row in resume.metrics_lines(workdir / "metrics.jsonl"):
+    for _, row in reporting.metrics_lines(workdir / "metrics.jsonl"):
         if row["split"] == "train":
             windows.append((row["step"], row["epoch"], row["loss"], row["step"] - previous))
             previous = row["step"]

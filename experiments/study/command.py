@@ -201,7 +201,7 @@ def _run(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from isojax.cli.common import install_log_handler
+    from isojax.logs import install_log_handler
 
     install_log_handler()  # the runs' progress and notices, as `isojax finetune` shows them
     args = None

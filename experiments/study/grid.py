@@ -11,7 +11,6 @@ fields set through `study_recipe.set_fields`, and `config_hash` identifies the r
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import itertools
 import json
 import pathlib
@@ -36,35 +35,25 @@ def load_grid(spec: str) -> tuple[ml_collections.ConfigDict, object]:
     """`path.py[:arg]` -> (the grid ConfigDict, the `study_recipe` module it uses: the grid
     file's own `study_recipe`, else `experiments.configs.study_recipe`). `arg` must be one of
     the file's `ARGS` (none by default: an argument no grid reads is refused, not ignored).
-    The file is loaded by path; it imports the recipe as a package module (`from
-    experiments.configs import study_recipe`), so the checkout's root must be importable
-    (`python -m experiments.study` from it)."""
+    The file is read by `isojax.training.configs`' loader, by path; it imports the recipe as a
+    package module (`from experiments.configs import study_recipe`), so the checkout's root
+    must be importable (`python -m experiments.study` from it)."""
+    from isojax.training import configs
+    from isojax.training.config import ConfigError
+
     path, _, arg = spec.partition(":")
     path = pathlib.Path(path).resolve()
     if not path.is_file():
         raise StudyError(f"grid file {path} not found")
-    module_spec = importlib.util.spec_from_file_location(f"_grid_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
     try:
-        module_spec.loader.exec_module(module)
-    except SyntaxError as err:  # the file's own line, not a traceback through importlib
-        raise StudyError(f"grid file {path}:{err.lineno}: {err.msg}") from None
-    except Exception as err:  # an import or a name the file lacks: one line, naming the file
-        raise StudyError(f"grid file {path}: {type(err).__name__}: {err}") from None
-    if not callable(getattr(module, "get_config", None)):
-        raise StudyError(f"grid file {path} has no get_config(arg)")
-    accepted = getattr(module, "ARGS", ())  # the arguments a grid file declares it reads
-    if arg and arg not in accepted:
-        takes = f"one of {list(accepted)}" if accepted else "no argument"
-        raise StudyError(f"grid file {path} takes {takes}, got ':{arg}'")
-    try:
-        grid = module.get_config(arg or None)
-    except Exception as err:
-        what = f"{type(err).__name__}: {err}"
-        raise StudyError(f"grid file {path}: get_config raised {what}") from None
-    if not isinstance(grid, ml_collections.ConfigDict):
-        raise StudyError(f"grid file {path}: get_config() returned a {type(grid).__name__}, "
-                         "not a ConfigDict")  # fmt: skip
+        module = configs.find(str(path), what="grid file")
+        accepted = getattr(module, "ARGS", ())  # the arguments a grid file declares it reads
+        if arg and arg not in accepted:
+            takes = f"one of {list(accepted)}" if accepted else "no argument"
+            raise StudyError(f"grid file {path} takes {takes}, got ':{arg}'")
+        grid = configs.get_config(module, arg or None, what="grid file")
+    except ConfigError as err:  # one line naming the file (and its line)
+        raise StudyError(str(err)) from None
     for key in ("name", "base", "tiers"):
         if key not in grid:
             raise StudyError(f"grid file {path}: get_config() has no {key!r}")

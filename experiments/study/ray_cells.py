@@ -36,7 +36,7 @@ def cell_job(job: dict) -> dict:
     """The Ray task of one cell (`job`: the grid, tier, runs folder, results file, cell name,
     the driver's commit, dirty flag and the cell's config hash, the compile cache): {"record":
     its record}, {"held": who holds it} or {"recorded": True}."""
-    from isojax.cli.common import install_log_handler
+    from isojax.logs import install_log_handler
 
     install_log_handler()  # the run's progress, in the worker's log (shown by the driver)
     if job["compile_cache"]:

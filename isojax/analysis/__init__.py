@@ -5,21 +5,15 @@ encoder's sentence vectors (BERT-whitening, all-but-the-top, ZCA) fitted on a ta
 sentences, with the dev vectors' isotropy and unsupervised pair scores before and after
 (:mod:`~isojax.analysis.posthoc`, ``isojax analyze --posthoc``). Each report holds the
 geometry of SPEC.md §10.4 (effective rank, RankMe, outlier dimensions) and, given train
-sentences, the principal outlier's 1-D task score (:mod:`~isojax.analysis.outliers`).
+sentences, the principal outlier's 1-D task score (:mod:`~isojax.analysis.outliers`). Its
+table, ``summary.json`` and figures are written by :mod:`~isojax.analysis.figures`.
 
     rep = isojax.analysis.analyze_encoder(module, params, tokenizer, examples, ...)
     print(isojax.analysis.format_table(rep.summary))
 """
 
-from isojax.analysis.encoder import (
-    GEOMETRY,
-    HEAD_INPUT,
-    Report,
-    analyze_encoder,
-    format_table,
-    write_figures,
-    write_summary,
-)
+from isojax.analysis.encoder import GEOMETRY, HEAD_INPUT, Report, analyze_encoder
+from isojax.analysis.figures import format_table, write_figures, write_summary
 from isojax.analysis.run import analyze_run
 
 __all__ = [

@@ -33,7 +33,7 @@ From those, `report` computes, with the sample covariance (``ddof=1``, as ``torc
   that of ``C₀`` and flat across those layers; read it with the plain IsoScore beside it.
 
 Numbers are pure jit-able functions of the accumulated statistics (tested against NumPy in
-float64); plotting (`write_figures`, matplotlib's Agg backend) is separate.
+float64); the table, ``summary.json`` and the figures are `isojax.analysis.figures`'.
 
 References:
   Zhou, Lin & Ren, `IsoBN: Fine-Tuning BERT with Isotropic Batch Normalization
@@ -45,9 +45,6 @@ References:
 from __future__ import annotations
 
 import functools
-import json
-import os
-import pathlib
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -56,14 +53,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from isojax.analysis import outliers
-from isojax.core import geometry, isotropy, stats
+from isojax.core import isotropy, stats
 from isojax.data import batching
+from isojax.models import heads as model_heads
 
 LAYER_ZETA = 0.75  # [I-STAR] analysis of [CLS] per layer (SPEC.md §4).
-EV_KS = (1, 3)
 # `sentence_report`'s keys of SPEC.md §10.4 (`geometry.geometry_from_moments`); the dev
 # evaluation's are the same, prefixed (`sentence_erank`, `pre_logits_erank`, ...).
-GEOMETRY = ("erank", "rankme", "outliers", "principal_outlier", "principal_outlier_share")
+GEOMETRY = isotropy.GEOMETRY
+# `isotropy.summarize`'s keys as `sentence_report` and summary.json name them: the dev
+# evaluation's `ev1` is `EV_1` here; every other key keeps its name.
+NAMES = {f"ev{k}": f"EV_{k}" for k in isotropy.EV_KS}
+SCALARS = tuple(NAMES.get(key, key) for key in isotropy.SCALARS)  # summary.json's, in order
 OUTLIER_SCORE = "principal_outlier_score"  # Report.summary key of Report.outlier_score
 HEAD_INPUT = "pre_logits"  # Report.embeddings key of the classifier's input (run_analysis).
 DROPOUT = "head_input_dropout"  # Report.summary key of run_analysis.dropout_noise
@@ -157,28 +158,19 @@ def correlation(cov: jax.typing.ArrayLike) -> jax.Array:
 
 @jax.jit
 def sentence_report(state: isotropy.SentenceStats) -> dict[str, jax.Array]:
-    """Isotropy of one kind of sentence embedding (sample covariance, ``ddof=1``).
+    """Isotropy of one kind of sentence embedding (sample covariance, ``ddof=1``):
+    `isotropy.summarize`, under this report's names (`NAMES`), and the correlations.
 
     Returns:
-      dict of float32 arrays: ``count []``, ``ev_ratio [d]`` (descending eigenvalue shares;
-      their cumulative sum is the EV_k curve), ``EV_1``, ``EV_3``, ``isoscore``,
-      ``participation_ratio``, ``mean_cosine``, the `GEOMETRY` keys (scalars), ``std [d]``
-      per-dimension standard deviation, ``abs_corr [d, d]`` ``|ρ|``.
+      dict of float32 arrays (the geometry's counts int32): the `SCALARS` ``count``,
+      ``EV_1``, ``EV_3``, ``isoscore``, ``participation_ratio``, ``mean_cosine`` and the
+      `GEOMETRY` keys; ``ev_ratio [d]`` (descending eigenvalue shares; their cumulative sum
+      is the EV_k curve), ``std [d]`` per-dimension standard deviation, ``abs_corr [d, d]``
+      ``|ρ|``.
     """
-    moments = stats.moments_finalize(state.moments, ddof=1)
-    ratio = isotropy.explained_variance_ratio(moments.cov)  # [d]
-    out = {
-        "count": moments.count,
-        "ev_ratio": ratio,
-        "isoscore": isotropy.isoscore_from_cov(moments.cov),
-        "participation_ratio": isotropy.participation_ratio(moments.cov),
-        "mean_cosine": isotropy.mean_cosine_from_sums(state.unit_sum, state.unit_sq, moments.count),
-        "std": moments.std,
-        "abs_corr": jnp.abs(correlation(moments.cov)),
-        **geometry.geometry_from_moments(state.moments),
-    }
-    out.update({f"EV_{k}": jnp.sum(ratio[:k]) for k in EV_KS})
-    return out
+    out = {NAMES.get(k, k): v for k, v in isotropy.summarize(state, ddof=1).items()}
+    cov = stats.moments_finalize(state.moments, ddof=1).cov
+    return out | {"abs_corr": jnp.abs(correlation(cov))}
 
 
 @functools.partial(jax.jit, static_argnames=("zeta",))
@@ -247,10 +239,8 @@ class Report(NamedTuple):
         the `GEOMETRY` keys; the per-layer scores as lists; for a fine-tuned run ``"sentence"``
         (a string) and ``"head_input_dropout"`` (`DROPOUT`: the dict of `run.dropout_noise`);
         with train sentences ``"principal_outlier_score"`` (`OUTLIER_SCORE`)."""
-        keys = ("count", *(f"EV_{k}" for k in EV_KS), "isoscore", "participation_ratio",
-                "mean_cosine", *GEOMETRY)  # fmt: skip
         out: dict[str, Any] = {
-            name: {key: float(values[key]) for key in keys}
+            name: {key: float(values[key]) for key in SCALARS}
             for name, values in self.embeddings.items()
         }
         for name in out:
@@ -357,6 +347,7 @@ def analyze_encoder(
 
     def apply_fn(variables, batch):
         ids, mask, types = (batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
+        types = model_heads.segment_ids(module, types)  # None for ModernBERT
         return module.apply(variables, ids, mask, types, deterministic=True), None
 
     def rows(split_examples):
@@ -385,134 +376,3 @@ def outlier_scores(apply_fn, variables, task, train_batches, dev_batches) -> dic
         raise ValueError("the principal outlier's 1-D score needs the task with its train rows")
     train = outliers.sentence_vectors(apply_fn, variables, train_batches)
     return outliers.scores(task, train, outliers.sentence_vectors(apply_fn, variables, dev_batches))
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    """Plain-text tables of a `Report.summary()`: one row per embedding, one per layer."""
-    cols = ("count", "EV_1", "EV_3", "isoscore", "participation_ratio", "mean_cosine")
-    heads = ("n", "EV_1", "EV_3", "IsoScore", "PR", "mean cos")
-    lines = ["embedding " + "".join(f"{h:>10}" for h in heads)]
-    for name, values in summary.items():
-        if name in ("layers", DROPOUT, OUTLIER_SCORE) or not isinstance(values, dict):
-            continue
-        cells = [f"{values['count']:>10d}"] + [f"{values[c]:>10.4f}" for c in cols[1:]]
-        lines.append(f"{name:<10}" + "".join(cells))
-    lines += _geometry_lines(summary)
-    if noise := summary.get(DROPOUT):
-        lines += [
-            "",
-            f"head input, {noise['examples']} rows: spread between sentences "
-            f"{noise['between_sentences']:.4f}; one draw of dropout moves a row by "
-            f"{noise['dropout']:.4f} (dropout / spread "
-            + ("—" if noise["dropout_to_spread"] is None else f"{noise['dropout_to_spread']:.3f}")
-            + ")",
-        ]
-    layers = summary["layers"]
-    zeta = layers["zeta"]
-    heads = ("CLS iso", f"CLS iso*{zeta:g}", "tok iso", f"tok iso*{zeta:g}")
-    keys = ("cls_isoscore", "cls_isoscore_star", "token_isoscore", "token_isoscore_star")
-    lines += ["", "layer " + "".join(f"{h:>14}" for h in heads)]
-    for i in range(len(layers[keys[0]])):
-        lines.append(f"{i + 1:<6}" + "".join(f"{layers[k][i]:>14.4f}" for k in keys))
-    return "\n".join(lines)
-
-
-def _geometry_lines(summary: dict[str, Any]) -> list[str]:
-    """The table of the `GEOMETRY` keys, and the principal outlier's 1-D scores if any."""
-    lines = []
-    heads = ("erank", "RankMe", "outliers", "principal", "share")
-    lines += ["", "embedding " + "".join(f"{h:>10}" for h in heads)]
-    for name, values in summary.items():
-        if name in ("layers", DROPOUT, OUTLIER_SCORE) or not isinstance(values, dict):
-            continue
-        cells = [f"{values[k]:>10.2f}" for k in GEOMETRY[:2]]
-        cells += [f"{values[k]:>10d}" for k in GEOMETRY[2:4]] + [f"{values[GEOMETRY[4]]:>10.4f}"]
-        lines.append(f"{name:<10}" + "".join(cells))
-    if scores := summary.get(OUTLIER_SCORE):
-        lines += ["", "principal outlier (of train) alone, its 1-D rule fitted on train:"]
-        for name, result in scores.items():
-            metric = ", ".join(f"{k} {v:.4f}" for k, v in result["dev"].items() if k != "score")
-            lines.append(
-                f"{name:<10} dimension {result['dimension']:>4} (train share "
-                f"{result['train_share']:.3f}): score {result['score']:.4f} ({metric})"
-            )
-    return lines
-
-
-def write_summary(rep: Report, out_dir: str | os.PathLike) -> pathlib.Path:
-    """Write ``summary.json`` (the scalars of `Report.summary`) into ``out_dir``."""
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "summary.json"
-    path.write_text(json.dumps(rep.summary(), indent=2) + "\n")
-    return path
-
-
-def write_figures(rep: Report, out_dir: str | os.PathLike) -> list[pathlib.Path]:
-    """PNG figures of a report: EV_k curve, std histogram, ``|ρ|`` heat map, per-layer scores.
-
-    The std histogram and the ``|ρ|`` map are of the [CLS] vectors and, for a fine-tuned run,
-    of the head's input too.
-
-    Returns:
-      The paths written: ``ev_curve.png``, ``std_histogram.png``, ``abs_correlation.png``,
-      (a fine-tuned run: ``pre_logits_std_histogram.png``, ``pre_logits_abs_correlation.png``),
-      ``layer_isoscore.png``.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")  # Files only, no display; safe before pyplot is imported.
-    from matplotlib import pyplot as plt
-
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-
-    def save(fig, name):
-        fig.tight_layout()
-        path = out / name
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for name, values in rep.embeddings.items():
-        curve = np.cumsum(values["ev_ratio"])
-        ax.plot(np.arange(1, len(curve) + 1), curve, label=f"{name} (EV_3 {values['EV_3']:.2f})")
-    ax.set(xscale="log", xlabel="k principal axes", ylabel="EV_k", ylim=(0, 1.01))
-    ax.set_title("Explained variance")
-    ax.legend()
-    save(fig, "ev_curve.png")
-
-    per_dimension = {"cls": ("", "[CLS]"), HEAD_INPUT: (f"{HEAD_INPUT}_", "head input")}
-    for name, (prefix, title) in per_dimension.items():
-        if name not in rep.embeddings:
-            continue
-        values = rep.embeddings[name]
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.hist(values["std"], bins=50)
-        ax.set(xlabel="standard deviation", ylabel="dimensions", title=f"{title} per-dimension std")
-        save(fig, f"{prefix}std_histogram.png")
-
-        fig, ax = plt.subplots(figsize=(5, 4.5))
-        image = ax.imshow(
-            values["abs_corr"], vmin=0, vmax=1, cmap="viridis", interpolation="nearest"
-        )
-        fig.colorbar(image, ax=ax, label="|ρ|")
-        ax.set(xlabel="dimension", ylabel="dimension", title=f"{title} |correlation|")
-        save(fig, f"{prefix}abs_correlation.png")
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    layers = np.arange(1, len(rep.layers["cls_isoscore"]) + 1)
-    labels = {
-        "cls_isoscore": "[CLS] IsoScore",
-        "cls_isoscore_star": f"[CLS] IsoScore* (ζ={rep.zeta:g})",
-        "token_isoscore": "tokens IsoScore",
-        "token_isoscore_star": f"tokens IsoScore* (ζ={rep.zeta:g})",
-    }
-    for key, label in labels.items():
-        ax.plot(layers, rep.layers[key], marker="o", label=label)
-    ax.set(xlabel="layer", ylabel="score", ylim=(0, 1), xticks=layers, title="Isotropy per layer")
-    ax.legend(fontsize="small")
-    save(fig, "layer_isoscore.png")
-    return paths

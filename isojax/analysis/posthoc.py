@@ -43,6 +43,7 @@ from isojax import errors
 from isojax.core import isotropy, stats
 from isojax.core import posthoc as core_posthoc
 from isojax.data import batching, metrics, tasks
+from isojax.models import heads as model_heads
 
 logger = logging.getLogger(__name__)
 
@@ -259,6 +260,7 @@ def sentence_vectors(
 
     @jax.jit
     def step(params, ids, mask, types):
+        types = model_heads.segment_ids(module, types)  # None for ModernBERT
         out = module.apply({"params": params}, ids, mask, types, deterministic=True)
         weights = mask.astype(jnp.float32)[..., None]  # [b, t, 1]
         last = out.hidden_states[-1].astype(jnp.float32)  # [b, t, d]

@@ -2,7 +2,7 @@
 
     restored = runs.restore("runs/rte-isobn", best=True)
     rep = run_analysis.analyze_run(restored, predict.load_split(restored, "dev", labelled=True))
-    encoder.write_summary(rep, "runs/rte-isobn/analysis")
+    figures.write_summary(rep, "runs/rte-isobn/analysis")
 
 The forward pass is the run's dev evaluation mode; the statistics, the numbers and the figures
 are those of `isojax.analysis` (the pre-trained encoder's report), plus
@@ -39,7 +39,7 @@ def analyze_run(
     reads (``s`` is ``embeddings[rep.sentence]``, the run's ``config.sentence``; ``N`` the
     identity for methods without a normaliser). EV_k, IsoScore and the mean cosine are those
     the run's dev evaluation gives for the same checkpoint and rows (``sentence_*`` and
-    ``pre_logits_*`` of `steps.isotropy_metrics`), up to float32 rounding.
+    ``pre_logits_*`` of `evaluation.isotropy_metrics`), up to float32 rounding.
 
     Args:
       restored: a run's classifier at one checkpoint (`isojax.runs.restore`).

@@ -219,10 +219,11 @@ def _encoder(args: argparse.Namespace):
     import jax
 
     from isojax import linen
-    from isojax.training import build
+    from isojax.training import build, specs
 
+    spec = specs.ModelSpec(model=args.model, tokenizer=args.tokenizer, max_length=args.max_length)
     try:
-        build.check_max_length(args, field="--max-length")  # finetune's check, before weights
+        build.check_max_length(spec, field="--max-length")  # finetune's check, before weights
         module, params, tokenizer = build.load_encoder(
             args.model, args.tokenizer, max_length=args.max_length
         )

@@ -1,4 +1,6 @@
-r"""Isotropy measures: IsoScore, IsoScore*, participation ratio, EV_k, mean cosine.
+r"""Isotropy measures: IsoScore, IsoScore*, participation ratio, EV_k, mean cosine, and the
+summary of streamed sentence vectors (`summarize`) that the dev evaluation and `isojax analyze`
+both report.
 
 IsoScore is computed without an eigendecomposition (SPEC.md §3). With eigenvalues
 ``λ`` of the covariance ``C``, ``Σλ = tr C`` and ``Σλ² = ‖C‖_F²``, and the chain of
@@ -29,9 +31,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from isojax.core import stats
+from isojax.core import geometry, stats
+from isojax.core.stats import HIGHEST
 
-HIGHEST = lax.Precision.HIGHEST
+EV_KS = (1, 3)  # the EV_k of a summary (`summarize`: "ev1", "ev3")
+# `geometry.geometry_from_moments`'s keys (SPEC.md §10.4), in a summary's order.
+GEOMETRY = ("erank", "rankme", "outliers", "principal_outlier", "principal_outlier_share")
+# A summary's scalars (`summarize`), in the order `isojax analyze`'s summary.json lists them.
+SCALARS = ("count", *(f"ev{k}" for k in EV_KS), "isoscore", "participation_ratio",
+           "mean_cosine", *GEOMETRY)  # fmt: skip
 
 
 def _check_cov(cov: jax.Array, name: str = "cov") -> None:
@@ -41,13 +49,13 @@ def _check_cov(cov: jax.Array, name: str = "cov") -> None:
         raise ValueError(f"isotropy needs d >= 2 dimensions, got {name} of shape {cov.shape}")
 
 
-def _check_zeta(zeta) -> None:
-    # A traced zeta (e.g. a hyperparameter swept under vmap) cannot be checked here.
+def check_zeta(zeta) -> None:
+    """Raises ValueError unless the shrinkage ``ζ`` lies in ``[0, 1]``; a traced ``ζ`` (a
+    hyper-parameter swept under ``vmap``) passes unchecked."""
     if isinstance(zeta, jax.core.Tracer):
         return
-    z = float(zeta)
-    if not 0.0 <= z <= 1.0:
-        raise ValueError(f"zeta must lie in [0, 1], got {z}")
+    if not 0.0 <= float(zeta) <= 1.0:
+        raise ValueError(f"zeta must lie in [0, 1], got {zeta}")
 
 
 def _score_from_trace_and_frobenius(tr: jax.Array, fro2: jax.Array, d: int) -> jax.Array:
@@ -97,7 +105,7 @@ def shrunk_covariance(
     cov: jax.typing.ArrayLike, c0: jax.typing.ArrayLike | None, zeta
 ) -> jax.Array:
     r"""``C_ζ = (1 − ζ) C + ζ C₀`` (``C₀ = I`` when None), the IsoScore* shrinkage."""
-    _check_zeta(zeta)
+    check_zeta(zeta)
     cov = jnp.asarray(cov)
     c0 = jnp.eye(cov.shape[-1], dtype=cov.dtype) if c0 is None else jnp.asarray(c0, cov.dtype)
     if c0.shape != cov.shape:
@@ -204,7 +212,7 @@ def isoscore_star(
       Rudman & Eickhoff, `Stable Anisotropic Regularization
       <https://arxiv.org/abs/2305.19358>`_, ICLR 2024, Algorithm 1.
     """
-    _check_zeta(zeta)
+    check_zeta(zeta)
     # Under shard_map a device's slice may hold a single point of a larger global cloud.
     y, count = _centred_points(points, mask, min_points=1 if axis_name is not None else 2)
     m, d = y.shape
@@ -344,3 +352,38 @@ def sentence_stats_update(
         unit_sum=state.unit_sum + unit_sum,
         unit_sq=state.unit_sq + unit_sq,
     )
+
+
+def summarize(state: SentenceStats, ddof: int = 0) -> dict[str, jax.Array]:
+    r"""The isotropy of one kind of sentence vector from its streamed statistics: the one
+    summary that the dev evaluation (``ddof=0``, `isojax.training.evaluation`) and
+    `isojax analyze` (``ddof=1``, as ``torch.cov``; `isojax.analysis.encoder.sentence_report`)
+    report, each under its own key names.
+
+    Args:
+      state: the `SentenceStats` of the vectors.
+      ddof: the covariance's ``n − ddof`` denominator (EV_k, IsoScore and the participation
+        ratio are scale-free; ``std`` is not). The geometry (SPEC.md §10.4) is always that of
+        the ``ddof=0`` covariance.
+
+    Returns:
+      float32 arrays (the geometry's counts int32), the `SCALARS`: ``count``,
+      ``ev1``, ``ev3`` (`EV_KS`: the variance on the top 1 / 3 principal axes), ``isoscore``,
+      ``participation_ratio``, ``mean_cosine`` (over all pairs, `mean_cosine_from_sums`), the
+      `GEOMETRY` keys (`geometry.geometry_from_moments`: ``erank``, ``rankme``,
+      ``outliers``, ``principal_outlier``, ``principal_outlier_share``); then ``ev_ratio
+      [d]`` (the descending eigenvalue shares, whose cumulative sum is the EV_k curve) and
+      ``std [d]`` (the per-dimension standard deviation).
+    """
+    moments = stats.moments_finalize(state.moments, ddof=ddof)
+    ratio = explained_variance_ratio(moments.cov)  # [d]
+    return {
+        "count": moments.count,
+        **{f"ev{k}": jnp.sum(ratio[:k]) for k in EV_KS},
+        "isoscore": isoscore_from_cov(moments.cov),
+        "participation_ratio": participation_ratio(moments.cov),
+        "mean_cosine": mean_cosine_from_sums(state.unit_sum, state.unit_sq, moments.count),
+        **geometry.geometry_from_moments(state.moments),
+        "ev_ratio": ratio,
+        "std": moments.std,
+    }

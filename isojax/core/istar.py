@@ -74,10 +74,7 @@ WINDOW_UNITS = ("steps", "tokens")
 MAX_TOKEN_WINDOW = 2**24
 
 
-def check_zeta(zeta: float) -> None:
-    """Raises ValueError unless the shrinkage ``ζ`` lies in ``[0, 1]``."""
-    if not 0.0 <= float(zeta) <= 1.0:
-        raise ValueError(f"zeta must lie in [0, 1], got {zeta}")
+check_zeta = isotropy.check_zeta  # the shrinkage ``ζ`` in ``[0, 1]``, IsoScore*'s one check
 
 
 def check_hparams(

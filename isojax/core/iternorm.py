@@ -60,8 +60,7 @@ from jax import lax
 from isojax.core import running, stats, whitening
 from isojax.core.normalizers import MIN_ROWS
 from isojax.core.running import STATS_DTYPE
-
-HIGHEST = lax.Precision.HIGHEST
+from isojax.core.stats import HIGHEST
 
 
 def group_shape(d: int, group_size: int | None) -> tuple[int, int]:

@@ -288,42 +288,38 @@ def _check_value(field: str, rule: Rule, value: Any) -> None:
             )
 
 
-def check_hparams(name: str, /, *, front: str = "linen", **hparams) -> None:
-    """Raises ValueError (one line) for an unknown normaliser, an unknown hyper-parameter of it,
-    or a value of the wrong type or out of range: its rule in `schema(name)` (`check_values`'s
-    rules, and the type of its default for a name without one); that group_size divides `d` is
-    `check_width`.
-
-    The names a normaliser takes are its `HPARAMS` and `STRUCTURAL` entries (plus linen's
-    module `name` for `front="linen"`), the same for the linen and the NNX classes; both front
-    ends' constructors run it too. `front="config"` takes the `HPARAMS` entries only: what a
-    run's config sets (the head sets the rest).
-    """
+def check_names(name: str, fields, /, *, front: str = "linen") -> None:
+    """Raises ValueError (one line) for an unknown normaliser or a name in `fields` it does not
+    take: its `HPARAMS` and `STRUCTURAL` entries, plus linen's module `name` for
+    `front="linen"`, the same for the linen and the NNX classes; `front="config"` takes the
+    `HPARAMS` entries only (what a run's config sets; the head sets the rest). What
+    `make_normalizer` checks before it dispatches."""
     if name not in HPARAMS:
         raise ValueError(f"unknown normalizer {name!r}; known: {', '.join(NORMALIZERS)}")
     takes = set(HPARAMS[name])
     if front != "config":
         takes |= set(STRUCTURAL[name]) | set(_FRONT_END_ONLY[front])
-    unknown = sorted(set(hparams) - takes)
+    unknown = sorted(set(fields) - takes)
     if unknown:
         raise ValueError(
             f"normalizer {name!r} has no hyper-parameter(s) {unknown}; it takes {sorted(takes)}"
         )
+
+
+def check_hparams(name: str, /, *, front: str = "linen", **hparams) -> None:
+    """Raises ValueError (one line) for an unknown normaliser or hyper-parameter of it
+    (`check_names`), or a value of the wrong type or out of range, by its rule in
+    `schema(name)`: every number finite in float32 (the maths' dtype), momentum in (0, 1) with
+    neither it nor `1 − momentum` rounding to 1 in float32, beta >= 0, epsilon > 0 in float32,
+    alpha in [`MIN_ALPHA`, 1], iterations an integer in [0, `MAX_ITERATIONS`], group_size a
+    positive integer or None (that it divides `d`: `check_width`), the flags True or False, an
+    initialiser callable. Every normaliser's constructor, linen's (`__post_init__`) and NNX's
+    (`__init__`), runs it on its own hyper-parameters; the config runs it with
+    `front="config"`."""
+    check_names(name, hparams, front=front)
     for field, rule in schema(name).items():
         if field in hparams:
             _check_value(field, rule, hparams[field])
-
-
-def check_values(**hparams) -> None:
-    """Raises ValueError (one line) for a hyper-parameter of the wrong type or out of range, by
-    its name's rule in `RULES`: every number finite in float32 (the maths' dtype), momentum in
-    (0, 1) with neither it nor `1 − momentum` rounding to 1 in float32, beta >= 0, epsilon > 0
-    in float32, alpha in [`MIN_ALPHA`, 1], iterations an integer in [0, `MAX_ITERATIONS`],
-    group_size a positive integer or None (that it divides `d`: `check_width`), the flags
-    (debias, keep_scale, stop_gradient, affine, use_bias, use_scale) True or False."""
-    for field, value in hparams.items():
-        if field in RULES:
-            _check_value(field, RULES[field], value)
 
 
 def check_width(name: str, d: int, /, **hparams) -> None:

@@ -30,11 +30,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from isojax.core import stats, whitening
-
-HIGHEST = lax.Precision.HIGHEST
+from isojax.core.stats import HIGHEST
 
 
 class BertWhitening(NamedTuple):

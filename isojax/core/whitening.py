@@ -54,8 +54,8 @@ from jax import lax
 
 from isojax.core import running, stats
 from isojax.core.running import STATS_DTYPE
+from isojax.core.stats import HIGHEST
 
-HIGHEST = lax.Precision.HIGHEST
 # The largest condition number of the shrunk covariance for which float32 Newton–Schulz meets
 # SPEC.md's 1e-4 (relative Frobenius against float64 `eigh`): its error grows like `ε₃₂ κ`,
 # measured at d = 384 on a 99.9 %-collapsed covariance as 2.9e-5 at κ = 3457 (α = 0.1), 7.5e-5

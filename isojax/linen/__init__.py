@@ -3,7 +3,8 @@ r"""isojax's Flax linen front end: the normalisers, IsoScore* and the encoders a
 The same names as :mod:`isojax.nnx` where the two front ends share a concept, over the same pure
 functions of :mod:`isojax.core` and :mod:`isojax.models`: the normalisers
 (:mod:`~isojax.linen.norms`), IsoScore* (:mod:`~isojax.linen.istar`), the encoders
-(:mod:`~isojax.linen.encoder`: BERT, RoBERTa, DistilBERT, ALBERT, ModernBERT), the classifier
+(:mod:`~isojax.linen.encoder`; one family a file: :mod:`~isojax.linen.bert` for BERT, RoBERTa,
+DistilBERT, ALBERT, :mod:`~isojax.linen.modernbert` for ModernBERT), the classifier
 (:mod:`~isojax.linen.heads`) and Hugging Face checkpoints in and out
 (:mod:`~isojax.linen.pretrained`: ``load_pretrained``, ``export_pretrained``).
 Running statistics live in the ``'batch_stats'`` collection, in float32 whatever the compute

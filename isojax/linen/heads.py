@@ -50,7 +50,7 @@ class SequenceClassifier(nn.Module):
         for packed batches also with `position_ids=` and `cls_index=` (`isojax.linen.Encoder`).
       num_labels: classes; 1 means regression.
       sentence: "pooled" (the pooler output, as the IsoBN reference) or "cls" (raw [CLS]).
-      normalizer: a name of `isojax.linen.norms.NORMALIZERS`; "none" is the identity.
+      normalizer: a name of `isojax.core.normalizers.NORMALIZERS`; "none" is the identity.
       normalizer_kwargs: hyper-parameters for `norms.make_normalizer` (e.g. momentum, beta).
       dropout_rate: dropout before the linear layer (HF: classifier_dropout or hidden dropout).
       output_bias: the classifier's starting bias (every output). The loop sets a regression
@@ -123,10 +123,9 @@ class SequenceClassifier(nn.Module):
           [batch, hidden] before the normaliser, 'pre_logits': [batch, hidden] after it}`
           (`[examples, ...]` with `cls_index`).
         """
-        extra = encoder_options(type(self.encoder).__call__, position_ids, cls_index, cls_only)
-        out = self.encoder(
-            input_ids, attention_mask, token_type_ids, deterministic=deterministic, **extra
-        )
+        extra = encoder_options(self.encoder, position_ids, cls_index, cls_only)
+        types = heads.segment_ids(self.encoder, token_type_ids)
+        out = self.encoder(input_ids, attention_mask, types, deterministic=deterministic, **extra)
         if use_running_average is None:
             use_running_average = deterministic
         norm = None

@@ -57,16 +57,13 @@ def _linen_params(module: nn.Module, d: int, use_scale: bool, use_bias: bool) ->
 
 
 _ISOBN, _BN, _LN, _WHITEN, _ITERNORM = (
-    normalizers.HPARAMS["isobn"],
-    normalizers.HPARAMS["batchnorm"],
-    normalizers.HPARAMS["layernorm"],
-    normalizers.HPARAMS["whiten"],
-    normalizers.HPARAMS["iternorm"],
+    normalizers.HPARAMS[name] for name in ("isobn", "batchnorm", "layernorm", "whiten", "iternorm")
 )
 
 
 def _checked(name: str):
-    """A `__post_init__` running `normalizers.check_hparams` (as NNX's constructors do)."""
+    """A `__post_init__` running `normalizers.check_hparams` on the module's `HPARAMS` fields
+    (as NNX's constructors do): a bad value is refused where the module is built."""
 
     def __post_init__(self):
         normalizers.check_hparams(name, **{k: getattr(self, k) for k in normalizers.HPARAMS[name]})
@@ -138,17 +135,9 @@ class IsoBN(nn.Module):
         Returns:
             `x * gain`, shape of `x`, dtype `self.dtype` or `x.dtype`.
         """
-        hparams = {k: getattr(self, k) for k in _ISOBN}
-        return linen_running.linen_step(
-            self,
-            normalizers.isobn_init,
-            normalizers.isobn,
-            x,
-            mask,
-            use_running_average,
-            dtype=self.dtype,
-            **hparams,
-        )
+        hparams = {k: getattr(self, k) for k in (*_ISOBN, "dtype")}
+        step = (normalizers.isobn_init, normalizers.isobn)
+        return linen_running.linen_step(self, *step, x, mask, use_running_average, **hparams)
 
 
 class Whiten(nn.Module):
@@ -209,17 +198,9 @@ class Whiten(nn.Module):
     ) -> jax.Array:
         """`[batch, d]` (or `[..., d]`) -> whitened, shape of `x`, dtype `self.dtype` or
         `x.dtype`; mask `[batch]` leaves padding rows out of the statistics."""
-        hparams = {k: getattr(self, k) for k in _WHITEN}
-        return linen_running.linen_step(
-            self,
-            whitening.whiten_init,
-            whitening.whiten,
-            x,
-            mask,
-            use_running_average,
-            dtype=self.dtype,
-            **hparams,
-        )
+        hparams = {k: getattr(self, k) for k in (*_WHITEN, "dtype")}
+        step = (whitening.whiten_init, whitening.whiten)
+        return linen_running.linen_step(self, *step, x, mask, use_running_average, **hparams)
 
 
 class IterNorm(nn.Module):
@@ -283,17 +264,9 @@ class IterNorm(nn.Module):
         `x.dtype`; mask `[batch]` leaves padding rows out of the statistics."""
         params = _linen_params(self, x.shape[-1], self.affine, self.affine)
         init = functools.partial(iternorm.iternorm_init, group_size=self.group_size)
-        hparams = {k: getattr(self, k) for k in _ITERNORM if k != "affine"}
+        hparams = {k: getattr(self, k) for k in (*_ITERNORM, "dtype") if k != "affine"}
         return linen_running.linen_step(
-            self,
-            init,
-            iternorm.iternorm,
-            x,
-            mask,
-            use_running_average,
-            params=params,
-            dtype=self.dtype,
-            **hparams,
+            self, init, iternorm.iternorm, x, mask, use_running_average, params=params, **hparams
         )
 
 
@@ -384,15 +357,9 @@ class BatchNorm(nn.Module):
         params = _linen_params(self, x.shape[-1], self.use_scale, self.use_bias)
         init = functools.partial(normalizers.mean_var_init, with_var=True)
         hparams = {"momentum": self.momentum, "epsilon": self.epsilon, "dtype": self.dtype}
+        step = (init, normalizers.batch_norm)
         return linen_running.linen_step(
-            self,
-            init,
-            normalizers.batch_norm,
-            x,
-            mask,
-            use_running_average,
-            params=params,
-            **hparams,
+            self, *step, x, mask, use_running_average, params=params, **hparams
         )
 
 
@@ -494,7 +461,9 @@ def make_normalizer(
         The module.
 
     Raises:
-        ValueError: unknown `name`, or a hyper-parameter the chosen class does not have.
+        ValueError: unknown `name`, a hyper-parameter the chosen class does not have
+            (`normalizers.check_names`: all it checks before it dispatches), or a value out
+            of range (the class's own `__post_init__`, `normalizers.check_hparams`).
 
     Example:
         >>> norm = make_normalizer("isobn", momentum=0.95)
@@ -503,7 +472,7 @@ def make_normalizer(
         >>> sorted(variables["batch_stats"])
         ['count', 'cov', 'skipped', 'std']
     """
-    normalizers.check_hparams(name, **hparams)
+    normalizers.check_names(name, hparams)
     fields = _fields(CLASSES[name])
     common = {"dtype": dtype, "param_dtype": param_dtype, "axis_name": axis_name}
     kwargs = {k: v for k, v in common.items() if k in fields} | hparams

@@ -1,6 +1,6 @@
 """Dropout for the encoders: 16-bit keep masks, four per threefry hash, and unbiased inverted
-dropout over them (pure functions; the layers are `isojax.linen.encoder.Dropout` and
-`isojax.nnx.encoder.Dropout`) (issue 13: dropout bits were 10 % of MiniLM's train step).
+dropout over them (pure functions; the layers are `isojax.linen.bert.Dropout` and
+`isojax.nnx.bert.Dropout`) (issue 13: dropout bits were 10 % of MiniLM's train step).
 
 Srivastava et al., `Dropout <https://jmlr.org/papers/v15/srivastava14a.html>`_, JMLR 2014,
 section 2 (inverted scaling as in every modern framework).
@@ -72,7 +72,7 @@ def dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
     """Inverted dropout of `x` at `rate` with `dropout_keep_mask`'s mask under `key`: `x / keep`
     where kept, else 0, `keep` the mask's exact keep probability (a multiple of 2^-16, so the
     layer is unbiased); 0 for `rate` 1. The one implementation, called by the linen `Dropout`
-    (`isojax.linen.encoder`) and by `isojax.nnx.encoder.Dropout`."""
+    (`isojax.linen.bert`) and by `isojax.nnx.bert.Dropout`."""
     if rate == 1.0:
         return jnp.zeros_like(x)
     keep = 1.0 - rate

@@ -23,21 +23,35 @@ import jax.numpy as jnp
 SENTENCE_VECTORS = ("pooled", "cls")
 
 
+def _reads_every_token(encoder) -> bool:
+    """An isojax ModernBERT encoder: no token type embeddings, and every token computed."""
+    return getattr(getattr(encoder, "config", None), "family", None) == "modernbert"
+
+
+def segment_ids(encoder, token_type_ids: jax.Array | None) -> jax.Array | None:
+    """The `token_type_ids` to pass to `encoder`: None for an isojax ModernBERT encoder, which
+    has no token type embeddings and refuses them (`isojax.models.modernbert.check_unread`),
+    else the given ones."""
+    return None if _reads_every_token(encoder) else token_type_ids
+
+
 def encoder_options(
-    encoder_call: Callable,
+    encoder,
     position_ids: jax.Array | None,
     cls_index: jax.Array | None,
     cls_only: bool,
 ) -> dict:
-    """The packed-input and `cls_only` keywords to pass to an encoder whose call is
-    `encoder_call`: each only when set, so encoders without these options still work, and
-    `cls_only` only to an encoder whose call takes it (others compute every token)."""
+    """The packed-input and `cls_only` keywords to pass to `encoder`: each only when set, so
+    encoders without these options still work, and `cls_only` only to an encoder whose call
+    takes it and can honour it (others compute every token; an isojax ModernBERT encoder
+    refuses it)."""
     extra = {
         name: value
         for name, value in (("position_ids", position_ids), ("cls_index", cls_index))
         if value is not None
     }
-    if cls_only and "cls_only" in inspect.signature(encoder_call).parameters:
+    takes = "cls_only" in inspect.signature(type(encoder).__call__).parameters
+    if cls_only and takes and not _reads_every_token(encoder):
         extra["cls_only"] = True
     return extra
 

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from isojax.models import config as config_lib
-from isojax.models import transformer
+from isojax.models import transformer, xla_cpu
 from isojax.models.transformer import EncoderOutput
 
 Fn = Callable[[jax.Array], jax.Array]
@@ -134,38 +134,20 @@ def layer_window(cfg: config_lib.EncoderConfig, index: int) -> int | None:
     return cfg.local_attention // 2 if sliding else None
 
 
-@jax.custom_jvp
-def residual_boundary(x: jax.Array) -> jax.Array:
-    """The identity, whose tangent (and so, transposed, the cotangent) is computed once per
-    layer on CPU instead of being fused into every lower layer's backward.
-
-    In a pre-LN stack the residual stream's cotangent is a chain of element-wise adds (each
-    layer adds its two norms' backward), and XLA's CPU fusion duplicates cheap element-wise
-    producers into each consumer: layer i's backward re-reads and re-adds every layer above
-    it, O(L^2) memory traffic (ModernBERT-base, 22 layers, 8x128: a train step 2.6x slower,
-    docs/guides/benchmarks.md). A `lax.cond`, which XLA does not fuse through, makes the
-    cotangent a buffer at each layer's boundary. Elsewhere (GPU, TPU) the tangent passes
-    unchanged. Values are untouched either way; forward- and reverse-mode both work, under
-    `vmap` too (`grad(vmap(loss))`, `vmap(grad(loss))`).
-    """
-    return x
-
-
-def _materialised(x: jax.Array, t: jax.Array) -> jax.Array:
-    # Both branches are the identity (the second written so that JAX does not forward the
-    # operand past the cond). The predicate is a runtime value XLA cannot fold, and not one of
-    # `x`: under `vmap` a batched predicate turns the cond into a select whose transpose meets
-    # a `stop_gradient` (`grad(vmap(loss))` raised NotImplementedError; audit 6, finding 5).
-    del x
-    keep = jax.lax.optimization_barrier(jnp.ones((), bool))
-    return jax.lax.cond(keep, lambda v: v, lambda v: v * 1, t)
-
-
-@residual_boundary.defjvp
-def _residual_boundary_jvp(primals, tangents):
-    (x,), (t,) = primals, tangents
-    on_cpu = jax.lax.platform_dependent(x, t, cpu=_materialised, default=lambda x, t: t)
-    return x, on_cpu
+def check_unread(token_type_ids: jax.Array | None, cls_only: bool) -> None:
+    """Raises ValueError (one line) for what ModernBERT cannot read: `token_type_ids` (it has
+    no token type embeddings) or `cls_only=True` (its mean pooling and sliding windows read
+    every token). Both front ends' encoders run it."""
+    if token_type_ids is not None:
+        raise ValueError(
+            f"token_type_ids {tuple(token_type_ids.shape)} given to a ModernBERT encoder, which "
+            "has no token type embeddings: pass None"
+        )
+    if cls_only:
+        raise ValueError(
+            "cls_only=True given to a ModernBERT encoder, which computes every token (mean "
+            "pooling and sliding windows read them): pass False"
+        )
 
 
 def encode(
@@ -198,7 +180,9 @@ def encode(
     mask = transformer.pairwise_mask(attention_mask)
     hidden_states = []
     for i, call in enumerate(stack):
-        x = residual_boundary(call(x, mask, ropes[cfg.layer_types[i]], layer_window(cfg, i)))
+        x = xla_cpu.residual_boundary(
+            call(x, mask, ropes[cfg.layer_types[i]], layer_window(cfg, i))
+        )
         hidden_states.append(x)
     x = final_norm(x)
     hidden_states[-1] = x

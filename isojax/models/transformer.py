@@ -1,6 +1,6 @@
 """The BERT-family encoder's maths as pure functions: one copy for both front ends.
 
-The linen modules (`isojax.linen.encoder`) and the NNX modules (`isojax.nnx.encoder`) hold only
+The linen modules (`isojax.linen.bert`) and the NNX modules (`isojax.nnx.bert`) hold only
 parameters and modes; they call these functions with their layers as callables, so the two
 front ends cannot drift apart. Every family runs the same post-LayerNorm layer,
 
@@ -161,7 +161,7 @@ def attention_context(
     `[batch, len, hidden]` context (`[examples, 1, hidden]` with `cls_only`).
 
     The one implementation, called by the linen `SelfAttention` and by
-    `isojax.nnx.encoder.SelfAttention`. The query, key and value projections run as one
+    `isojax.nnx.bert.SelfAttention`. The query, key and value projections run as one
     `[hidden, 3 hidden]` matmul, their kernels concatenated here. With `cls_only` only each
     example's first token queries (`sentence_queries`): keys and values are still projected
     for every token, and with `cls_index` each example attends within its own row.
@@ -326,7 +326,7 @@ def transformer_layer(
 ) -> jax.Array:
     """The post-LN layer's wiring, `a = LN(x + Dropout(Attention(x)))`,
     `h = LN(a + Dropout(W2 act(W1 a)))`, with the family's dropout switches; the one
-    implementation, called by the linen `TransformerLayer` and `isojax.nnx.encoder`'s.
+    implementation, called by the linen `TransformerLayer` and `isojax.nnx.bert`'s.
 
     `attention(x)` is the attention block's output (`[examples, 1, hidden]` with `cls_only`,
     whose residual is then `sentence_queries(x, cls_index)`); the other callables are the
@@ -386,7 +386,7 @@ def embed(
     dropout: Callable[[jax.Array], jax.Array],
 ) -> jax.Array:
     """Token + position (+ segment) embeddings, LayerNorm, dropout: `[batch, len, E]`; the one
-    implementation, called by the linen `Embeddings` and `isojax.nnx.encoder.Embeddings`.
+    implementation, called by the linen `Embeddings` and `isojax.nnx.bert.Embeddings`.
 
     `word`, `token_type` (None for families without segments) and `position` look rows up;
     absent `token_type_ids` are segment 0; positions come from `position_ids(cfg, input_ids,

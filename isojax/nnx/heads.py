@@ -37,7 +37,7 @@ class SequenceClassifier(nnx.Module):
         returning an `EncoderOutput`).
       num_labels: classes; 1 means regression.
       sentence: "pooled" (the pooler output, as the IsoBN reference) or "cls" (raw [CLS]).
-      normalizer: a name of `isojax.linen.norms.NORMALIZERS`; "none" is the identity.
+      normalizer: a name of `isojax.core.normalizers.NORMALIZERS`; "none" is the identity.
       normalizer_kwargs: its hyper-parameters (e.g. momentum, beta), as in linen.
       dropout_rate: dropout before the linear layer.
       output_bias: the classifier's starting bias, as the linen head's.
@@ -111,12 +111,9 @@ class SequenceClassifier(nnx.Module):
         """Logits of a batch, one row per example, or of packed rows, one per `cls_index`
         entry; arguments and returns as the linen `SequenceClassifier`'s (`example_mask`
         leaves the last batch's fillers out of the normaliser's statistics)."""
-        extra = heads_lib.encoder_options(
-            type(self.encoder).__call__, position_ids, cls_index, cls_only
-        )
-        out = self.encoder(
-            input_ids, attention_mask, token_type_ids, deterministic=deterministic, **extra
-        )
+        extra = heads_lib.encoder_options(self.encoder, position_ids, cls_index, cls_only)
+        types = heads_lib.segment_ids(self.encoder, token_type_ids)
+        out = self.encoder(input_ids, attention_mask, types, deterministic=deterministic, **extra)
         if use_running_average is None:
             use_running_average = deterministic
         return heads_lib.classify(

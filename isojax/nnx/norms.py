@@ -1,5 +1,5 @@
 """The sentence-embedding transforms as native Flax NNX modules, over the maths of
-`isojax.linen.norms`.
+`isojax.core.normalizers`.
 
 IsoBN, ZCA whitening, iterative normalisation, batch norm, layer norm, re-centring and `none`
 with the call signature of their linen twins in :mod:`isojax.linen.norms`,
@@ -20,7 +20,8 @@ writes the new state back through them only (`Variable.set_value`), so graph mod
 (`nnx.set_graph_mode(False)`), `nnx.jit`, `nnx.remat` and `nnx.scan` all carry the update. A bad
 batch leaves the statistics as they were and adds 1 to ``skipped``, as in linen (NNX has no
 ``intermediates['skipped_batch']``: compare ``skipped`` before and after). The hyper-parameters
-and their defaults are `normalizers.HPARAMS`, checked by `normalizers.check_hparams`.
+and their defaults are `normalizers.HPARAMS`, checked by `normalizers.check_hparams` in every
+constructor (`_configure`, one loop over the table's fields).
 """
 
 import functools
@@ -32,11 +33,7 @@ from flax import nnx
 from isojax.core import iternorm, normalizers, running, whitening
 
 _ISOBN, _BN, _LN, _WHITEN, _ITERNORM = (
-    normalizers.HPARAMS["isobn"],
-    normalizers.HPARAMS["batchnorm"],
-    normalizers.HPARAMS["layernorm"],
-    normalizers.HPARAMS["whiten"],
-    normalizers.HPARAMS["iternorm"],
+    normalizers.HPARAMS[name] for name in ("isobn", "batchnorm", "layernorm", "whiten", "iternorm")
 )
 
 
@@ -47,11 +44,16 @@ def _mode_error(owner: str) -> str:
     )
 
 
-def _check(name: str, arguments: dict) -> None:
-    """`normalizers.check_hparams` (as linen's modules run it) on a constructor's `locals()`."""
-    normalizers.check_hparams(
-        name, front="nnx", **{k: arguments[k] for k in normalizers.HPARAMS[name]}
-    )
+def _configure(module: nnx.Module, name: str, arguments: dict) -> None:
+    """A constructor's settings from its `locals()`: `normalizers.check_hparams` (as linen's
+    `__post_init__` runs it) on normaliser `name`'s `HPARAMS` fields, then each of them and of
+    its `STRUCTURAL` fields (`dtype`, `axis_name`, ...) an attribute of the same name, and
+    `num_features`."""
+    hparams = {field: arguments[field] for field in normalizers.HPARAMS[name]}
+    normalizers.check_hparams(name, front="nnx", **hparams)
+    module.num_features = arguments["num_features"]
+    for field in (*hparams, *normalizers.STRUCTURAL[name]):
+        setattr(module, field, arguments[field])
 
 
 class RunningModule(nnx.Module):
@@ -171,11 +173,8 @@ class IsoBN(RunningModule):
         dtype: jax.typing.DTypeLike | None = None,
         rngs: nnx.Rngs | None = None,
     ):
-        _check("isobn", locals())
         del rngs
-        self.num_features, self.use_running_average = num_features, use_running_average
-        self.momentum, self.beta, self.epsilon, self.debias = momentum, beta, epsilon, debias
-        self.axis_name, self.dtype = axis_name, dtype
+        _configure(self, "isobn", locals())
         self.init_state(normalizers.isobn_init(num_features))
 
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
@@ -233,11 +232,7 @@ class Whiten(RunningModule):
         rngs: nnx.Rngs | None = None,
     ):
         del rngs
-        _check("whiten", locals())
-        self.num_features, self.use_running_average = num_features, use_running_average
-        self.momentum, self.alpha, self.epsilon = momentum, alpha, epsilon
-        self.keep_scale, self.group_size = keep_scale, group_size
-        self.axis_name, self.dtype = axis_name, dtype
+        _configure(self, "whiten", locals())
         self.init_state(whitening.whiten_init(num_features))
 
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
@@ -299,16 +294,7 @@ class IterNorm(RunningModule):
         param_dtype: jax.typing.DTypeLike = jnp.float32,
         rngs: nnx.Rngs | None = None,
     ):
-        hparams = {
-            "momentum": momentum, "iterations": iterations, "epsilon": epsilon,
-            "group_size": group_size, "stop_gradient": stop_gradient,
-        }  # fmt: skip
-        _check("iternorm", locals())
-        self.num_features, self.use_running_average = num_features, use_running_average
-        for name, value in hparams.items():
-            setattr(self, name, value)
-        self.affine = affine
-        self.axis_name, self.dtype, self.param_dtype = axis_name, dtype, param_dtype
+        _configure(self, "iternorm", locals())
         inits = {"scale_init": nnx.initializers.ones, "bias_init": nnx.initializers.zeros}
         _affine(self, num_features, rngs, param_dtype, use_scale=affine, use_bias=affine, **inits)
         self.init_state(iternorm.iternorm_init(num_features, group_size=group_size))
@@ -342,10 +328,8 @@ class Recenter(RunningModule):
         dtype: jax.typing.DTypeLike | None = None,
         rngs: nnx.Rngs | None = None,
     ):
-        _check("recenter", locals())
         del rngs
-        self.num_features, self.use_running_average = num_features, use_running_average
-        self.momentum, self.axis_name, self.dtype = momentum, axis_name, dtype
+        _configure(self, "recenter", locals())
         self.init_state(normalizers.mean_var_init(num_features, with_var=False))
 
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
@@ -381,10 +365,7 @@ class BatchNorm(RunningModule):
         param_dtype: jax.typing.DTypeLike = jnp.float32,
         rngs: nnx.Rngs | None = None,
     ):
-        _check("batchnorm", locals())
-        self.num_features, self.use_running_average = num_features, use_running_average
-        self.momentum, self.epsilon, self.axis_name = momentum, epsilon, axis_name
-        self.dtype, self.param_dtype = dtype, param_dtype
+        _configure(self, "batchnorm", locals())
         used = {"use_scale": use_scale, "use_bias": use_bias}
         inits = {"scale_init": scale_init, "bias_init": bias_init}
         _affine(self, num_features, rngs, param_dtype, **used, **inits)
@@ -431,9 +412,7 @@ class LayerNorm(Stateless):
         param_dtype: jax.typing.DTypeLike = jnp.float32,
         rngs: nnx.Rngs | None = None,
     ):
-        _check("layernorm", locals())
-        self.num_features, self.epsilon = num_features, epsilon
-        self.dtype, self.param_dtype = dtype, param_dtype
+        _configure(self, "layernorm", locals())
         used = {"use_scale": use_scale, "use_bias": use_bias}
         inits = {"scale_init": nnx.initializers.ones, "bias_init": nnx.initializers.zeros}
         _affine(self, num_features, rngs, param_dtype, **used, **inits)
@@ -457,14 +436,14 @@ class Identity(Stateless):
         rngs: nnx.Rngs | None = None,
     ):
         del rngs
-        self.num_features, self.dtype = num_features, dtype
+        _configure(self, "none", locals())
 
     def __call__(self, x, use_running_average: bool | None = None, *, mask=None) -> jax.Array:
         del use_running_average, mask
         return normalizers.identity(x, self.dtype)
 
 
-# The NNX registry, over the names of `isojax.linen.norms.NORMALIZERS`.
+# The NNX registry, over the names of `isojax.core.normalizers.NORMALIZERS`.
 CLASSES = {
     "none": Identity,
     "recenter": Recenter,
@@ -474,6 +453,7 @@ CLASSES = {
     "whiten": Whiten,
     "iternorm": IterNorm,
 }
+assert tuple(CLASSES) == normalizers.NORMALIZERS  # one registry, as linen's
 
 
 def make_normalizer(
@@ -488,8 +468,9 @@ def make_normalizer(
     **hparams,
 ) -> nnx.Module:
     """The NNX normaliser called `name` over `num_features`: the twin of
-    `isojax.linen.norms.make_normalizer`, over the same names (`norms.NORMALIZERS`) and table
-    (`normalizers.HPARAMS`, `normalizers.check_hparams`).
+    `isojax.linen.norms.make_normalizer`, over the same names (`normalizers.NORMALIZERS`) and
+    table (`normalizers.HPARAMS`). It only dispatches: the names it is given are checked
+    (`normalizers.check_names`), their values by the class's constructor (`check_hparams`).
 
     Args:
         name: `none`, `recenter`, `batchnorm`, `layernorm`, `isobn`, `whiten` or `iternorm`.
@@ -508,9 +489,7 @@ def make_normalizer(
         >>> norm(jnp.ones((4, 8))).shape
         (4, 8)
     """
-    normalizers.check_hparams(name, front="nnx", **hparams)
-    if name not in CLASSES:
-        raise ValueError(f"normalizer {name!r} has no NNX twin (isojax.nnx.norms.CLASSES)")
+    normalizers.check_names(name, hparams, front="nnx")
     common = {"dtype": dtype, "param_dtype": param_dtype, "axis_name": axis_name}
     kwargs = {k: v for k, v in common.items() if k in normalizers.STRUCTURAL[name]} | hparams
     return CLASSES[name](num_features, rngs=rngs, **kwargs)

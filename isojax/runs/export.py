@@ -29,14 +29,12 @@ import pathlib
 import shutil
 from typing import NamedTuple
 
-import jax
-
 import isojax
 from isojax import logs, runs
 from isojax.linen import pretrained as linen_pretrained
 from isojax.models import hf_import
 from isojax.runs import predict
-from isojax.training import resume, specs
+from isojax.training import run_folder, specs
 
 ISOTROPY_ROWS = (
     ("sentence", "sentence vector (the head's input)"),
@@ -56,7 +54,7 @@ def check_destination(folder: str | pathlib.Path, *, overwrite: bool = False) ->
     `overwrite`) an earlier export: only plain files, one of them a Hugging Face
     `config.json` (with "architectures"). A run folder (`runs.is_run_folder`) is never
     taken, nor a folder among a run's own files (`runs.run_owning`: under its checkpoints) or
-    under a file, nor a model folder that no isojax export wrote (`resume.model_files`: a
+    under a file, nor a model folder that no isojax export wrote (`run_folder.model_files`: a
     foreign `config.json` or weights, and no model card of an export: `ModelFolderRefused`,
     even with `overwrite`)."""
     folder = pathlib.Path(folder)
@@ -83,7 +81,7 @@ def check_destination(folder: str | pathlib.Path, *, overwrite: bool = False) ->
     card = folder / "README.md"
     exported = card.is_file() and EXPORT_MARK in card.read_text(encoding="utf-8", errors="replace")
     if not exported:  # a model folder (`--model`'s, a download): never written over
-        resume.check_not_model_folder(folder, "an export")
+        run_folder.check_not_model_folder(folder, "an export")
     if not overwrite:
         raise DestinationRefused(
             f"{folder} is not empty: choose an empty or new folder, or --overwrite to replace "
@@ -171,13 +169,13 @@ def export_run(
 def _write(restored: runs.Restored, folder: pathlib.Path, evaluation: dict) -> Exported:
     """The export itself, into `folder` (created)."""
     task = restored.task
-    variables = jax.device_get(restored.variables)
+    module, variables = restored.linen_twin()  # NNX: its linen twin, the same weights
     # The reason, said once by the caller (`isojax export` prints it): not logged again.
-    encoder_only = linen_pretrained.encoder_only_reason(restored.model, variables)
+    encoder_only = linen_pretrained.encoder_only_reason(module, variables)
     with logs.quieted(linen_pretrained.__name__, logging.ERROR):
         linen_pretrained.export_pretrained(
             folder,
-            restored.model,
+            module,
             variables,
             tokenizer=hf_tokenizer(restored.spec.model),
             label_names=None if task.is_regression else task.label_names,
@@ -192,14 +190,15 @@ def penalty_hparams(spec: specs.ObjectiveSpec) -> dict:
     """The hyper-parameters of the run's token penalty (empty for "none")."""
     common = {"weight": spec.weight}
     if spec.penalty == "istar":
-        kind = spec.c0_mode
+        c0 = spec.istar.stabilizer
+        kind = c0.kind
         return common | {
-            "zeta": spec.zeta,
+            "zeta": spec.istar.zeta,
             "include_padding": spec.include_padding,
             "stabilizer": kind,
-            **({"tokens": spec.c0_tokens} if kind == "pass" else {}),
-            **({"window": spec.c0_window, "unit": spec.c0_unit} if kind == "epoch" else {}),
-            **({"momentum": spec.c0_momentum, "debias": spec.c0_debias} if kind == "ema" else {}),
+            **({"tokens": c0.tokens} if kind == "pass" else {}),
+            **({"window": c0.window, "unit": c0.unit} if kind == "epoch" else {}),
+            **({"momentum": c0.momentum, "debias": c0.debias} if kind == "ema" else {}),
         }
     if spec.penalty == "cosreg":
         return common | {"include_padding": spec.include_padding}

@@ -5,16 +5,18 @@
     logits, _ = restored.apply(restored.variables, ids, mask, types)
 
 A run folder (`loop.train_and_evaluate`) holds `config.json`, the newest checkpoints in
-`checkpoints/` and the best dev epoch's in `best_checkpoint/` (`resume.LATEST_DIR`,
-`resume.BEST_DIR`). The classifier is rebuilt from the config exactly as the run built it
-(`build.build_model` and `build.train_state`, the build the loop runs, only its shapes),
+`checkpoints/` and the best dev epoch's in `best_checkpoint/` (`run_folder.LATEST_DIR`,
+`run_folder.BEST_DIR`). The classifier is rebuilt from the config exactly as the run built it
+(`build.build_model` and `build.train_state`, the build the loop runs, only its shapes, by
+the run's front end; an NNX run folder written by isojax 0.4.0, whose checkpoints hold linen's
+tree, is converted to NNX's as it is read: `steps.TrainState.older_layouts`),
 placed on the same kind of mesh, and the whole train state is read back by the
 `checkpointing.Checkpointer` that wrote it, so a config or code change that alters an array
 is named, not papered over. `isojax export`, `isojax predict` and `isojax analyze --run` start
 here.
 
 `config.json` is not trusted alone: a key that no config has is refused, and the config is
-compared with the one saved inside the checkpoint (`resume.check_stamp`), so an edit that
+compared with the one saved inside the checkpoint (`run_folder.check_stamp`), so an edit that
 changes the run (`sentence` pooled -> cls, `max_length`, ...) is refused with the field named
 instead of moving the scores silently. A checkpoint written before isojax saved its config
 there is restored with a logged warning that nothing could be compared. A restore only reads:
@@ -25,6 +27,7 @@ renamed or written (`checkpointing.Checkpointer(read_only=True)`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import pathlib
@@ -32,9 +35,10 @@ from collections.abc import Callable
 
 import jax
 import ml_collections
+from flax import traverse_util
 
 from isojax.data import tasks
-from isojax.training import build, checkpointing, distributed, resume, specs, steps
+from isojax.training import build, checkpointing, distributed, front_ends, run_folder, specs, steps
 from isojax.training import config as config_lib
 
 logger = logging.getLogger(__name__)
@@ -55,7 +59,7 @@ class Restored(build.Classifier):
       config: the run's configuration (`config.json` over `config.default_config()`,
         validated), what `spec` was built from and what a model card describes.
       checkpoint: "latest", "best" or "step N": which checkpoint this is.
-      position: the `resume.Position` saved with it (JSON: epoch, batch, last_eval, best).
+      position: the `position.Position` saved with it (JSON: epoch, batch, last_eval, best).
     """
 
     run_dir: pathlib.Path
@@ -69,16 +73,26 @@ class Restored(build.Classifier):
 
     @property
     def variables(self) -> dict:
-        """`{'params': ..., 'batch_stats': ...}` for `apply` (running statistics in
-        'batch_stats', `{}` for a normaliser without them)."""
+        """`{'params': ..., 'batch_stats': ...}` for `apply`, in the run's front end's tree
+        (linen's collections, `{}` for a normaliser without running statistics; or NNX's
+        `nnx.State`s)."""
         return {"params": self.state.params, "batch_stats": self.state.batch_stats}
 
-    @property
+    @functools.cached_property
     def apply(self) -> Callable:
-        """The classifier called as `model.apply` is, by the run's front end: linen's
-        `model.apply`, or with front end "nnx" its NNX twin's
-        (`build.classifier_apply`), over the same `variables`."""
-        return build.classifier_apply(self.spec.state.front_end, self.model)
+        """`model` (this record's: a `dataclasses.replace` may swap it) called as linen's
+        `model.apply` is, run by the run's front end (`front_ends.LinenApply`: `model.apply`;
+        `front_ends.NnxApply`: the NNX modules merged from `variables`), its outputs as the
+        modules return them."""
+        state = self.spec.state
+        return front_ends.get(state.front_end).apply(self.model, None, state.rng_impl)
+
+    def linen_twin(self) -> tuple:
+        """`(linen SequenceClassifier, its variables)` with this checkpoint's weights, on the
+        host: the run's own for linen, the NNX classifier's linen twin
+        (`isojax.nnx.export.to_linen`) for NNX; what `isojax export` writes."""
+        module, variables = self.apply.to_linen(self.variables)
+        return module, jax.device_get(variables)
 
     @property
     def evaluation(self) -> dict | None:
@@ -93,7 +107,7 @@ def is_run_folder(path: str | pathlib.Path) -> bool:
     metrics log, results, or an isojax `config.json` (one with a task and a normaliser, or
     a method: an older run)."""
     path = pathlib.Path(path)
-    if any((path / name).exists() for name in (resume.LATEST_DIR, resume.BEST_DIR)):
+    if any((path / name).exists() for name in (run_folder.LATEST_DIR, run_folder.BEST_DIR)):
         return True
     if any((path / name).is_file() for name in ("metrics.jsonl", "results.json")):
         return True
@@ -101,11 +115,17 @@ def is_run_folder(path: str | pathlib.Path) -> bool:
         saved = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return resume.is_run_config(saved)
+    return run_folder.is_run_config(saved)
 
 
 # What a run folder holds of its own: `predict` and `export` never write there.
-RUN_FILES = ("config.json", "metrics.jsonl", "results.json", resume.LATEST_DIR, resume.BEST_DIR)
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "results.json",
+    run_folder.LATEST_DIR,
+    run_folder.BEST_DIR,
+)
 
 
 def run_owning(path: str | pathlib.Path) -> pathlib.Path | None:
@@ -134,23 +154,27 @@ def _unknown_fields(saved: dict) -> list[str]:
 
 def load_config(run_dir: str | pathlib.Path) -> ml_collections.ConfigDict:
     """The run's `config.json` over `config.default_config()` (fields a newer isojax added keep
-    their defaults), validated.
+    their defaults; a renamed one is read under its new path, `config.translate`), validated.
 
     Raises:
       RunNotRestorable: no `config.json`, or one that is not valid JSON or not a valid config;
-        one of an older layout names its first renamed field (`config.RENAMED`); a key that no
-        config has (a typo) is named.
+        one naming a field an older isojax had and this one has not (`config.RENAMED`: split
+        or removed) names it; a key that no config has (a typo) is named.
     """
     path = pathlib.Path(run_dir) / "config.json"
     if not path.is_file():
         raise RunNotRestorable(f"{path.parent}: not a run folder (no config.json)")
     try:
         saved = json.loads(path.read_text())
-        renamed = sorted(set(config_lib.flatten(saved)) & set(config_lib.RENAMED))
-        if renamed:
+        flat = config_lib.flatten(saved)
+        translated = config_lib.translate(flat)
+        if translated != flat:  # renamed paths, read under their new names
+            saved = traverse_util.unflatten_dict(translated, sep=".")
+        removed = sorted(set(translated) & set(config_lib.RENAMED))
+        if removed:
             raise ValueError(
-                f"written by an older isojax: field {renamed[0]!r} is now "
-                f"{config_lib.RENAMED[renamed[0]]}"
+                f"written by an older isojax: field {removed[0]!r} is now "
+                f"{config_lib.RENAMED[removed[0]]}"
             )
         unknown = _unknown_fields(saved)
         if unknown:
@@ -167,7 +191,7 @@ def _checkpoints(run_dir: pathlib.Path, step: int | None, best: bool) -> tuple[p
     """The checkpoint folder to read and the name of the choice; refuses an empty one."""
     if best and step is not None:
         raise RunNotRestorable("choose a step or the best checkpoint, not both")
-    folder = run_dir / (resume.BEST_DIR if best else resume.LATEST_DIR)
+    folder = run_dir / (run_folder.BEST_DIR if best else run_folder.LATEST_DIR)
     if not any(p.name.isdigit() for p in (folder.iterdir() if folder.is_dir() else ())):
         what = "best dev checkpoint" if best else "checkpoint"
         raise RunNotRestorable(f"{run_dir}: no {what} in {folder}")
@@ -199,7 +223,7 @@ def restore(
       checkpointing.CheckpointMismatch: the checkpoint holds other arrays than this config
         builds (a changed config or code).
         Also: `config.json` differs from the config saved with the checkpoint in a field
-        that changes the run (the message names each, `resume.ConfigChanged`'s words).
+        that changes the run (the message names each, `run_folder.ConfigChanged`'s words).
     """
     run_dir = pathlib.Path(run_dir)
     config = load_config(run_dir)  # validated: the boundary of a restore
@@ -210,7 +234,9 @@ def restore(
         )
     folder, checkpoint = _checkpoints(run_dir, step, best)
     task = tasks.get_task(spec.data.task)
-    module, _, tokenizer, hidden_size = build.build_model(spec.model, task.num_labels)
+    module, _, tokenizer, hidden_size = build.build_model(
+        spec.model, task.num_labels, front_end=spec.state.front_end
+    )
     mesh = distributed.make_mesh() if mesh is None else mesh
     # The schedule's length and a running stabiliser's window hold no array: one step.
     abstract = build.train_state(
@@ -231,8 +257,8 @@ def restore(
             raise RunNotRestorable(f"{run_dir}: {err}") from None
     where = f"checkpoint step {int(state.step)} in {folder}"
     try:
-        stamped = resume.check_stamp(position.pop("config", None), spec.fields, where)
-    except resume.ConfigChanged as err:
+        stamped = run_folder.check_stamp(position.pop("config", None), spec.fields, where)
+    except run_folder.ConfigChanged as err:
         raise RunNotRestorable(str(err)) from None
     if not stamped:
         logger.warning(

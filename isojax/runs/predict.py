@@ -39,7 +39,7 @@ import numpy as np
 
 from isojax import runs
 from isojax.data import batching, glue, metrics, tasks
-from isojax.training import evaluation, resume
+from isojax.training import evaluation, run_folder
 
 # (task, test split) -> the benchmark's file name.
 SUBMISSION_FILES = {
@@ -64,7 +64,7 @@ class OutputRefused(ValueError):
 def check_file(path: str | pathlib.Path) -> None:
     """Refuses (`OutputRefused`) a file destination that is a folder, lies under a file, is
     one of a run folder's own files (`runs.run_owning`: its config, log, results, checkpoints),
-    or lies in a model folder (`resume.model_files`: a foreign `config.json` or weights)."""
+    or lies in a model folder (`run_folder.model_files`: a foreign `config.json` or weights)."""
     path = pathlib.Path(path)
     if path.is_dir():
         raise OutputRefused(f"{path} is a folder: name the file to write")
@@ -73,9 +73,9 @@ def check_file(path: str | pathlib.Path) -> None:
         raise OutputRefused(
             f"{path} is one of the run folder {run}'s own files: write the predictions elsewhere"
         )
-    if resume.model_files(path.parent):
+    if run_folder.model_files(path.parent):
         raise OutputRefused(
-            f"{path.parent} holds a model ({', '.join(resume.model_files(path.parent)[:3])}), "
+            f"{path.parent} holds a model ({', '.join(run_folder.model_files(path.parent)[:3])}), "
             "not an isojax run: write the predictions elsewhere"
         )
     for parent in path.parents:
@@ -128,7 +128,7 @@ class Predictions:
       idx: `[n]` int64 row index in the split's file (`tasks.Example.idx`, GLUE's `index`).
       logits: `[n, num_labels]` float32 (STS-B: `[n, 1]`, the score).
       metrics: for a labelled split, the task metrics (`metrics.compute_metrics`) and the
-        isotropy of the split's embeddings (`steps.isotropy_metrics`); None for a test split.
+        isotropy of the split's embeddings (`evaluation.isotropy_metrics`); None for a test split.
     """
 
     task: tasks.GlueTask
@@ -221,7 +221,7 @@ def predict(
     scores = None
     if labelled:
         scores = metrics.compute_metrics(task, logits, encoded.labels)
-        scores |= evaluation.isotropy_of(acc, restored.state, spec.state.objective.zeta)
+        scores |= evaluation.isotropy_of(acc, restored.state, spec.state.objective.istar.zeta)
     return Predictions(task=task, split=split, idx=encoded.idx, logits=logits, metrics=scores)
 
 

@@ -16,6 +16,12 @@ so ``isojax.training.config`` alone stays light.
 """
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what `__getattr__` imports on first use, for type checkers and IDEs
+    from isojax.training import configs
+    from isojax.training.config import default_config, validate_config
+    from isojax.training.loop import setup, train_and_evaluate
 
 __all__ = ["configs", "default_config", "setup", "train_and_evaluate", "validate_config"]
 

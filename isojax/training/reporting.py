@@ -1,5 +1,5 @@
-"""Run logging: `metrics.jsonl` and TensorBoard scalars (`MetricWriter`), a progress line
-on stderr (`Progress`). Only process 0 writes (`enabled`).
+"""Run logging: `metrics.jsonl` and TensorBoard scalars (`MetricWriter`; read back by
+`metrics_lines`), a progress line on stderr (`Progress`). Only process 0 writes (`enabled`).
 
 Each `metrics.jsonl` line is `{"step", "epoch", "split", **values}`: "train" lines every
 `config.log_every` steps (means over those steps, with the learning rate and the window's
@@ -16,10 +16,17 @@ import sys
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from isojax.models import attention
 from isojax.training import build, optim
 
 logger = logging.getLogger(__name__)
+
+
+def host_floats(tree: dict) -> dict[str, float]:
+    """`{name: scalar array}` -> `{name: Python float}` (a host sync)."""
+    return {k: float(np.asarray(v)) for k, v in tree.items()}
 
 
 class MetricWriter:
@@ -59,6 +66,34 @@ class MetricWriter:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def metrics_lines(path: pathlib.Path) -> list[tuple[str, dict]]:
+    """`(line, record)` of each line of a `metrics.jsonl`. A torn last line (no newline, or not
+    JSON: a kill mid-write) is left out with a logged warning; a bad line before the last
+    raises ValueError naming the file and line."""
+    text = path.read_text() if path.exists() else ""
+    lines = text.splitlines(keepends=True)
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line) if line.endswith("\n") else None
+        except json.JSONDecodeError:
+            record = None
+        if record is None and number == len(lines):
+            logger.warning(
+                "%s:%d: dropped a torn last line (a run killed while writing it): %r",
+                path,
+                number,
+                line[:60],
+            )
+            continue
+        if not isinstance(record, dict) or "step" not in record:
+            raise ValueError(f"{path}:{number}: not a metrics record: {line[:60]!r}")
+        out.append((line, record))
+    return out
 
 
 # The progress line's records (logger "isojax.progress") carry `INPLACE`: True when stderr is a

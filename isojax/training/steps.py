@@ -18,7 +18,7 @@ a penalty or a statistic; `include_padding=True` (reference parity) lets the pad
 of real examples in, not the filler rows.
 
 Without a token penalty the loss reads only the sentence vectors, so the train step runs the
-encoder's last layer at the [CLS] tokens alone (`Objective.reads_tokens`, the encoder's
+encoder's last layer at the [CLS] tokens alone (`ObjectiveSpec.reads_tokens`, the encoder's
 `cls_only`): the same loss and gradients, to float rounding, for about 1/7 less work on a
 6-layer encoder. Evaluation, the C0 pass and the token penalties run every token.
 
@@ -38,8 +38,6 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -49,64 +47,52 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from isojax.core import geometry, isotropy, penalties, stats
+from isojax.core import isotropy, istar, penalties, stats
 from isojax.data import packing
-from isojax.linen import istar as linen_istar
 from isojax.models import transformer
-from isojax.training import distributed, precision
+from isojax.training import distributed, precision, specs
 
 
-@dataclasses.dataclass(frozen=True)
-class Objective:
-    """What the train step minimises (static: part of the compiled step).
-
-    Attributes:
-      penalty: `config.penalty`: "istar" or "cosreg" adds a token penalty, "none" adds none
-        (the normaliser is the head's, not the objective's).
-      regression: squared error on `logits[:, 0]` (STS-B) instead of cross-entropy.
-      weight: lambda of the penalty (istar / cosreg), 0 otherwise.
-      zeta: I-STAR shrinkage towards C0.
-      include_padding: padding tokens of real examples enter the penalty and C0 (reference
-        parity); filler rows never do.
-      c0_mode: I-STAR's C0: "pass" (explicit pass per epoch, `c0_pass_step` driven by
-        `penalties.estimate_c0`),
-        "epoch" or "ema" (running, `isojax.linen.istar.IsoScoreStar`).
-      c0_settings: the other `IsoScoreStar` fields as a hashable tuple of pairs, e.g.
-        `(("window", 250_000), ("window_unit", "tokens"))`.
-      cls_only: the last encoder layer runs at the [CLS] tokens only when the loss reads no
-        tokens (`reads_tokens`); False: always at every token.
-    """
-
-    penalty: str = "none"
-    regression: bool = False
-    weight: float = 0.0
-    zeta: float = 0.2
-    include_padding: bool = False
-    c0_mode: str = "pass"
-    c0_settings: tuple = ()
-    cls_only: bool = True
-
-    @property
-    def reads_tokens(self) -> bool:
-        """The loss reads token vectors (a token penalty, also when it is only a metric at
-        weight 0); otherwise only the sentence vector, and the encoder's last layer runs at
-        the [CLS] tokens alone (if `cls_only`)."""
-        return self.penalty in ("istar", "cosreg")
-
-
-def istar_module(objective: Objective) -> linen_istar.IsoScoreStar:
-    """The IsoScore* module (C0 mode `objective.c0_mode`) of an I-STAR objective."""
-    return linen_istar.make_isoscore_star(
-        objective.c0_mode, zeta=objective.zeta, **dict(objective.c0_settings)
+def istar_settings(objective: specs.ObjectiveSpec) -> dict:
+    """The stabiliser settings of an I-STAR objective (`core.istar.DEFAULTS` under its
+    `istar.stabilizer.settings()`: ``stabilizer``, ``window``, ``window_unit``, ``momentum``,
+    ``debias``),
+    checked by the one rule of `core.istar` (ValueError, one line)."""
+    settings = objective.istar.stabilizer.settings()
+    istar.check_fields(settings)
+    settings = {k: v for k, v in istar.DEFAULTS.items() if k != "zeta"} | settings
+    istar.check_zeta(objective.istar.zeta)
+    istar.check_hparams(
+        objective.istar.stabilizer.kind,
+        window=settings["window"],
+        window_unit=settings["window_unit"],
+        momentum=settings["momentum"],
     )
+    return {"stabilizer": objective.istar.stabilizer.kind, **settings}
 
 
-def init_istar_state(objective: Objective, hidden_size: int) -> dict | None:
-    """The initial `TrainState.stabilizer`: the module's `batch_stats` (`{'c0': [d, d]
-    identity, ...}` float32) for the I-STAR penalty, None otherwise."""
+def init_istar_state(objective: specs.ObjectiveSpec, hidden_size: int) -> dict | None:
+    """The initial `TrainState.stabilizer` for the I-STAR penalty (`core.istar.state_init`:
+    `{'c0': [d, d] identity, ...}` float32, plus a running stabiliser's window or EMA and
+    counters), None otherwise."""
     if objective.penalty != "istar":
         return None
-    return linen_istar.init_batch_stats(istar_module(objective), hidden_size)
+    d = hidden_size
+    return istar.state_init(istar.identity_init(None, (d, d)), **istar_settings(objective))
+
+
+def istar_penalty(
+    objective: specs.ObjectiveSpec, stabilizer: dict, hidden, mask: jax.Array
+) -> tuple[jax.Array, dict]:
+    """`(1 - IsoScore*, new stabiliser state)` of the batch's tokens (SPEC.md §4): the pure
+    `core.istar.prepare` and `core.istar.step` on `TrainState.stabilizer` (the C0 of the
+    previous steps scores the batch, then a running stabiliser moves, under the bad-batch
+    guard); the state is unchanged for the `pass` stabiliser."""
+    x, mask = istar.prepare(hidden, mask)
+    score, new, _ = istar.step(
+        stabilizer, x, mask, update=True, zeta=objective.istar.zeta, **istar_settings(objective)
+    )
+    return 1.0 - score, stabilizer if new is None else new
 
 
 @flax.struct.dataclass
@@ -115,16 +101,25 @@ class TrainState:
 
     Attributes:
       step: `[]` int32 number of updates done.
-      params: the model's 'params' collection (`policy.param_dtype`).
+      params: the model's weights (`policy.param_dtype`): linen's 'params' collection, or
+        the NNX model's `nnx.Param` state (`nnx.State`, NNX's paths).
       opt_state: the optax state.
-      batch_stats: the normaliser's running statistics (float32), `{}` for none.
-      stabilizer: I-STAR's `IsoScoreStar` collection (float32 `{'c0': [d, d], ...}`, plus the
-        window or EMA of a running stabiliser); None for other methods.
+      batch_stats: the normaliser's running statistics (float32): linen's collection (`{}`
+        for none), or the `nnx.BatchStat` state.
+      stabilizer: I-STAR's state (`core.istar.state_init`: float32 `{'c0': [d, d], ...}`,
+        plus the window or EMA of a running stabiliser); None for other methods.
       loss_scale: `precision.NoOpLossScale` or `precision.DynamicLossScale`.
-      rng: raw data of the run key (uint32, `[2]` threefry or `[4]` rbg); step `t` uses
-        `fold_in(wrap_key_data(rng, impl=rng_impl), t)` for dropout.
-      apply_fn, tx, objective, rng_impl: static (not in the checkpoint).
+      rng: linen: raw data of the run key (uint32, `[2]` threefry or `[4]` rbg), step `t`
+        uses `fold_in(wrap_key_data(rng, impl=rng_impl), t)` for dropout; NNX: its dropout
+        streams (`nnx.RngState`: keys as raw key data, and their counters).
+      apply_fn: the front end's apply (`front_ends.LinenApply` or `NnxApply`);
+      tx, objective, rng_impl: static (not in the checkpoint), as `apply_fn`.
     """
+
+    def older_layouts(self) -> tuple:
+        """`((abstract state, convert), ...)`: the layouts an older isojax saved this state in
+        (a 0.4.0 NNX run's linen-shaped tree), for `checkpointing.Checkpointer.restore`."""
+        return self.apply_fn.older_layouts(self)
 
     step: jax.Array
     params: Any
@@ -132,10 +127,10 @@ class TrainState:
     batch_stats: Any
     stabilizer: dict | None
     loss_scale: precision.LossScale
-    rng: jax.Array
-    apply_fn: Callable = flax.struct.field(pytree_node=False)
+    rng: Any
+    apply_fn: Any = flax.struct.field(pytree_node=False)
     tx: optax.GradientTransformation = flax.struct.field(pytree_node=False)
-    objective: Objective = flax.struct.field(pytree_node=False)
+    objective: specs.ObjectiveSpec = flax.struct.field(pytree_node=False)
     rng_impl: str = flax.struct.field(pytree_node=False, default="threefry2x32")
 
 
@@ -181,74 +176,76 @@ def _penalty(
     # The mask carries the padding choice, so the functions below never drop it themselves.
     mask = penalty_mask(batch, objective.include_padding)
     if objective.penalty == "istar":
-        return linen_istar.penalty_and_update(istar_module(objective), stabilizer, hidden, mask)
+        return istar_penalty(objective, stabilizer, hidden, mask)
     if objective.penalty == "cosreg":
         return penalties.cosreg_penalty(hidden[-1], mask), stabilizer
     return jnp.zeros([], jnp.float32), stabilizer
 
 
 def dropout_key(state: TrainState) -> jax.Array:
-    """This step's dropout key: `fold_in(run key, step)` with the run's key implementation."""
+    """This step's dropout key of a linen run: `fold_in(run key, step)` with the run's key
+    implementation."""
     key = jax.random.wrap_key_data(state.rng, impl=state.rng_impl)
     return jax.random.fold_in(key, state.step)
 
 
-def _grads(state: TrainState, batch_stats, stabilizer, batch: dict, rng: jax.Array):
+def _grads(state: TrainState, batch_stats, stabilizer, batch: dict, rngs):
     """Gradients of the scaled objective on one (micro-)batch with the given running
-    statistics, and `(new batch_stats, new stabiliser, task loss, penalty, objective)`."""
+    statistics and dropout randomness (`apply_fn.step_rngs`' or `micro_rngs`' `rngs`), and
+    `(new batch_stats, new stabiliser, what `apply_fn.train` gives of the dropout randomness
+    after the call, task loss, penalty, objective)`."""
     objective = state.objective
 
     def loss_fn(params):
-        (logits, out), updates = state.apply_fn(
+        (logits, out), new_stats, new_rngs = state.apply_fn.train(
             {"params": params, "batch_stats": batch_stats},
+            rngs,
             **transformer.model_inputs(batch),
-            deterministic=False,
-            use_running_average=False,
             example_mask=batch["example_mask"],
             cls_only=objective.cls_only and not objective.reads_tokens,
-            rngs={"dropout": rng},
-            mutable=["batch_stats"],
         )
         loss = task_loss(logits, batch["labels"], batch["example_mask"], objective.regression)
         penalty, new_stabilizer = _penalty(state, out, batch, stabilizer)
         total = loss + objective.weight * penalty  # penalty added before scaling
-        aux = (updates.get("batch_stats", {}), new_stabilizer, loss, penalty, total)
+        aux = (new_stats, new_stabilizer, new_rngs, loss, penalty, total)
         return state.loss_scale.scale(total), aux
 
     return jax.grad(loss_fn, has_aux=True)(state.params)
 
 
-def _accumulated_grads(state: TrainState, batch: dict, rng: jax.Array):
+def _accumulated_grads(state: TrainState, batch: dict, rngs):
     r"""`_grads` over `k` stacked micro-batches (`[k, rows, ...]` arrays) in one `lax.scan`.
 
     Micro-batch `i` holds `n_i` real examples (`example_mask`; packed micro-batches differ)
-    and gets the dropout key `fold_in(rng, i)`. The gradient is the real-example average
-    :math:`g = \sum_i n_i g_i / \sum_i n_i` of the micro-batches' mean-loss gradients, i.e.
-    the gradient of the mean loss over all `sum n_i` examples; the losses are averaged alike.
-    Running statistics (normaliser `batch_stats`, a running I-STAR stabiliser) go through the
-    micro-batches in order, each seeing the one before (PyTorch accumulation). Gradients sum
-    in float32.
+    and gets the dropout randomness `apply_fn.micro_rngs(rngs, i)` (linen: the key
+    `fold_in(rng, i)`; NNX: its streams, as the micro-batch before left them). The gradient is
+    the real-example average :math:`g = \sum_i n_i g_i / \sum_i n_i` of the micro-batches'
+    mean-loss gradients, i.e. the gradient of the mean loss over all `sum n_i` examples; the
+    losses are averaged alike. Running statistics (normaliser `batch_stats`, a running I-STAR
+    stabiliser) go through the micro-batches in order, each seeing the one before (PyTorch
+    accumulation). Gradients sum in float32.
     """
     counts = jnp.sum(batch["example_mask"].astype(jnp.float32), axis=1)  # [k]
     weights = counts / jnp.maximum(jnp.sum(counts), 1.0)  # [k]
     k = counts.shape[0]
 
     def body(carry, xs):
-        grads_sum, batch_stats, stabilizer, sums = carry
+        grads_sum, batch_stats, stabilizer, rngs, sums = carry
         micro, weight, i = xs
-        grads, (batch_stats, stabilizer, *losses) = _grads(
-            state, batch_stats, stabilizer, micro, jax.random.fold_in(rng, i)
+        grads, (batch_stats, stabilizer, after, *losses) = _grads(
+            state, batch_stats, stabilizer, micro, state.apply_fn.micro_rngs(rngs, i)
         )
+        rngs = state.apply_fn.carry_rngs(rngs, after)
         grads_sum = jax.tree.map(lambda a, g: a + weight * g.astype(jnp.float32), grads_sum, grads)
-        return (grads_sum, batch_stats, stabilizer, sums + weight * jnp.stack(losses)), None
+        return (grads_sum, batch_stats, stabilizer, rngs, sums + weight * jnp.stack(losses)), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-    init = (zeros, state.batch_stats, state.stabilizer, jnp.zeros([3], jnp.float32))
-    (grads, batch_stats, stabilizer, sums), _ = jax.lax.scan(
+    init = (zeros, state.batch_stats, state.stabilizer, rngs, jnp.zeros([3], jnp.float32))
+    (grads, batch_stats, stabilizer, rngs, sums), _ = jax.lax.scan(
         body, init, (batch, weights, jnp.arange(k))
     )
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-    return grads, (batch_stats, stabilizer, sums[0], sums[1], sums[2])
+    return grads, (batch_stats, stabilizer, rngs, sums[0], sums[1], sums[2])
 
 
 def _counts(batch: dict) -> dict[str, jax.Array]:
@@ -272,12 +269,14 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     unscaling, before clipping), `grads_finite` (1/0), `loss_scale`; `examples` and
     `real_tokens` (counts, `_counts`).
     """
-    rng = dropout_key(state)
+    rngs = state.apply_fn.step_rngs(state.rng, state.step, state.rng_impl)
     if batch["example_mask"].ndim == 2:
-        grads, aux = _accumulated_grads(state, batch, rng)
+        grads, aux = _accumulated_grads(state, batch, rngs)
     else:
-        grads, aux = _grads(state, state.batch_stats, state.stabilizer, batch, rng)
-    batch_stats, stabilizer, loss, penalty, total = aux
+        grads, aux = _grads(state, state.batch_stats, state.stabilizer, batch, rngs)
+    batch_stats, stabilizer, after, loss, penalty, total = aux
+    # Linen's run key stays as it is; NNX's dropout streams move on.
+    rng = state.apply_fn.next_rng(state.rng, state.apply_fn.carry_rngs(rngs, after))
     grads = state.loss_scale.unscale(grads)
     grads_finite = precision.all_finite(grads)
     updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
@@ -296,6 +295,7 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         batch_stats=batch_stats,
         stabilizer=stabilizer,
         loss_scale=state.loss_scale.adjust(grads_finite),
+        rng=rng,
     )
     step_metrics = {
         "loss": total,
@@ -309,37 +309,10 @@ def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     return new_state, jax.tree.map(lambda x: x.astype(jnp.float32), step_metrics)
 
 
-@flax.struct.dataclass
-class EvalAccumulator:
-    """Sufficient statistics of the dev set's embeddings (float32), summed batch by batch.
-
-    Attributes:
-      sentence: the sentence vectors `[b, h]` before the normaliser (moments and unit-vector
-        sums for the mean cosine: `isotropy.SentenceStats`, as `isojax analyze` keeps them).
-      pre_logits: the same of the normalised sentence vectors (what the classifier reads).
-      tokens: moments of every token of every layer (padding excluded).
-      last_tokens: moments and unit-vector sums of the last layer's tokens (CosReg's
-        statistics: its penalty is their mean cosine, SPEC.md §5).
-    """
-
-    sentence: isotropy.SentenceStats
-    pre_logits: isotropy.SentenceStats
-    tokens: stats.MomentState
-    last_tokens: isotropy.SentenceStats
-
-
-def eval_accumulator_init(hidden_size: int) -> EvalAccumulator:
-    return EvalAccumulator(
-        sentence=isotropy.sentence_stats_init(hidden_size),
-        pre_logits=isotropy.sentence_stats_init(hidden_size),
-        tokens=stats.moments_init(hidden_size),
-        last_tokens=isotropy.sentence_stats_init(hidden_size),
-    )
-
-
-def eval_step(state: TrainState, batch: dict, acc: EvalAccumulator) -> tuple[EvalAccumulator, dict]:
-    """Eval-mode forward pass on `batch`; returns the updated accumulator and
-    `{'logits' [b, k] f32, 'labels' [b], 'example_mask' [b]}` for the task metrics."""
+def eval_step(state: TrainState, batch: dict, acc: Any) -> tuple[Any, dict]:
+    """Eval-mode forward pass on `batch`; returns `acc` (an `evaluation.EvalAccumulator`, a
+    module that imports this one) with `batch` added, and `{'logits' [b, k] f32, 'labels'
+    [b], 'example_mask' [b]}` for the task metrics."""
     logits, out = state.apply_fn(
         {"params": state.params, "batch_stats": state.batch_stats},
         **transformer.model_inputs(batch),
@@ -350,7 +323,7 @@ def eval_step(state: TrainState, batch: dict, acc: EvalAccumulator) -> tuple[Eva
     real = batch["example_mask"]  # [b]
     hidden = jnp.stack(out["encoder"].hidden_states)  # [L, b, t, h]
     token_mask = packing.token_mask(batch)  # [rows, t]
-    acc = EvalAccumulator(
+    acc = acc.replace(
         sentence=isotropy.sentence_stats_update(acc.sentence, out["sentence"], real),
         pre_logits=isotropy.sentence_stats_update(acc.pre_logits, out["pre_logits"], real),
         tokens=stats.moments_update(
@@ -364,48 +337,6 @@ def eval_step(state: TrainState, batch: dict, acc: EvalAccumulator) -> tuple[Eva
         "example_mask": real,
     }
     return acc, outputs
-
-
-def isotropy_metrics(
-    acc: EvalAccumulator, c0: jax.Array | None = None, zeta: float = 0.0
-) -> dict[str, jax.Array]:
-    """Isotropy of the accumulated dev embeddings (float32 scalars).
-
-    Keys: `sentence_ev1`, `sentence_ev3` (explained variance of the top 1 / 3 principal axes),
-    `sentence_isoscore`, `sentence_mean_cosine`; the same `pre_logits_*` after the normaliser
-    (the classifier's input); per sentence vector also the geometry of SPEC.md §10.4
-    (`geometry.geometry_from_moments`): `sentence_erank` (effective rank), `sentence_rankme`,
-    `sentence_outliers` (dimensions with at least 5 × the mean variance),
-    `sentence_principal_outlier` (the highest-variance dimension's index, a float) and
-    `sentence_principal_outlier_share` (its share of the variance), and the same
-    `pre_logits_*`; `tokens_isoscore` (all layers' tokens; IsoScore* with zeta = 0)
-    and, with `c0` (I-STAR runs), `tokens_isoscore_star` (IsoScore* of the tokens shrunk
-    towards the run's C0 by `zeta`); `last_tokens_mean_cosine` (the last layer's tokens, what
-    CosReg penalises) and `last_tokens_max_abs_mean` (max over dimensions of |their mean|: the
-    outlier dimension of SPEC.md §9's CosReg claim).
-    """
-    out = {}
-    for name, sentence_stats in (("sentence", acc.sentence), ("pre_logits", acc.pre_logits)):
-        cov = stats.moments_finalize(sentence_stats.moments).cov
-        out[f"{name}_ev1"] = isotropy.explained_variance(cov, 1)
-        out[f"{name}_ev3"] = isotropy.explained_variance(cov, 3)
-        out[f"{name}_isoscore"] = isotropy.isoscore_from_cov(cov)
-        out[f"{name}_mean_cosine"] = _mean_cosine(sentence_stats)
-        shape = geometry.geometry_from_moments(sentence_stats.moments)
-        out |= {f"{name}_{key}": value for key, value in shape.items()}
-    token_cov = stats.moments_finalize(acc.tokens, ddof=1).cov
-    out["tokens_isoscore"] = isotropy.isoscore_star_from_cov(token_cov)
-    if c0 is not None:
-        out["tokens_isoscore_star"] = isotropy.isoscore_star_from_cov(token_cov, c0=c0, zeta=zeta)
-    out["last_tokens_mean_cosine"] = _mean_cosine(acc.last_tokens)
-    out["last_tokens_max_abs_mean"] = jnp.max(jnp.abs(acc.last_tokens.moments.mean))
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), out)
-
-
-def _mean_cosine(sentence_stats: isotropy.SentenceStats) -> jax.Array:
-    return isotropy.mean_cosine_from_sums(
-        sentence_stats.unit_sum, sentence_stats.unit_sq, sentence_stats.moments.count
-    )
 
 
 def c0_pass_step(state: TrainState, batch: dict, acc: stats.MomentState) -> stats.MomentState:

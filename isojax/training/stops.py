@@ -41,7 +41,7 @@ Preemption: SIGTERM or SIGINT ends a run at a step boundary with a checkpoint th
 Spot and preemptible TPU VMs, Kubernetes and SLURM send SIGTERM some seconds before they kill a
 job. `loop.train_and_evaluate` runs its loop inside a `Watch`: the step running when the signal
 arrives finishes, the checkpoint of that step is written at exactly that position (epoch, batch
-within the epoch, the partial sums of the log window: `resume.Position`), the writers are
+within the epoch, the partial sums of the log window: `position.Position`), the writers are
 closed, one line on stderr names the checkpoint, and `Preempted` (a `SystemExit` with status
 `EXIT_PREEMPTED` = 75, sysexits' EX_TEMPFAIL: "try again later") ends the process. Rerunning
 the same command resumes there and ends bit-identical to an uninterrupted run.
@@ -242,11 +242,10 @@ class StopFailed(SystemExit):
 
 
 def _sync_manager_running() -> bool:
-    """Whether this process runs JAX's distributed runtime with its preemption service."""
-    from jax._src import distributed
-
-    state = distributed.global_state
-    return state.client is not None and state.preemption_sync_manager is not None
+    """Whether this process runs JAX's distributed runtime with its preemption service (on by
+    default: `jax.distributed.initialize` starts it unless `jax_enable_preemption_service` is
+    off)."""
+    return jax.distributed.is_initialized() and bool(jax.config.jax_enable_preemption_service)
 
 
 class Watch:

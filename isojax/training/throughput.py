@@ -148,7 +148,7 @@ class Meter:
 
     def counts(self) -> dict[str, np.float32]:
         """The counts of the step last `read`, for the step metrics' sums
-        (`resume.Position.add`, checkpointed with them, so a resumed window's means are the
+        (`position.Position.add_step`, checkpointed with them, so a resumed window's means are the
         uninterrupted one's): `flops_per_step` (the model FLOPs, `model_flops`, absent without
         `flops`), `xla_flops_per_step` (XLA's count of the compiled step per device x devices,
         absent when XLA gives none) and `padded_tokens` (the batch's token slots), float32 as

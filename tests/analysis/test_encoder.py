@@ -10,6 +10,7 @@ import pytest
 import tokenizers
 
 from isojax.analysis import encoder as analysis
+from isojax.analysis import figures
 from isojax.core import isotropy
 from isojax.data import glue
 from isojax.linen import encoder as encoder_lib
@@ -85,6 +86,25 @@ def test_sentence_report_matches_numpy_float64():
         integer = key in ("outliers", "principal_outlier")
         assert got[key].dtype == (np.int32 if integer else np.float32), key
         np.testing.assert_allclose(got[key], value, rtol=2e-4, atol=2e-5, err_msg=key)
+
+
+def test_summary_keys_are_the_reports_names():
+    """`summary.json` names `isotropy.summarize`'s scalars as `isojax analyze` always has, in
+    its order, with the values of `sentence_report` (the dev evaluation's `sentence_ev1` is
+    this `EV_1`)."""
+    rng = np.random.default_rng(2)
+    state = isotropy.sentence_stats_update(
+        isotropy.sentence_stats_init(5), anisotropic(rng, (30,), 5).astype(np.float32)
+    )
+    values = jax.tree.map(np.asarray, analysis.sentence_report(state))
+    report = analysis.Report(embeddings={"cls": values}, layers={}, zeta=analysis.LAYER_ZETA)
+    summary = report.summary()["cls"]
+    assert list(summary) == [
+        "count", "EV_1", "EV_3", "isoscore", "participation_ratio", "mean_cosine",
+        "erank", "rankme", "outliers", "principal_outlier", "principal_outlier_share",
+    ]  # fmt: skip
+    assert summary == {key: values[key].item() for key in summary}
+    assert set(values) == {*summary, "ev_ratio", "std", "abs_corr"}
 
 
 def test_mean_cosine_counts_zero_vectors_as_zero():
@@ -189,14 +209,14 @@ def test_analyze_encoder_equals_one_unbucketed_batch(tiny_rte):
 
 def test_write_figures_and_summary(tiny_rte, tmp_path):
     *_, rep = tiny_rte
-    paths = analysis.write_figures(rep, tmp_path)
+    paths = figures.write_figures(rep, tmp_path)
     assert sorted(p.name for p in paths) == [
         "abs_correlation.png", "ev_curve.png", "layer_isoscore.png", "std_histogram.png"
     ]  # fmt: skip
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 2000
-    summary = json.loads(analysis.write_summary(rep, tmp_path).read_text())
+    summary = json.loads(figures.write_summary(rep, tmp_path).read_text())
     assert summary["cls"]["count"] == 16 and 0 < summary["cls"]["EV_3"] <= 1
     assert len(summary["layers"]["cls_isoscore_star"]) == 2
-    table = analysis.format_table(summary)
+    table = figures.format_table(summary)
     assert "EV_3" in table and "pooled" in table

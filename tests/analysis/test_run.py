@@ -3,8 +3,8 @@
 A tiny run (random 2-layer BERT, hidden 32, MiniLM's WordPiece vocabulary) trains two epochs of
 two steps on a synthetic RTE-format TSV written in tmp_path; the dev split has 19 rows, so the
 last evaluation batch of 8 carries filler rows. The reference is the run's own dev evaluation
-(`evaluation.evaluate` -> `steps.isotropy_metrics`) of the same checkpoint, as `results.json` holds
-it: the newest checkpoint's under "dev", the best dev epoch's under "best".
+(`evaluation.evaluate` -> `evaluation.isotropy_metrics`) of the same checkpoint, as
+`results.json` holds it: the newest checkpoint's under "dev", the best dev epoch's under "best".
 """
 
 import dataclasses

@@ -153,7 +153,7 @@ def test_documented_normalizer_kwargs_reach_the_head(minilm_dir):
         ["finetune", "--workdir", "unused", "--model", "tiny-bert", "--normalizer", "layernorm"]
         + ["--set", f"tokenizer={minilm_dir}", "--set", "normalizer_kwargs.epsilon=1e-5"]
     )
-    config = cli.finetune_config(args)
+    config = cli.finetune.finetune_config(args)
     assert config.normalizer_kwargs.to_dict() == {"epsilon": 1e-5}
     model, _, _, _ = build.build_model(specs.ModelSpec.of(config), num_labels=2)
     assert dict(model.normalizer_kwargs) == {"epsilon": 1e-5}
@@ -297,13 +297,12 @@ REFUSALS = [
      "--max-length must be >= 4, got 2"),
     ("analyze", [*TINY, "--data-dir", "{rte}", "--max-length", "1"],
      "--max-length must be >= 4, got 1"),
-    # export, predict (destinations refused before the restore), bench.
+    # export, predict (destinations refused before the restore).
     ("export", ["{run}", "{run}/checkpoints/hf"], "own files"),
     ("export", ["{run}", "{run}/config.json/hf"], "is a file, not a folder"),
     ("predict", ["{run}", "--split", "dev", "--out", "{run}/metrics.jsonl"], "own files"),
     ("predict", ["{run}", "--split", "test", "--glue-submission", "{run}/best_checkpoint"],
      "own files"),
-    ("bench", ["no_such_benchmark"], "unknown benchmark 'no_such_benchmark'"),
 ]  # fmt: skip
 
 

@@ -28,7 +28,7 @@ def run(capsys, argv):
         (["--set", "istar.zetta=0.5"], "'istar.zetta'"),
         (["--set", "batch_size=big"], "batch_size='big'"),
         (["--seed", "high"], "'high'"),
-        (["--config", "bert"], "'bert' is neither a preset (isobn, istar) nor a file"),
+        (["--config", "bert"], "--config: unknown preset 'bert' and no config file of that name"),
         # Old spellings name the new one.
         (["--istar-zeta", "0.4"], "--istar-zeta was removed: use --set istar.zeta=VALUE"),
         (["--preset", "istar"], "--preset was removed: use --config isobn or --config istar"),
@@ -72,21 +72,34 @@ def test_finetune_rejects_bad_values_with_one_line_and_status_2(capsys, tmp_path
     assert not any(tmp_path.iterdir())  # nothing was started
 
 
-def test_analyze_and_bench_reject_unknown_names(capsys):
+def test_analyze_rejects_unknown_names_and_bench_is_no_command(capsys):
     code, _, err = run(capsys, ["analyze", "--task", "glue9"])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "'glue9'" in err
     code, _, err = run(capsys, ["analyze", "--zeta", "2"])
     assert code == 2 and "--zeta 2.0 not in [0, 1]" in err
-    code, _, err = run(capsys, ["bench", "no_such_bench"])
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "'no_such_bench'" in err
+    # The benchmarks are `python -m experiments.bench.NAME` in a checkout (0.6.0).
+    code, _, err = run(capsys, ["bench", "data_speed"])
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "invalid choice: 'bench' (choose from 'finetune', 'analyze', 'export', 'predict')" in err
 
 
-def test_bench_lists_the_benchmark_scripts(capsys):
-    code, out, _ = run(capsys, ["bench"])
-    bench = (REPO / "experiments" / "bench").glob("*.py")
-    names = {path.stem for path in bench if not path.name.startswith("_")}  # not __init__.py
-    assert code == 0 and names
-    assert {line.split()[0] for line in out.strip().splitlines()} == names
+def test_a_config_file_that_cannot_load_is_one_line(capsys, tmp_path):
+    """`--config FILE` that Python cannot read, or whose get_config fails or returns something
+    else, is one line naming the file (its line for a syntax error), status 2, nothing run."""
+    config_file = tmp_path / "bad_config.py"
+    for source, bad in [
+        ("def get_config(arg):\n    return (\n", f"config file {config_file}:2: "),
+        ("import not_a_module_anywhere\n", "ModuleNotFoundError: No module named"),
+        ("x = 1\n", f"config file {config_file} has no get_config(arg)"),
+        ("def get_config(arg):\n    return 1 / 0\n", "get_config raised ZeroDivisionError"),
+        ("def get_config(arg):\n    return {}\n", "returned a dict, not a ConfigDict"),
+    ]:
+        config_file.write_text(source)
+        argv = ["finetune", "--workdir", str(tmp_path / "run"), "--config", str(config_file)]
+        code, out, err = run(capsys, argv)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert err.startswith("isojax finetune: error: --config: ") and bad in err, err
+        assert not (tmp_path / "run").exists()
 
 
 def test_config_precedence_file_then_flags_then_set(capsys, tmp_path):
@@ -176,16 +189,24 @@ def test_analyze_tiny_model_writes_report(capsys, tmp_path, glue_dir, minilm_dir
         assert (tmp_path / f"{name}.png").stat().st_size > 2000
 
 
-@pytest.mark.e2e  # a whole run
-def test_bench_runs_one_benchmark_with_its_arguments(capfd, glue_dir):
-    """`isojax bench NAME ARGS` runs experiments/bench/NAME.py with ARGS (a tiny setting)."""
-    argv = ["bench", "data_speed", "--glue_dir", str(glue_dir), "--batch_size", "8"]
-    code = cli.main([*argv, "--max_length", "32", "--repeats", "1"])
-    out, err = capfd.readouterr()
-    assert code == 0, err
-    table = out[out.index("task   max_len") :].splitlines()[1:]  # the padding table
-    rows = [line.split() for line in table if line.strip()]
-    assert [(row[0], row[1]) for row in rows] == [
-        ("mrpc", "128"), ("mrpc", "256"), ("cola", "128"), ("cola", "256")
-    ], out  # fmt: skip
-    assert all(0.0 < float(row[2]) < 1.0 for row in rows)  # padding fractions
+def test_one_loader_reads_presets_files_and_grid_files(tmp_path):
+    """`configs.load("NAME[:ARG]" | "path.py[:ARG]")`: the ARG after the colon, else the
+    argument; the study's grid files come through the same loader."""
+    from experiments.study import grid as study_grid
+    from isojax.training import configs
+
+    config_file = tmp_path / "task_config.py"
+    config_file.write_text(
+        "import ml_collections\n"
+        "def get_config(arg):\n"
+        "    return ml_collections.ConfigDict(dict(task=arg))\n"
+    )
+    assert configs.load(f"{config_file}:mrpc").task == "mrpc"
+    assert configs.load(str(config_file), "cola").task == "cola"
+    assert configs.load(f"{config_file}:mrpc", "cola").task == "mrpc"  # the spec's own wins
+    assert configs.load(str(config_file)).task is None
+    assert configs.load("istar:unused").to_dict() == configs.load("istar").to_dict()
+    assert configs.load("istar").penalty == "istar"
+    grid_file = str(REPO / "experiments" / "configs" / "study_pilot.py")
+    grid, _ = study_grid.load_grid(grid_file)
+    assert grid.to_dict() == configs.load(grid_file, what="grid file").to_dict()

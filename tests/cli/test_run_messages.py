@@ -1,12 +1,10 @@
 """What a newcomer reads from a run and from the `isojax` command (issue 26 items 3 and 8): the
 another-config refusal is one line with status 2, the first line names the data source, the
-progress line counts epochs as the summary does, `isojax bench` lists whole sentences."""
+progress line counts epochs as the summary does."""
 
-import ast
 import json
 
 import pytest
-from helpers import REPO
 
 from isojax import cli
 from isojax.training import config as config_lib
@@ -90,23 +88,13 @@ def test_progress_line_counts_epochs_from_1_as_the_summary(capsys, tmp_path):
     assert [r["epoch"] for r in records] == [0, 0]  # the records keep the loop's index
 
 
-def test_bench_listing_gives_each_first_paragraph_whole(capsys):
-    assert cli.main(["bench"]) == 0
-    listed = dict(line.split(None, 1) for line in capsys.readouterr().out.strip().splitlines())
-    for path in sorted((REPO / "experiments" / "bench").glob("[!_]*.py")):
-        doc = ast.get_docstring(ast.parse(path.read_text()))
-        paragraph = " ".join(doc.split("\n\n")[0].split())
-        assert listed[path.stem] == paragraph
-        assert paragraph.endswith((".", ")")), f"{path.name}: {paragraph!r}"
-
-
 def test_the_terminal_handler_shows_each_line_once_beside_a_root_handler(capsys):
     """Importing orbax gives the root logger a handler (absl calls `logging.basicConfig()`):
     with the command's handler installed, a record shows once, not again through the root."""
     import io
     import logging
 
-    from isojax.cli.common import install_log_handler
+    from isojax.logs import install_log_handler
 
     root_stream = io.StringIO()
     root_handler = logging.StreamHandler(root_stream)

@@ -147,3 +147,71 @@ def test_every_normaliser_checks_its_values_in_float32_at_construction(
         assert str(err.value) == message, (name, str(err.value))
         checked += 1
     assert checked >= {"epsilon": 4, "beta": 1, "momentum": 5, "iterations": 1}[field]
+
+
+# The check table's bad values, by field: every field of every `HPARAMS` row has some
+# (`test_every_field_has_bad_values`), so a new row is refused by its constructors as it is added.
+_FLAG_BAD = (1, 0, "yes", None)
+_INIT_BAD = ("zeros", 0.0, None)
+BAD = {
+    "momentum": (5.0, 0.0, 1.0, -0.5, 1 - 1e-9, 1e-9, "0.9", True, None, float("nan")),
+    "beta": (-1.0, 1e300, float("inf"), "0.5", None),
+    "epsilon": (0.0, -1e-5, 1e-300, 1e300, float("nan"), "1e-5", None),
+    "alpha": (-0.1, 1.5, "0.1", None),
+    "group_size": (0, -4, 16.0, True, "4"),
+    "iterations": (-1, 7, 2.5, True, None),
+    **dict.fromkeys(("debias", "keep_scale", "stop_gradient", "affine"), _FLAG_BAD),
+    **dict.fromkeys(("use_bias", "use_scale"), _FLAG_BAD),
+    **dict.fromkeys(("bias_init", "scale_init"), _INIT_BAD),
+}
+CASES = [
+    (name, field, value)
+    for name in normalizers.NORMALIZERS
+    for field in normalizers.HPARAMS[name]
+    for value in BAD[field]
+]
+
+
+def _build(front: str, name: str, **hparams):
+    import isojax
+
+    cls = (isojax.linen if front == "linen" else isojax.nnx).norms.CLASSES[name]
+    return cls(**hparams) if front == "linen" else cls(8, **hparams)
+
+
+def test_every_field_has_bad_values():
+    fields = {field for row in normalizers.HPARAMS.values() for field in row}
+    assert fields <= set(BAD), sorted(fields - set(BAD))
+    assert len(CASES) > 100
+
+
+@pytest.mark.parametrize("front", ["linen", "nnx"])
+@pytest.mark.parametrize("name, field, value", CASES, ids=lambda v: repr(v)[:12])
+def test_direct_construction_refuses_every_bad_value_in_one_line(front, name, field, value):
+    """Issue 60: every normaliser's constructor, linen's and NNX's, refuses each bad value of
+    the table, with `check_hparams`' own one-line message naming the field (`IsoBN(momentum=5.0)`
+    was accepted built directly while `Whiten` refused it)."""
+    with pytest.raises(ValueError) as expected:
+        normalizers.check_hparams(name, **{field: value})
+    message = str(expected.value)
+    assert "\n" not in message and message.startswith(field), message
+    with pytest.raises(ValueError) as err:
+        _build(front, name, **{field: value})
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("front", ["linen", "nnx"])
+@pytest.mark.parametrize("name", normalizers.NORMALIZERS)
+def test_direct_construction_keeps_every_good_value(front, name):
+    """The defaults, and the edges of each range, build in both front ends; NNX sets each of
+    the table's fields as an attribute of the same value (one loop over the row)."""
+    edges = {"momentum": 1e-3, "beta": 0.0, "epsilon": 1e-30, "alpha": 1.0, "group_size": 4}
+    edges |= {"iterations": 6, "debias": True, "keep_scale": False, "affine": True}
+    for row in (
+        normalizers.HPARAMS[name],
+        {k: v for k, v in edges.items() if k in normalizers.HPARAMS[name]},
+    ):
+        module = _build(front, name, **row)
+        assert {k: getattr(module, k) for k in row} == row
+        if front == "nnx":
+            assert module.num_features == 8

@@ -248,3 +248,62 @@ def test_bad_covariance_and_k_are_named():
         isotropy.isoscore_from_cov(np.ones((3, 4)))
     with pytest.raises(ValueError, match=r"k must lie in \[1, d=4\], got 5"):
         isotropy.explained_variance(np.eye(4), 5)
+
+
+# The summary of streamed sentence vectors ------------------------------------------------
+
+
+def summary_reference(x: np.ndarray, ddof: int) -> dict:
+    """`isotropy.summarize` of ``[n, d]`` float64 points from the definitions (SPEC.md §3, §6,
+    §10.4): EV_k, IsoScore and PR of the ``ddof`` covariance's eigenvalues, the mean cosine
+    over all pairs of the full cosine matrix, the geometry from singular values (``ddof=0``)."""
+    n = len(x)
+    cov = np.cov(x, rowvar=False, ddof=ddof)
+    lam = np.sort(np.linalg.eigvalsh(cov))[::-1]
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    unit = np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
+    cos = unit @ unit.T
+
+    def entropy_rank(s, eps=0.0):
+        p = s / s.sum() + eps
+        return np.exp(-np.sum(p * np.log(p)))
+
+    var = np.var(x, axis=0)
+    return {
+        "count": n,
+        "ev1": lam[0] / lam.sum(),
+        "ev3": lam[:3].sum() / lam.sum(),
+        "isoscore": isoscore_reference(x),  # scale-free: the same for every ddof
+        "participation_ratio": lam.sum() ** 2 / (lam**2).sum(),
+        "mean_cosine": (cos.sum() - np.trace(cos)) / (n * (n - 1)),
+        "erank": entropy_rank(np.linalg.svd(x - x.mean(0), compute_uv=False)),
+        "rankme": entropy_rank(np.linalg.svd(x, compute_uv=False), 1e-7),
+        "outliers": np.sum(var >= 5 * var.mean()),
+        "principal_outlier": np.argmax(var),
+        "principal_outlier_share": var.max() / var.sum(),
+        "ev_ratio": lam / lam.sum(),
+        "std": np.std(x, axis=0, ddof=ddof),
+    }
+
+
+@pytest.mark.parametrize("ddof", [0, 1])  # the dev evaluation's, `isojax analyze`'s
+def test_summarize_matches_numpy_float64(ddof):
+    """`summarize` of statistics streamed in uneven, masked batches (a zero vector among the
+    points) equals the float64 definitions, key for key: the `SCALARS`, `ev_ratio`, `std`."""
+    rng = np.random.default_rng(3)
+    x = _cloud(3, 70, 9)
+    x[:, 4] *= 12  # one dimension far above the others: a principal outlier
+    x[5] = 0  # cosine 0 with every other point
+    keep = rng.random(70) > 0.25  # dropped rows stand for batch filler
+    state = isotropy.sentence_stats_init(9)
+    update = jax.jit(isotropy.sentence_stats_update)
+    for lo, hi in ((0, 30), (30, 41), (41, 70)):
+        state = update(state, jnp.asarray(x[lo:hi], jnp.float32), jnp.asarray(keep[lo:hi]))
+    got = jax.tree.map(np.asarray, jax.jit(isotropy.summarize, static_argnums=1)(state, ddof))
+    want = summary_reference(x[keep].astype(np.float32).astype(np.float64), ddof)
+    assert set(got) == {*isotropy.SCALARS, "ev_ratio", "std"} == set(want)
+    assert want["outliers"] == 1 and want["principal_outlier"] == 4
+    for key, value in want.items():
+        integer = key in ("outliers", "principal_outlier")
+        assert got[key].dtype == (np.int32 if integer else np.float32), key
+        np.testing.assert_allclose(got[key], value, rtol=2e-4, atol=2e-6, err_msg=key)

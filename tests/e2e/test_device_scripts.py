@@ -153,10 +153,29 @@ def test_prepare_on_a_fresh_clone_stages_into_the_ignored_device_folder(tmp_path
     assert done.returncode == 1 and ".device/ is not git-ignored here" in done.stderr
 
 
+# What `go` runs of the accelerator check and bench, in the test below: a python that writes
+# each call's arguments to $STAND_IN_LOG, proves that the check's module imports in go's
+# environment, and prints the check's last line; any other command runs the real python. The
+# check itself ran whole through the same `accel` function in the `bench` call just before.
+_STAND_IN = """#!/usr/bin/env bash
+case "$*" in
+experiments/device/accel_check.py*|*experiments?bench?accelerator*)
+    echo "$*" >>"$STAND_IN_LOG"
+    "$REAL_PYTHON" -c "import experiments.device.accel_check" || exit 1
+    echo "accel_check: done (stand-in)"
+    exit 0 ;;
+esac
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+@pytest.mark.slow
 def test_dry_bench_and_go_run_the_accelerator_check(tmp_path, glue_dir):
     """`bench` (no weights staged at all) runs the accelerator check's dry run in one call,
     its figure lines in the output and the whole log and the profile in $OUT; `go` with a
-    part gone runs the check only (exit 3, no grid), and BENCH=0 skips it."""
+    part gone runs the check then the bench only (exit 3, no grid), and BENCH=0 skips both.
+    The `go` calls run the two through `_STAND_IN` (their arguments checked): the check's
+    dry run is the bench call's, once."""
     out = tmp_path / "out"
     env = {"DEVICE_DIR": str(tmp_path / "nothing"), "PYTHON": sys.executable, "OUT": str(out),
            "ISOJAX_DEVICE_DRY": "1"}  # fmt: skip
@@ -178,11 +197,20 @@ def test_dry_bench_and_go_run_the_accelerator_check(tmp_path, glue_dir):
     assert _sh("prepare.sh", env=env).returncode == 0
     (dev / "w1" / "part1").unlink()
     shutil.rmtree(out)
+    stand_in, calls = tmp_path / "python", tmp_path / "calls.txt"
+    stand_in.write_text(_STAND_IN)
+    stand_in.chmod(0o755)
+    env |= {"PYTHON": str(stand_in), "REAL_PYTHON": sys.executable, "STAND_IN_LOG": str(calls)}
     done = _sh("run.sh", "go", "3", env=env | {"BENCH": "1", "BENCH_S": "1"})
     assert done.returncode == 3, done.stdout + done.stderr
     assert done.stdout.index("== accelerator check") < done.stdout.index("== accelerator bench")
     assert "accel_check.py exit 0 " in done.stdout
+    assert "accel_check: done (stand-in)" in (out / "accel.log").read_text()
+    check, bench = calls.read_text().splitlines()
+    assert check == f"experiments/device/accel_check.py --dry --out {out} --budget-s 330"
+    assert "accelerator" in bench and bench.endswith("--rounds 3")
     shutil.rmtree(out)
+    calls.unlink()
     done = _sh("run.sh", "go", "3", env=env | {"BENCH": "0"})
     assert done.returncode == 3 and "== accelerator check" not in done.stdout
-    assert not (out / "accel.log").exists()
+    assert not (out / "accel.log").exists() and not calls.exists()

@@ -26,7 +26,7 @@ _ORBAX_LATE_CALLBACK = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisab
 _CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    from isojax.cli.common import install_log_handler
+    from isojax.logs import install_log_handler
     from isojax.training import checkpointing, loop
     from isojax.training import config as config_lib
 

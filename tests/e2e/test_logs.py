@@ -1,6 +1,6 @@
 """The library logs and prints nothing: a run embedded in a program writes no line until the
 program installs a handler, `logging.getLogger("isojax").setLevel(logging.ERROR)` silences even
-the warnings, and the `isojax` command shows the lines (`isojax.cli.common`)."""
+the warnings, and the `isojax` command shows the lines (`isojax.logs.install_log_handler`)."""
 
 import subprocess
 import sys
@@ -37,13 +37,23 @@ def _run(setup: str, tmp_path, glue_dir, minilm_dir) -> str:
     return out.stderr
 
 
-def test_an_embedded_run_is_silent_and_a_handler_shows_its_lines(tmp_path, glue_dir, minilm_dir):
-    quiet = _run(
-        'logging.getLogger("isojax").setLevel(logging.ERROR)', tmp_path / "a", glue_dir, minilm_dir
-    )
-    assert quiet == ""
+QUIET = 'logging.getLogger("isojax").setLevel(logging.ERROR)'
+
+
+@pytest.fixture(scope="module")
+def quiet_run(tmp_path_factory, glue_dir, minilm_dir):
+    """One embedded run with the "isojax" logger at ERROR (both tests start from it): its
+    stderr, and the folder its run folder is in."""
+    root = tmp_path_factory.mktemp("quiet")
+    return _run(QUIET, root, glue_dir, minilm_dir), root
+
+
+def test_an_embedded_run_is_silent_and_a_handler_shows_its_lines(
+    quiet_run, tmp_path, glue_dir, minilm_dir
+):
+    assert quiet_run[0] == ""
     shown = _run(
-        "from isojax.cli.common import install_log_handler; install_log_handler()",
+        "from isojax.logs import install_log_handler; install_log_handler()",
         tmp_path / "b",
         glue_dir,
         minilm_dir,
@@ -51,19 +61,22 @@ def test_an_embedded_run_is_silent_and_a_handler_shows_its_lines(tmp_path, glue_
     assert "isojax: " in shown and "rte from the TSVs in" in shown  # the run's first line
 
 
-def test_a_torn_metrics_line_is_logged_and_silenced_with_the_logger(tmp_path, glue_dir, minilm_dir):
+def test_a_torn_metrics_line_is_logged_and_silenced_with_the_logger(
+    quiet_run, glue_dir, minilm_dir
+):
     """Issue 50, finding 9: the torn-line drop of `resume.py` was a `warnings.warn`, written to
     stderr by a rerun whose "isojax" logger was at ERROR. Now a logged warning: nothing at
-    ERROR, the line with the command's handler."""
-    quiet = 'logging.getLogger("isojax").setLevel(logging.ERROR)'
-    assert _run(quiet, tmp_path / "a", glue_dir, minilm_dir) == ""
-    run = tmp_path / "a" / "run"
+    ERROR, the line with the command's handler. On the quiet run's folder (only this test
+    writes there)."""
+    quiet, (first, folder) = QUIET, quiet_run
+    assert first == ""
+    run = folder / "run"
     (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 9, "ep')
-    assert _run(quiet, tmp_path / "a", glue_dir, minilm_dir) == ""  # the finished run, reread
+    assert _run(quiet, folder, glue_dir, minilm_dir) == ""  # the finished run, reread
     (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 9, "ep')
     shown = _run(
-        "from isojax.cli.common import install_log_handler; install_log_handler()",
-        tmp_path / "a",
+        "from isojax.logs import install_log_handler; install_log_handler()",
+        folder,
         glue_dir,
         minilm_dir,
     )

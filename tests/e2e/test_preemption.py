@@ -1,6 +1,10 @@
 """Save on preemption: `isojax finetune` sent SIGTERM mid-epoch saves the step it stopped on,
 exits with `stops.EXIT_PREEMPTED`, and resumes to the uninterrupted run's end; with 2
-processes, the one signalled and the other save the same step."""
+processes, the one signalled and the other save the same step.
+
+Each resume test costs three whole runs (uninterrupted, stopped, resumed), so each run carries
+as many kinds of running state as it can: the linen run is IsoBN + I-STAR (batch statistics and
+the C0 pass's stabiliser), the NNX run IsoBN, the third `whiten`."""
 
 import json
 import pathlib
@@ -86,20 +90,26 @@ def _state(workdir: pathlib.Path, step: int) -> dict:
     return ocp.StandardCheckpointer().restore(workdir / "checkpoints" / str(step) / "state")
 
 
-@pytest.mark.parametrize("front_end", ["linen", "nnx"])
+@pytest.mark.parametrize(
+    "front_end, arm",
+    [("linen", "--normalizer isobn --penalty istar"), ("nnx", "--normalizer isobn")],
+    ids=["linen-isobn+istar", "nnx-isobn"],
+)
 def test_sigterm_saves_that_step_and_the_restart_ends_identical(
-    tmp_path, glue_dir, minilm_dir, front_end
+    tmp_path, glue_dir, minilm_dir, front_end, arm
 ):
-    """48 RTE rows, batches of 8: 2 epochs of 6 steps (epoch-end checkpoints 6 and 12), IsoBN
-    (batch_stats), dropout on, on 4 devices; the linen classifier and its NNX twin
-    (`--front-end nnx`). SIGTERM after step 3, SIGINT again while saving: the child saves
-    step 3 (epoch 0, batch 3) and exits 75; the restart ends with every leaf of the state
-    (params, opt_state, batch_stats), results.json and metrics.jsonl of the uninterrupted
-    run."""
+    """48 RTE rows, batches of 8: 2 epochs of 6 steps (epoch-end checkpoints 6 and 12), dropout
+    on, on 4 devices; the linen classifier with IsoBN and I-STAR (two kinds of running state:
+    batch_stats and the stabiliser's C0, the held probe of the turn-5 audit, issue 50) and its
+    NNX twin (`--front-end nnx`) with IsoBN. SIGTERM after step 3, SIGINT again while saving:
+    the child saves step 3 (epoch 0, batch 3) and exits 75; the restart ends with every leaf of
+    the state (params, opt_state, batch_stats, the stabiliser), results.json and metrics.jsonl
+    of the uninterrupted run, bit for bit."""
     full, cut = tmp_path / "full", tmp_path / "cut"
+    env = {"ISOJAX_TEST_ARM": arm}
     children = [
-        _start(tmp_path, full, glue_dir, minilm_dir, front_end=front_end),
-        _start(tmp_path, cut, glue_dir, minilm_dir, stop_at=3, front_end=front_end),
+        _start(tmp_path, full, glue_dir, minilm_dir, front_end=front_end, **env),
+        _start(tmp_path, cut, glue_dir, minilm_dir, stop_at=3, front_end=front_end, **env),
     ]
     done, stopped = (finish(child) for child in children)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -111,11 +121,12 @@ def test_sigterm_saves_that_step_and_the_restart_ends_identical(
     position = json.loads((cut / "checkpoints" / "3" / "position" / "metadata").read_text())
     assert (position["epoch"], position["batch"], position["train_count"]) == (0, 3, 1)
 
-    resumed = finish(_start(tmp_path, cut, glue_dir, minilm_dir, front_end=front_end))
+    resumed = finish(_start(tmp_path, cut, glue_dir, minilm_dir, front_end=front_end, **env))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at step 3 (epoch 0, batch 3)" in resumed.stderr
     want, got = _state(full, 12), _state(cut, 12)
-    assert set(want) >= {"params", "opt_state", "batch_stats"}
+    assert set(want) >= {"params", "opt_state", "batch_stats"} and want["batch_stats"]
+    assert bool(want.get("stabilizer")) == ("istar" in arm)  # the C0 pass's state, compared too
     assert jax.tree.structure(want) == jax.tree.structure(got)
     jax.tree_util.tree_map_with_path(
         lambda path, a, b: np.testing.assert_array_equal(
@@ -166,20 +177,13 @@ def test_two_processes_save_the_same_step(tmp_path, glue_dir, minilm_dir):
     assert position["epoch"] * 6 + position["batch"] == step  # 6 steps an epoch
 
 
-@pytest.mark.parametrize(
-    "arm",
-    ["--normalizer whiten", "--normalizer isobn --penalty istar"],
-    ids=["whiten", "isobn+istar"],
-)
-def test_sigterm_and_resume_end_identical_for_whiten_and_isobn_istar(
-    tmp_path, glue_dir, minilm_dir, arm
-):
+def test_sigterm_and_resume_end_identical_for_whiten(tmp_path, glue_dir, minilm_dir):
     """Held probe of the turn-5 audit (issue 50): the same SIGTERM at step 3 and restart for
-    `whiten` (its running mean, covariance and counters) and `isobn + istar` (two kinds of
-    running state): the restart's results.json, metrics and final state are the uninterrupted
-    run's, bit for bit."""
+    `whiten` (its running mean, covariance and counters; `isobn + istar` is the linen case
+    above): the restart's results.json, metrics and final state are the uninterrupted run's,
+    bit for bit."""
     full, cut = tmp_path / "full", tmp_path / "cut"
-    env = {"ISOJAX_TEST_ARM": arm}
+    env = {"ISOJAX_TEST_ARM": "--normalizer whiten"}
     children = [
         _start(tmp_path, full, glue_dir, minilm_dir, **env),
         _start(tmp_path, cut, glue_dir, minilm_dir, stop_at=3, **env),

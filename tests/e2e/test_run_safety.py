@@ -22,7 +22,7 @@ from children import child_env
 from helpers import finetune_args, logged_warning, one_line
 
 from isojax import cli, runs
-from isojax.training import checkpointing, resume, stops
+from isojax.training import checkpointing, run_folder, stops
 
 pytestmark = pytest.mark.e2e
 
@@ -238,8 +238,8 @@ def test_a_checkpoint_without_a_stamp_restores_with_a_warning(caplog, killed_twi
     run_dir = tmp_path / "run"
     shutil.copytree(killed_twice[1], run_dir, ignore=shutil.ignore_patterns("best_checkpoint"))
     restored = runs.restore(run_dir)
-    stamp = resume.config_stamp(restored.spec.fields)["config"]
-    assert resume.check_stamp(stamp, restored.spec.fields, "here")
+    stamp = run_folder.config_stamp(restored.spec.fields)["config"]
+    assert run_folder.check_stamp(stamp, restored.spec.fields, "here")
     position = dict(restored.position)
     with checkpointing.Checkpointer(run_dir / "checkpoints", max_to_keep=3) as ckpt:
         ckpt.save(5, restored.state, position)  # saved as before: no "config" key

@@ -76,7 +76,7 @@ def test_a_second_finetune_on_a_held_run_folder_is_refused(tmp_path, glue_dir, m
     assert not (workdir / "config.json").exists()
 
 
-# What `isojax finetune` holds in its run folder (`resume.hold_run_folder`), held by hand.
+# What `isojax finetune` holds in its run folder (`run_folder.hold_run_folder`), held by hand.
 _HOLD = """
 import fcntl, os, sys, time
 fd = os.open(os.path.join(sys.argv[1], ".isojax_lock"), os.O_RDWR | os.O_CREAT, 0o644)

@@ -42,6 +42,7 @@ def _env() -> dict:
     return os.environ | {"PYTHONPATH": path, "JAX_PLATFORMS": "cpu", "RAY_AUTH_MODE": "disabled"}
 
 
+@pytest.mark.slow
 def test_ray_tasks_record_the_plain_runners_cells_and_scores(tmp_path, glue_dir, minilm_dir):
     """The Ray run (a driver process, the cluster's two workers) and the plain run (in this
     process) overlap; then the records are compared field by field."""

@@ -23,7 +23,7 @@ import optax
 import pytest
 
 from isojax.linen import make_normalizer
-from isojax.training.optim import learning_rate_schedule, make_optimizer
+from isojax.training.optim import OptimSpec, learning_rate_schedule, make_optimizer
 
 STEPS, BATCH, D = 540, 32, 128  # the study's STS-B epochs x batches; a third of MiniLM's width
 LABEL_MEAN, LABEL_STD = 2.70, 1.46  # STS-B train: 5749 pairs, mean 2.701, variance 2.144
@@ -51,9 +51,8 @@ def _train(name: str):
         "w": 0.02 * jax.random.normal(jax.random.key(1), (D,)),
         "b": jnp.zeros(()),
     }
-    optimizer = make_optimizer(
-        learning_rate=1e-4, total_steps=STEPS, warmup_fraction=0.1, weight_decay=0.01
-    )
+    spec = OptimSpec(learning_rate=1e-4, warmup_fraction=0.1, weight_decay=0.01, clip_norm=None)
+    optimizer = make_optimizer(spec, total_steps=STEPS)
 
     def loss_fn(params, stats, xb, yb):
         variables = {"params": params["norm"], "batch_stats": stats}

@@ -2,6 +2,7 @@
 ModernBertForSequenceClassification (float32, eager attention), loaded from a folder that
 transformers wrote (random weights: no ModernBERT checkpoint can be downloaded here)."""
 
+import functools
 import json
 
 import jax
@@ -15,7 +16,8 @@ from helpers import TINY_MODERNBERT, assert_tree_close, tiny_modernbert_folder
 
 from isojax import linen, models
 from isojax.models import config as config_lib
-from isojax.models import hf_import, modernbert
+from isojax.models import hf_import, modernbert, xla_cpu
+from isojax.nnx import export as nnx_export
 from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained as nnx_pretrained
 
@@ -145,10 +147,10 @@ def test_exported_classifier_loads_in_transformers(front, tmp_path):
         logits, _ = head.apply(variables, ids, mask)
         linen.export_pretrained(tmp_path, head, variables)
     else:
-        nnx_head = nnx_pretrained.from_linen(head, rngs=nnx.Rngs(0))
+        nnx_head = nnx_export.from_linen(head, rngs=nnx.Rngs(0))
         nnx_pretrained.load_linen_variables(nnx_head, variables)
         logits, _ = nnx_head(ids, mask, deterministic=True)
-        nnx_pretrained.export_pretrained(tmp_path, nnx_head)
+        nnx_export.export_pretrained(tmp_path, nnx_head)
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["architectures"] == ["ModernBertForSequenceClassification"]
     theirs = transformers.AutoModelForSequenceClassification.from_pretrained(
@@ -345,29 +347,17 @@ def _grad_bytes(layers: int) -> float:
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU fusion it guards against")
 @pytest.mark.parametrize("twin", [False, True])
 def test_backward_memory_traffic_is_linear_in_depth(twin, monkeypatch):
-    """Each added layer adds the same backward traffic (`residual_boundary`); without it XLA's
-    CPU fusion re-adds every upper layer's residual cotangent in each lower layer: O(L^2)."""
+    """Each added layer adds the same backward traffic (`xla_cpu.residual_boundary`); without
+    it XLA's CPU fusion re-adds every upper layer's residual cotangent in each lower layer:
+    O(L^2)."""
     if twin:
-        monkeypatch.setattr(modernbert, "residual_boundary", lambda x: x)
+        monkeypatch.setattr(xla_cpu, "residual_boundary", lambda x: x)
     b3, b6, b12 = (_grad_bytes(n) for n in (3, 6, 12))
     growth = (b12 - b6) / 2 / (b6 - b3)  # per-layer traffic, 6 -> 12 layers over 3 -> 6
     if twin:
         assert growth > 1.1
     else:
         assert growth == pytest.approx(1.0, abs=0.03)
-
-
-def test_residual_boundary_is_the_identity_in_every_mode():
-    """Values, forward- and reverse-mode derivatives pass unchanged."""
-    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 4)), jnp.float32)
-    t = jnp.ones_like(x)
-    np.testing.assert_array_equal(jax.jit(modernbert.residual_boundary)(x), x)
-    np.testing.assert_array_equal(jax.jvp(modernbert.residual_boundary, (x,), (t,))[1], t)
-    grad = jax.grad(lambda v: jnp.sum(modernbert.residual_boundary(v) * x))(x)
-    np.testing.assert_array_equal(grad, x)
-    np.testing.assert_array_equal(jax.vmap(modernbert.residual_boundary)(x), x)
-    grad = jax.grad(lambda v: jnp.sum(jax.vmap(modernbert.residual_boundary)(v) * x))(x)
-    np.testing.assert_array_equal(grad, x)  # audit 6, finding 5: NotImplementedError on CPU
 
 
 def test_grad_of_a_vmapped_example_loss_equals_the_batched_reference_gradient(monkeypatch):
@@ -394,7 +384,7 @@ def test_grad_of_a_vmapped_example_loss_equals_the_batched_reference_gradient(mo
 
     got = jax.grad(lambda p: jnp.mean(jax.vmap(example_loss, (None, 0, 0))(p, ids, labels)))(params)
     assert_tree_close(got, jax.grad(batched_loss)(params), tol=1e-5)
-    monkeypatch.setattr(modernbert, "residual_boundary", lambda x: x)
+    monkeypatch.setattr(xla_cpu, "residual_boundary", lambda x: x)
     assert_tree_close(got, jax.grad(batched_loss)(params), tol=1e-5)
 
 
@@ -443,3 +433,42 @@ def test_six_more_configurations_match_transformers(name, tmp_path):
         ):
             np.testing.assert_allclose(ours, theirs.numpy(), rtol=0, atol=1e-5, err_msg=side)
         np.testing.assert_allclose(logits, ref.logits.numpy(), rtol=0, atol=1e-5, err_msg=side)
+
+
+@pytest.mark.parametrize("front", ["linen", "nnx"])
+def test_token_type_ids_and_cls_only_are_refused_and_the_head_passes_neither(front):
+    """Issue 60: ModernBERT has no token type embeddings and computes every token, and its
+    encoder used to ignore `token_type_ids` and `cls_only` silently. Each front end's encoder
+    now refuses them in one line; the head (as the loop and `isojax analyze` call it, with the
+    batch's `token_type_ids` and `cls_only=True`) passes neither, and its logits are those of a
+    call without them."""
+    from isojax import nnx as ijx
+
+    cfg, linen_head, variables = _packed_head("cls")
+    ids, mask = (jnp.asarray(a) for a in padded_batch(cfg.vocab_size, t=12))
+    types = jnp.ones_like(ids)
+    if front == "linen":
+        encoder, params = linen.Encoder(cfg), {"params": variables["params"]["encoder"]}
+
+        def call(*args, **kw):
+            return encoder.apply(params, *args, **kw)
+
+        def head(*args, **kw):
+            return linen_head.apply(variables, *args, **kw)[0]
+    else:
+        model = ijx.Encoder(cfg, rngs=nnx.Rngs(0))
+        call = functools.partial(model, deterministic=True)
+        nnx_head = nnx_heads.SequenceClassifier(model, num_labels=3, rngs=nnx.Rngs(0))
+
+        def head(*args, **kw):
+            return nnx_head(*args, deterministic=True, **kw)[0]
+
+    for args, kw, says in [
+        ((ids, mask, types), {}, "token_type_ids (3, 12) given to a ModernBERT encoder"),
+        ((ids, mask), {"cls_only": True}, "cls_only=True given to a ModernBERT encoder"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            call(*args, **kw)
+        assert str(err.value).startswith(says) and "\n" not in str(err.value)
+    want = head(ids, mask)
+    np.testing.assert_array_equal(head(ids, mask, types, cls_only=True), want)

@@ -1,5 +1,5 @@
 """The NNX encoders and head (`isojax.nnx.encoder`, `heads`, `pretrained`) against their linen
-twins with the same weights (`pretrained.to_linen`): outputs within 1e-6, gradients within
+twins with the same weights (`nnx_export.to_linen`): outputs within 1e-6, gradients within
 1e-5 (float32), for the four families on tiny configs and MiniLM-L6's real weights, under
 `nnx.jit`, `nnx.remat`, graph and tree mode and `nnx.view`; Hugging Face weights in and out
 (transformers' PyTorch classifier on an exported NNX head); FSDP sharding metadata."""
@@ -14,7 +14,9 @@ from helpers import tiny_encoder_config
 from isojax import linen, models
 from isojax.linen import encoder as linen_encoder
 from isojax.models import dropout as dropout_lib
+from isojax.nnx import bert as nnx_bert
 from isojax.nnx import encoder as nnx_encoder
+from isojax.nnx import export as nnx_export
 from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained
 from isojax.training import distributed
@@ -75,7 +77,7 @@ def _sentence_loss(out):
 def _assert_parity(model, inputs, *, ids=IDS, cls_only=False, graph=True):
     """NNX (`nnx.jit`, graph or tree mode) vs the linen twin (`jax.jit`): outputs and
     gradients of `_sentence_loss`."""
-    module, variables = pretrained.to_linen(model)
+    module, variables = nnx_export.to_linen(model)
     kw = dict(inputs, deterministic=True, cls_only=cls_only)
 
     def linen_loss(params):
@@ -135,14 +137,14 @@ def test_dropout_modes_and_masks():
         model(IDS, mask)  # no mode anywhere: refused, not silently training
     model.eval()
     eval_out = model(IDS, mask).pooled
-    module, variables = pretrained.to_linen(model)
+    module, variables = nnx_export.to_linen(model)
     np.testing.assert_allclose(eval_out, module.apply(variables, IDS, mask).pooled, atol=1e-6)
     train = nnx.view(model, deterministic=False)  # shares the weights and dropout streams
     first, second = train(IDS, mask).pooled, train(IDS, mask).pooled
     assert not np.allclose(first, eval_out) and not np.allclose(first, second)
     np.testing.assert_array_equal(model(IDS, mask).pooled, eval_out)  # the original: eval
     # The NNX dropout is the linen one's function, at the key its stream draws.
-    drop = nnx_encoder.Dropout(0.25, rngs=nnx.Rngs(dropout=7))
+    drop = nnx_bert.Dropout(0.25, rngs=nnx.Rngs(dropout=7))
     key = nnx.Rngs(dropout=7)["dropout"].fork()()
     x = jnp.ones((4, 64))
     np.testing.assert_array_equal(drop(x, deterministic=False), dropout_lib.dropout(x, 0.25, key))
@@ -156,7 +158,7 @@ def test_classifier_parity_train_and_eval(normalizer):
     head = nnx_heads.SequenceClassifier(
         encoder, num_labels=3, normalizer=normalizer, dropout_rate=0.0, rngs=nnx.Rngs(1)
     )
-    module, variables = pretrained.to_linen(head)
+    module, variables = nnx_export.to_linen(head)
     batch = dict(PACKED, example_mask=jnp.array([1.0, 1.0, 1.0, 0.0]))
 
     @nnx.jit
@@ -238,7 +240,7 @@ def test_export_loads_in_transformers(tmp_path):
     nnx.jit(lambda m: m(IDS, mask))(head)  # running statistics away from their start
     head.eval()
     want, _ = head(IDS, mask)
-    folder = pretrained.export_pretrained(tmp_path / "out", head)
+    folder = nnx_export.export_pretrained(tmp_path / "out", head)
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
     with torch.no_grad():
         got = hf(

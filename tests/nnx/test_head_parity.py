@@ -13,6 +13,7 @@ from helpers import tiny_encoder_config
 
 from isojax.linen import encoder as linen_encoder
 from isojax.nnx import encoder as nnx_encoder
+from isojax.nnx import export as nnx_export
 from isojax.nnx import heads as nnx_heads
 from isojax.nnx import pretrained
 
@@ -84,7 +85,7 @@ def test_nnx_head_is_linen_bit_for_bit(dtype, normalizer, remat, kind):
     logits and hidden states, identical to linen's (a batch of 1 is skipped and counted by
     both)."""
     head = _head(normalizer, jnp.dtype(dtype), remat)
-    module, variables = pretrained.to_linen(head)
+    module, variables = nnx_export.to_linen(head)
     ids, batch = _batch(kind)
 
     @jax.jit

@@ -20,7 +20,17 @@ from isojax import cli, linen, runs
 from isojax.data import glue, tasks
 from isojax.models import config as config_lib
 from isojax.runs import predict
-from isojax.training import build, checkpointing, distributed, evaluation, loop, resume, specs
+from isojax.training import (
+    build,
+    checkpointing,
+    distributed,
+    evaluation,
+    loop,
+    optim,
+    run_folder,
+    specs,
+)
+from isojax.training.position import Position
 
 pytestmark = pytest.mark.e2e  # whole runs: the e2e lane
 
@@ -79,15 +89,15 @@ def untrained_run(workdir: pathlib.Path, config) -> pathlib.Path:
         spec.state,
         model,
         encoder_params,
-        build.make_optimizer(spec.state.optim, 1),
-        build.make_objective(spec.state.objective, task, 1),
+        optim.make_optimizer(spec.state.optim, 1),
+        spec.state.objective.for_run(task.is_regression, 1),
         hidden,
         distributed.make_mesh(),
     )
     workdir.mkdir(parents=True)
     (workdir / "config.json").write_text(config.to_json(indent=2))
-    with checkpointing.Checkpointer(workdir / resume.LATEST_DIR) as ckpt:
-        ckpt.save(0, state, resume.Position().to_json() | resume.config_stamp(spec.fields))
+    with checkpointing.Checkpointer(workdir / run_folder.LATEST_DIR) as ckpt:
+        ckpt.save(0, state, Position().to_json() | run_folder.config_stamp(spec.fields))
     return workdir
 
 
@@ -119,13 +129,13 @@ def test_exported_run_equals_predict_in_transformers(capsys, tmp_path, trained, 
     family = "Roberta" if name.startswith("roberta") else "Bert"
     assert f"as {family}ForSequenceClassification\n" in out
     results = json.loads((run_dir / "results.json").read_text())
-    assert f"dev: {cli.format_metrics(task, results['dev'])}" in out
+    assert f"dev: {cli.runs.format_metrics(task, results['dev'])}" in out
 
     code, out, err = run_cli(
         capsys, ["predict", run_dir, "--split", "dev", "--out", tmp_path / "p.tsv"]
     )
     assert code == 0, err
-    assert f"dev: {cli.format_metrics(task, results['dev'])}\n" in out
+    assert f"dev: {cli.runs.format_metrics(task, results['dev'])}\n" in out
     pred = predict.predict(runs.restore(run_dir), "dev")
     assert pred.metrics == results["dev"]  # the same eval batches: exactly the run's numbers
 
@@ -233,7 +243,7 @@ def test_best_restores_the_best_epochs_parameters(monkeypatch, tmp_path, glue_di
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["best"]["dev"]["score"] == 0.9 and saved["dev"]["score"] == 0.5
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["6"]
-    assert "\nbest: step 4  epoch 2  dev score 0.9000" in cli.format_results(results)
+    assert "\nbest: step 4  epoch 2  dev score 0.9000" in cli.finetune.format_results(results)
 
     best = runs.restore(tmp_path / "run", best=True)
     assert (best.step, best.checkpoint, best.evaluation["epoch"]) == (4, "best", 2)
@@ -249,10 +259,10 @@ def test_best_restores_the_best_epochs_parameters(monkeypatch, tmp_path, glue_di
 def test_best_survives_a_resume_and_a_tie_keeps_the_earlier_epoch():
     """The best evaluation travels in the checkpointed Position (JSON), so a resumed run
     compares against it; an equal later score does not replace it."""
-    position = resume.Position()
+    position = Position()
     evals = [{"step": 2 * k, "epoch": k, "dev": {"score": s}} for k, s in ((1, 0.5), (2, 0.7))]
     assert position.note_eval(evals[0], "dev") and position.note_eval(evals[1], "dev")
-    again = resume.Position(**json.loads(json.dumps(position.to_json())))
+    again = Position(**json.loads(json.dumps(position.to_json())))
     assert again.best == evals[1]
     assert not again.note_eval({"step": 6, "epoch": 3, "dev": {"score": 0.7}}, "dev")
     assert again.best == evals[1] and again.last_eval["step"] == 6

@@ -8,7 +8,7 @@ import pytest
 
 from isojax import cli, runs
 from isojax.runs import export, predict
-from isojax.training import resume
+from isojax.training import position
 
 
 @pytest.fixture
@@ -78,6 +78,6 @@ def test_position_with_an_unknown_key_is_refused():
     `CheckpointMismatch` naming it, not a TypeError."""
     from isojax.training import checkpointing
 
-    saved = resume.Position().to_json() | {"surprise": 1}
+    saved = position.Position().to_json() | {"surprise": 1}
     with pytest.raises(checkpointing.CheckpointMismatch, match="surprise"):
-        resume.Position.from_json(saved, "checkpoint step 4")
+        position.Position.from_json(saved, "checkpoint step 4")

@@ -24,7 +24,7 @@ def test_restore_builds_the_model_with_a_backend_that_runs_here(
     (run / "config.json").write_text(json.dumps(config))
     seen = []
 
-    def build_model(spec, num_labels):
+    def build_model(spec, num_labels, **kwargs):
         seen.append(spec.attention_backend)
         raise _Built
 

@@ -14,7 +14,7 @@ import optax
 import pytest
 from helpers import logged_warning
 
-from isojax.training import checkpointing, resume
+from isojax.training import checkpointing, run_folder
 
 
 def _state(value: float, **changes) -> dict:
@@ -235,6 +235,6 @@ def test_a_changed_config_names_each_field_once(tmp_path, before, now, named):
         json.dumps({"task": "rte", "normalizer": "none", **before})
     )
     (tmp_path / "results.json").write_text("{}")
-    with pytest.raises(resume.ConfigChanged) as err:
-        resume.check_same_run({"task": "rte", "normalizer": "none", **now}, tmp_path)
+    with pytest.raises(run_folder.ConfigChanged) as err:
+        run_folder.check_same_run({"task": "rte", "normalizer": "none", **now}, tmp_path)
     assert named in str(err.value), str(err.value)

@@ -95,7 +95,8 @@ def test_weight_decay_skips_biases_and_norm_scales():
         "dense": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)},
         "LayerNorm": {"scale": jnp.ones(2), "bias": jnp.ones(2)},
     }
-    tx = optim.make_optimizer(learning_rate=0.1, total_steps=10, weight_decay=0.5)
+    spec = optim.OptimSpec(learning_rate=0.1, warmup_fraction=0.0, weight_decay=0.5, clip_norm=None)
+    tx = optim.make_optimizer(spec, total_steps=10)
     zero = jax.tree.map(jnp.zeros_like, params)
     updates, _ = tx.update(zero, tx.init(params), params)
     new = optax.apply_updates(params, updates)
@@ -106,9 +107,8 @@ def test_weight_decay_skips_biases_and_norm_scales():
 
 
 def test_clipping_sees_the_global_norm():
-    tx = optim.make_optimizer(
-        learning_rate=1.0, total_steps=1, clip_norm=1.0, b1=0.0, b2=0.0, adam_eps=1e-8
-    )
+    spec = optim.OptimSpec(learning_rate=1.0, clip_norm=1.0, b1=0.0, b2=0.0, adam_eps=1e-8)
+    tx = optim.make_optimizer(spec, total_steps=1)
     assert len(tx.init({"w": jnp.ones(2)})) == 2  # clip_by_global_norm, then adamw
 
 

@@ -5,9 +5,10 @@ accumulation and for IterNorm with I-STAR on packed rows, and `remat` changes no
 import jax
 import numpy as np
 import pytest
-from helpers import one_device_mesh, tiny_bert_without_dropout, tiny_config
+from flax import nnx
+from helpers import nnx_from_linen_weights, one_device_mesh, tiny_bert_without_dropout, tiny_config
 
-from isojax.training import distributed, feeds, loop
+from isojax.training import distributed, feeds, front_ends, loop
 
 
 def _updates(config, count: int):
@@ -25,7 +26,13 @@ def _updates(config, count: int):
         logged.append({k: float(v) for k, v in jax.device_get(metrics).items()})
         if len(logged) == count:
             break
-    final = jax.device_get((state.params, state.batch_stats, state.stabilizer))
+    params, batch_stats = state.params, state.batch_stats
+    if isinstance(params, nnx.State):  # NNX's tree, compared in linen's names
+        params, batch_stats = (
+            front_ends.to_linen_tree(params),
+            front_ends.to_linen_tree(batch_stats),
+        )
+    final = jax.device_get((params, batch_stats, state.stabilizer))
     return logged, final
 
 
@@ -58,8 +65,10 @@ def test_nnx_updates_equal_linen_and_remat_changes_nothing(glue_dir, minilm_dir,
     NNX with `remat` equals NNX without within 1e-5 on every logged figure; its parameters
     within 1e-4 (recomputed activations round differently, and Adam's first steps turn a
     gradient at rounding level into an update of up to the learning rate; 3.7e-5 measured).
-    Adam's eps is 1e-6, not 1e-8, for the same reason (a rarely seen token's embedding)."""
+    Adam's eps is 1e-6, not 1e-8, for the same reason (a rarely seen token's embedding).
+    The NNX runs start from linen's initial weights (`nnx_from_linen_weights`)."""
     tiny_bert_without_dropout(monkeypatch)
+    nnx_from_linen_weights(monkeypatch)
     fields = {"dropout_rate": 0.0, "max_train_examples": 48, "optimizer.learning_rate": 1e-3,
               "optimizer.warmup_fraction": 0.0, "optimizer.adam_eps": 1e-6,
               **CASES[name]}  # fmt: skip

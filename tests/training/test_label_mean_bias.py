@@ -13,7 +13,7 @@ from helpers import one_device_mesh, tiny_config, tiny_encoder_config
 
 from isojax import linen, runs
 from isojax.data import glue, tasks
-from isojax.nnx import pretrained
+from isojax.nnx import export as nnx_export
 from isojax.runs import predict
 from isojax.training import build, loop, specs
 
@@ -45,9 +45,9 @@ def test_both_front_ends_start_their_classifier_bias_at_output_bias(bias):
     head = linen.SequenceClassifier(encoder, num_labels=1, normalizer="iternorm", output_bias=bias)
     variables = linen.init_variables(head, jax.random.key(0), None)
     np.testing.assert_array_equal(variables["params"]["classifier"]["bias"], np.float32([bias]))
-    twin = pretrained.from_linen(head, rngs=nnx.Rngs(0))
+    twin = nnx_export.from_linen(head, rngs=nnx.Rngs(0))
     np.testing.assert_array_equal(twin.classifier.bias[...], np.float32([bias]))
-    back, _ = pretrained.to_linen(twin)
+    back, _ = nnx_export.to_linen(twin)
     assert back.output_bias == bias
 
 

@@ -21,7 +21,7 @@ from isojax.core.normalizers import NORMALIZERS
 from isojax.data import batching
 from isojax.models import transformer
 from isojax.training import config as config_lib
-from isojax.training import distributed, feeds, loop, resume, specs, steps
+from isojax.training import distributed, evaluation, feeds, loop, run_folder, specs, steps
 
 # ---------------------------------------------------------------------------------------------
 # Steps.
@@ -146,12 +146,11 @@ def test_filler_rows_never_enter_the_penalty_or_c0(method, stabilizer, include_p
     """The penalty, the running stabiliser and the C0 pass of a batch padded with filler rows
     equal those of the batch without them; `include_padding` adds only real rows' padding
     (the I-STAR penalty checked against `penalties.istar_penalty` on the real rows)."""
-    objective = steps.Objective(
+    c0 = specs.StabilizerSpec(kind=stabilizer or "pass", momentum=0.5)
+    objective = specs.ObjectiveSpec(
         penalty=method,
-        weight=1.0,
-        include_padding=include_padding,
-        c0_mode=stabilizer or "pass",
-        c0_settings=(("momentum", 0.5),) if stabilizer == "ema" else (),
+        istar=specs.IStarSpec(weight=1.0, include_padding=include_padding, stabilizer=c0),
+        cosreg=specs.CosRegSpec(weight=1.0, include_padding=include_padding),
     )
     results = []
     for filler in (0, 2):
@@ -189,7 +188,7 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
     config = tiny_config(glue_dir, minilm_dir, normalizer="isobn", max_eval_examples=12)
     run = loop.setup(config)  # 4 devices
     state = run.state
-    acc = steps.eval_accumulator_init(run.hidden_size)
+    acc = evaluation.eval_accumulator_init(run.hidden_size)
     sentences, pre_logits, tokens, last_tokens = [], [], [], []
     logits_all = []
     apply = jax.jit(run.model.apply)
@@ -210,7 +209,7 @@ def test_eval_isotropy_equals_direct_computation(glue_dir, minilm_dir):
         last_tokens.append(hidden[-1, real][token_mask])
         logits_all.append(np.asarray(logits)[real])
         np.testing.assert_allclose(np.asarray(out["logits"])[real], logits_all[-1], atol=1e-5)
-    got = jax.device_get(steps.isotropy_metrics(acc))
+    got = jax.device_get(evaluation.isotropy_metrics(acc))
     x = np.concatenate(sentences).astype(np.float64)
     cov = np.cov(x, rowvar=False, bias=True)
     eig = np.sort(np.linalg.eigvalsh(cov))[::-1]
@@ -315,12 +314,12 @@ def test_resume_refuses_a_config_that_changes_the_run(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "config.json").write_text(config.to_json())
     config.log_every, config.progress = 7, False  # harmless
-    resume.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
+    run_folder.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
     config.method, config.optimizer.learning_rate = "isobn", 1e-3
     with pytest.raises(
         ValueError, match=r"another config \(method and optimizer.learning_rate differ\)"
     ):
-        resume.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
+        run_folder.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,7 +356,10 @@ def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
     assert len(batches) == 3
     tokens = [_eval_tokens(run, run.state, b) for b in batches]
     # `istar.stabilizer.tokens`: 1 batch, or 1 token more: 2
-    objective = dataclasses.replace(run.spec.state.objective, c0_tokens=len(tokens[0]) + extra)
+    objective = run.spec.state.objective
+    c0 = dataclasses.replace(objective.istar.stabilizer, tokens=len(tokens[0]) + extra)
+    istar = dataclasses.replace(objective.istar, stabilizer=c0)
+    objective = dataclasses.replace(objective, istar=istar)
     spec = dataclasses.replace(
         run.spec, state=dataclasses.replace(run.spec.state, objective=objective)
     )

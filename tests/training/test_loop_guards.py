@@ -13,7 +13,7 @@ from helpers import finetune_argv, one_device_mesh, tiny_config
 
 from isojax import cli
 from isojax.core import normalizers
-from isojax.training import checkpointing, reporting, resume, specs, stops
+from isojax.training import checkpointing, reporting, run_folder, specs, stops
 from isojax.training import config as config_lib
 from isojax.training import loop as loop_lib
 
@@ -134,13 +134,13 @@ def test_a_folder_holding_any_run_artefact_refuses_another_config(
     config = _config(glue_dir, minilm_dir)
     _write_run(tmp_path / "run", config, artefact)
     same = specs.RunSpec.of(config).fields
-    resume.check_same_run(same, tmp_path / "run")  # the same run: accepted
+    run_folder.check_same_run(same, tmp_path / "run")  # the same run: accepted
     other = _config(glue_dir, minilm_dir, seed=5)
-    with pytest.raises(resume.ConfigChanged, match=rf"holds a run \({artefact}\).*seed differ"):
-        resume.check_same_run(specs.RunSpec.of(other).fields, tmp_path / "run")
+    with pytest.raises(run_folder.ConfigChanged, match=rf"holds a run \({artefact}\).*seed differ"):
+        run_folder.check_same_run(specs.RunSpec.of(other).fields, tmp_path / "run")
     (tmp_path / "run" / "config.json").unlink()
-    with pytest.raises(resume.ConfigChanged, match="no config.json"):
-        resume.check_same_run(same, tmp_path / "run")
+    with pytest.raises(run_folder.ConfigChanged, match="no config.json"):
+        run_folder.check_same_run(same, tmp_path / "run")
 
 
 @pytest.mark.e2e  # a whole run

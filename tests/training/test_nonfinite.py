@@ -7,7 +7,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from isojax.training import optim, resume, specs, stops
+from isojax.training import optim, run_folder, specs, stops
 
 
 @pytest.mark.parametrize(
@@ -22,7 +22,7 @@ from isojax.training import optim, resume, specs, stops
 )
 def test_non_finite_hyperparameters_are_refused(key, value):
     with pytest.raises(ValueError, match=f"{key} must be a finite number"):
-        optim.check_hparams(**({"learning_rate": 1e-4} | {key: value}))
+        optim.OptimSpec(**({"learning_rate": 1e-4} | {key: value}))
 
 
 def test_max_nonfinite_steps_is_validated_and_may_change_on_resume(tmp_path):
@@ -40,8 +40,9 @@ def test_max_nonfinite_steps_is_validated_and_may_change_on_resume(tmp_path):
     del saved["max_nonfinite_steps"]  # a run folder of an isojax before the field
     (tmp_path / "config.json").write_text(json.dumps(saved))
     default = specs.RunSpec.of(config_lib.default_config()).fields
-    resume.check_same_run(default, tmp_path)  # the default: same run
-    resume.check_same_run(specs.RunSpec.of(config).fields, tmp_path)  # changed: it touches no state
+    run_folder.check_same_run(default, tmp_path)  # the default: same run
+    # changed: it touches no state
+    run_folder.check_same_run(specs.RunSpec.of(config).fields, tmp_path)
 
 
 def test_the_watch_counts_consecutive_losses_and_is_off_under_a_dynamic_loss_scale(tmp_path):

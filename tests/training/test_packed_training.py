@@ -17,7 +17,7 @@ from helpers import arm, tiny_config
 
 from isojax.data import packing
 from isojax.training import config as config_lib
-from isojax.training import distributed, evaluation, feeds, loop, steps
+from isojax.training import distributed, evaluation, feeds, front_ends, loop, steps
 
 
 def _without_dropout(run: loop.Run) -> loop.Run:
@@ -25,7 +25,7 @@ def _without_dropout(run: loop.Run) -> loop.Run:
     encoder = run.model.encoder
     enc_config = encoder.config.replace(hidden_dropout=0.0, attention_dropout=0.0)
     model = run.model.clone(encoder=encoder.clone(config=enc_config), dropout_rate=0.0)
-    state = run.state.replace(apply_fn=model.apply)
+    state = run.state.replace(apply_fn=front_ends.LinenApply(model))
     train_fn, eval_fn, c0_pass_fn = steps.jit_steps(state, run.mesh)
     return dataclasses.replace(
         run, state=state, model=model, train_fn=train_fn, eval_fn=eval_fn, c0_pass_fn=c0_pass_fn

@@ -69,7 +69,7 @@ def _tiny_state(policy: str, minilm_dir):
 def test_output_dtype_applies_to_what_the_model_returns(minilm_dir):
     """Finding 18: `o=bf16` casts the logits and sentence vectors the steps read (jmp's
     `cast_to_output`); the hidden states stay in the compute dtype."""
-    from isojax.training import steps
+    from isojax.training import evaluation, steps
 
     state = _tiny_state("p=f32,c=f32,o=bf16", minilm_dir)
     ids = jnp.arange(24, dtype=jnp.int32).reshape(2, 12) + 3
@@ -86,7 +86,7 @@ def test_output_dtype_applies_to_what_the_model_returns(minilm_dir):
              "token_type_ids": jnp.zeros_like(ids), "labels": jnp.array([0, 1]),
              "example_mask": jnp.ones([2], jnp.float32)}  # fmt: skip
     hidden = out["sentence"].shape[-1]
-    _, outputs = steps.eval_step(state, batch, steps.eval_accumulator_init(hidden))
+    _, outputs = steps.eval_step(state, batch, evaluation.eval_accumulator_init(hidden))
     got = np.asarray(outputs["logits"])
     np.testing.assert_array_equal(got, got.astype(jnp.bfloat16).astype(np.float32))
 

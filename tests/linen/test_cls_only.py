@@ -13,7 +13,7 @@ from helpers import LENGTHS, both_layouts, make_head
 from isojax import linen
 from isojax.data import packing
 from isojax.models import transformer
-from isojax.training import steps
+from isojax.training import specs
 
 
 def loss_and_grads(head, variables, batch, *, cls_only, dropout_key=None):
@@ -97,10 +97,9 @@ def test_cls_only_in_train_mode_with_remat():
 
 
 def test_the_train_step_skips_tokens_only_without_a_token_penalty():
-    assert not steps.Objective().reads_tokens
-    assert not steps.Objective().reads_tokens
-    assert steps.Objective(penalty="istar", weight=0.0).reads_tokens  # a metric still
-    assert steps.Objective(penalty="cosreg", weight=1.0).reads_tokens
+    assert not specs.ObjectiveSpec().reads_tokens
+    assert specs.ObjectiveSpec(penalty="istar", istar=specs.IStarSpec(weight=0.0)).reads_tokens
+    assert specs.ObjectiveSpec(penalty="cosreg").reads_tokens  # a metric still at weight 0
 
 
 class EveryTokenEncoder(linen.Encoder):

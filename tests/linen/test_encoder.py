@@ -370,18 +370,18 @@ def test_dropout_keep_mask_rate_independence_and_determinism(impl):
 
 def test_dropout_scales_kept_values_and_drops_the_rest():
     x = jnp.asarray(np.random.default_rng(0).uniform(1.0, 2.0, (64, 50)), jnp.float32)
-    layer = linen.encoder.Dropout(0.25)
+    layer = linen.bert.Dropout(0.25)
     out = np.asarray(layer.apply({}, x, False, rngs={"dropout": jax.random.key(0)}))
     kept = out != 0
     np.testing.assert_allclose(out[kept], np.asarray(x)[kept] / 0.75, rtol=1e-6)
     assert abs(kept.mean() - 0.75) < 5 * np.sqrt(0.75 * 0.25 / kept.size)
     np.testing.assert_array_equal(layer.apply({}, x, True), x)
-    zeros = linen.encoder.Dropout(1.0).apply({}, x, False, rngs={"dropout": jax.random.key(0)})
+    zeros = linen.bert.Dropout(1.0).apply({}, x, False, rngs={"dropout": jax.random.key(0)})
     np.testing.assert_array_equal(zeros, np.zeros_like(x))
     # 0.9 is no multiple of 2^-16: the mask keeps with 58982 / 65536, and that is the divisor,
     # so E[dropout(x)] = x exactly.
     out = np.asarray(
-        linen.encoder.Dropout(0.1).apply({}, x, False, rngs={"dropout": jax.random.key(1)})
+        linen.bert.Dropout(0.1).apply({}, x, False, rngs={"dropout": jax.random.key(1)})
     )
     kept = out != 0
     np.testing.assert_allclose(out[kept], np.asarray(x)[kept] * 65536 / 58982, rtol=1e-6)
