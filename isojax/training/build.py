@@ -254,8 +254,6 @@ def build_model(
     return model, encoder_params, tokenizer, enc_config.hidden_size
 
 
-
-
 def create_train_state(
     spec: specs.StateSpec,
     model: linen.SequenceClassifier | front_ends.NnxClassifier,
