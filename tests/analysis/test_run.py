@@ -181,13 +181,15 @@ def test_outlier_score_of_a_run_is_the_brute_force_one(capsys, tmp_path, isobn_r
 def test_analyze_refuses_contradictory_flags(capsys, tmp_path, isobn_run):
     run_dir, _ = isobn_run
     out = tmp_path / "out"
-    old_layout = tmp_path / "old"  # a config.json of the layout before istar.stabilizer.*
+    # A config.json of the layout before istar.stabilizer.*: read under the new paths (0.6:
+    # `config.RENAMED` translates), so what is refused is the folder's missing checkpoint.
+    old_layout = tmp_path / "old"
     old_layout.mkdir()
     saved = json.loads((run_dir / "config.json").read_text())
     saved["istar"]["stabilizer_tokens"] = saved["istar"].pop("stabilizer")["tokens"]
     (old_layout / "config.json").write_text(json.dumps(saved))
     cases = [
-        (["--run", old_layout], "older isojax: field 'istar.stabilizer_tokens' is now istar."),
+        (["--run", old_layout], f"no checkpoint in {old_layout / 'checkpoints'}"),
         (["--run", run_dir, "--model", "tiny-bert"], "--model contradicts --run"),
         (["--run", run_dir, "--task", "mrpc"], "--task contradicts --run"),
         (["--run", run_dir, "--max-length", "16"], "--max-length contradicts --run"),
