@@ -401,8 +401,9 @@ def finetune_argv(workdir, glue_dir, tokenizer, *sets: str, normalizer: str = "i
 
 def start_child(tmp_path, argv: list, hooks: dict | None = None, **env) -> subprocess.Popen:
     """`CHILD` (written into `tmp_path`) running `isojax` with `argv` and the fault `hooks`,
-    one CPU device unless `env` says otherwise (`children.child_env`), a compilation cache
-    shared by the test's children; stdout and stderr piped (`children.finish` waits)."""
+    one CPU device unless `env` says otherwise (`children.child_env`), the session's
+    compilation cache (a per-test one made every test's first child compile all it ran);
+    stdout and stderr piped (`children.finish` waits)."""
     from children import child_env
 
     script = tmp_path / "child.py"
@@ -411,12 +412,7 @@ def start_child(tmp_path, argv: list, hooks: dict | None = None, **env) -> subpr
     devices = env.pop("devices")
     return subprocess.Popen(
         [sys.executable, str(script), *map(str, argv)],
-        env=child_env(
-            devices=devices,
-            cache=tmp_path / f"jax-cache-{devices}",
-            CHILD_HOOKS=json.dumps(hooks or {}),
-            **env,
-        ),
+        env=child_env(devices=devices, CHILD_HOOKS=json.dumps(hooks or {}), **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
