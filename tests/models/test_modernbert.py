@@ -143,16 +143,8 @@ def test_window_mask_is_transformers_sliding_window():
 def test_exported_classifier_loads_in_transformers(front, tmp_path):
     """An isojax head (mean pooling, every weight random) exported and read by transformers'
     ModernBertForSequenceClassification: the same logits within 1e-5."""
-    cfg = config_lib.EncoderConfig.from_hf(
-        {"model_type": "modernbert", **TINY, "classifier_pooling": "mean"}
-    )
+    cfg, head, variables = _packed_head("mean")  # built once for the module
     ids, mask = padded_batch(cfg.vocab_size)
-    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=3, dropout_rate=0.0)
-    variables = linen.init_variables(head, jax.random.key(0))
-    leaves, tree = jax.tree.flatten(variables["params"])
-    keys = jax.random.split(jax.random.key(1), len(leaves))
-    leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
-    variables["params"] = jax.tree.unflatten(tree, leaves)
     if front == "linen":
         logits, _ = jax.jit(head.apply)(variables, ids, mask)  # one program, not op by op
         linen.export_pretrained(tmp_path, head, variables)
@@ -265,12 +257,19 @@ def _packed_head(pooling):
         {"model_type": "modernbert", **TINY, "classifier_pooling": pooling}
     )
     head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=3, dropout_rate=0.0)
-    variables = linen.init_variables(head, jax.random.key(0))
-    leaves, tree = jax.tree.flatten(variables["params"])
-    keys = jax.random.split(jax.random.key(1), len(leaves))
-    leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
-    variables["params"] = jax.tree.unflatten(tree, leaves)
-    return cfg, head, variables
+
+    @jax.jit  # one program, not the init's forward pass op by op
+    def init():
+        variables = linen.init_variables(head, jax.random.key(0))
+        leaves, tree = jax.tree.flatten(variables["params"])
+        keys = jax.random.split(jax.random.key(1), len(leaves))
+        leaves = [
+            x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)
+        ]
+        variables["params"] = jax.tree.unflatten(tree, leaves)
+        return variables
+
+    return cfg, head, init()
 
 
 @functools.cache
@@ -357,7 +356,8 @@ def _grad_bytes(layers: int) -> float:
         intermediate_size=96, num_heads=4, vocab_size=128,
     )  # fmt: skip
     head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=2)
-    params = linen.init_variables(head, jax.random.key(0))["params"]
+    # Shapes suffice to lower and compile: no values are initialised.
+    params = jax.eval_shape(lambda: linen.init_variables(head, jax.random.key(0))["params"])
     ids = jnp.ones((4, 32), jnp.int32)
 
     def loss(p):
