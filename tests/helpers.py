@@ -5,6 +5,7 @@ their batches, packed and padded batches of the same synthetic examples, and exp
 scripts loaded as modules; a tiny random ModernBERT folder with its tokenizer."""
 
 import contextlib
+import functools
 import json
 import logging
 import pathlib
@@ -228,6 +229,13 @@ def make_head(family, normalizer):
     leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
     variables["params"] = jax.tree.unflatten(tree, leaves)
     return cfg, head, variables
+
+
+@functools.cache
+def shared_head(family, normalizer):
+    """`make_head(family, normalizer)` built once per process and handed to every caller (the
+    same objects: read them, never change them in place)."""
+    return make_head(family, normalizer)
 
 
 def both_layouts(cfg, lengths, batch_size=8, seed=0):
