@@ -66,7 +66,8 @@ def test_packed_training_equals_padded_training_after_5_steps(runs):
     finals = {}
     for packed, run in runs.items():
         assert run.steps_per_epoch == 5
-        state = run.state
+        # A copy: the train step donates its state, and the evaluation test reads `run.state`.
+        state = jax.tree.map(lambda x: jax.device_put(x, may_alias=False), run.state)
         initial = jax.device_get(state.params)  # the same for both layouts (same seed)
         state = loop.c0_pass(run, state, 0)
         losses = []
