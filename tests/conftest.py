@@ -3,6 +3,7 @@
 import os
 
 from children import XLA_CODEGEN, skip_eviction_scans
+from seconds import read_seed
 
 # Before jax is imported anywhere: 4 host devices, so sharding tests run in-process.
 # Unsharded computations stay on device 0 and do not pay for the others. The suite's cheap
@@ -104,7 +105,8 @@ def _log_handler():
 # the last of them while the other idled). Here the files are ordered by their seconds, the
 # longest first: the sum over the tests selected of each test's seconds in the last session
 # that ran it (pytest's cache, `TEST_SECONDS`), or, for a test without a record (a clean clone:
-# all of them), a guess by its markers (`guess_seconds`). Within a file the order is the file's.
+# all of them), the committed seed `tests/test_seconds.json` or a guess by its markers
+# (`guess_seconds`). Within a file the order is the file's.
 TEST_SECONDS = "isojax/test_seconds"
 
 
@@ -129,6 +131,8 @@ def pytest_collection_modifyitems(config, items):
         file = _file_of(item.nodeid)
         seconds = known.get(item.nodeid)
         files[file] = files.get(file, 0.0) + (guess_seconds(item) if seconds is None else seconds)
+    if not known:  # a clean clone: the committed seed of the last full suite (tests/seconds.py)
+        files.update({file: s for file, s in read_seed().items() if file in files})
     rank = {file: i for i, file in enumerate(sorted(files, key=lambda f: -files[f]))}
     items.sort(key=lambda item: rank[_file_of(item.nodeid)])  # stable: a file keeps its order
 

@@ -5,6 +5,7 @@ their batches, packed and padded batches of the same synthetic examples, and exp
 scripts loaded as modules; a tiny random ModernBERT folder with its tokenizer."""
 
 import contextlib
+import functools
 import json
 import logging
 import pathlib
@@ -230,6 +231,13 @@ def make_head(family, normalizer):
     return cfg, head, variables
 
 
+@functools.cache
+def shared_head(family, normalizer):
+    """`make_head(family, normalizer)` built once per process and handed to every caller (the
+    same objects: read them, never change them in place)."""
+    return make_head(family, normalizer)
+
+
 def both_layouts(cfg, lengths, batch_size=8, seed=0):
     """The padded and the packed host batch (without `idx`) of the same synthetic examples."""
     from isojax.data import batching, packing
@@ -401,8 +409,9 @@ def finetune_argv(workdir, glue_dir, tokenizer, *sets: str, normalizer: str = "i
 
 def start_child(tmp_path, argv: list, hooks: dict | None = None, **env) -> subprocess.Popen:
     """`CHILD` (written into `tmp_path`) running `isojax` with `argv` and the fault `hooks`,
-    one CPU device unless `env` says otherwise (`children.child_env`), a compilation cache
-    shared by the test's children; stdout and stderr piped (`children.finish` waits)."""
+    one CPU device unless `env` says otherwise (`children.child_env`), the session's
+    compilation cache (a per-test one made every test's first child compile all it ran);
+    stdout and stderr piped (`children.finish` waits)."""
     from children import child_env
 
     script = tmp_path / "child.py"
@@ -411,12 +420,7 @@ def start_child(tmp_path, argv: list, hooks: dict | None = None, **env) -> subpr
     devices = env.pop("devices")
     return subprocess.Popen(
         [sys.executable, str(script), *map(str, argv)],
-        env=child_env(
-            devices=devices,
-            cache=tmp_path / f"jax-cache-{devices}",
-            CHILD_HOOKS=json.dumps(hooks or {}),
-            **env,
-        ),
+        env=child_env(devices=devices, CHILD_HOOKS=json.dumps(hooks or {}), **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

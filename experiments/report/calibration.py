@@ -16,6 +16,10 @@ arm − base is judged by the study's rules:
   (`_needs_interval`), since no word passes without its paired part;
 - the pooled rule without its seed-clustered test (the rule of issue 48, for comparison).
 
+Every split is judged at once, in arrays over the splits (`lines`, `flips`,
+`pooled.compare_many`), by the same operations as the rule's split-by-split functions
+(tests/experiments/test_report_sizes_seeds_calibration.py counts the same words both ways).
+
 The truth is "no difference"; the arm's scores are then shifted by +0.010 and +0.020 for the
 power. At +0.010 the truth sits at the size, so a "smaller than claimed" there is a false one;
 at +0.020 it lies outside ±0.010, so an "equivalent" there is a false one. A false-positive
@@ -63,6 +67,14 @@ class Tally:
         self.smaller += size_key == "smaller"
         self.equivalent += equivalent
 
+    WORDS = ("confirmed", "reversed", "smaller", "equivalent")
+
+    def count(self, *flags: np.ndarray) -> None:
+        """Adds one line per entry of four flag arrays, in `WORDS`' order."""
+        self.lines += flags[0].size
+        for word, flag in zip(self.WORDS, flags, strict=True):
+            setattr(self, word, getattr(self, word) + int(np.count_nonzero(flag)))
+
     def rate(self, word: str) -> float:
         return getattr(self, word) / self.lines if self.lines else math.nan
 
@@ -88,45 +100,54 @@ def splits(seeds: list[int], n: int):
             yield a, b
 
 
-def _t(diffs: list[float]) -> dict:
-    """What `rule.Family` reads of a paired difference (`numbers.paired` without its
-    bootstrap figure)."""
-    return {"n": len(diffs), "diffs": diffs, **stats.t_test(diffs)}
+def pseudo_arms(scores: dict, tasks: list[str], seeds: list[int], n: int):
+    """(A, B): the scores of every split's two pseudo-arms (`splits`' order), each [splits,
+    tasks, n], pseudo-seed i at index i."""
+    pairs = list(splits(seeds, n))
+    table = np.array([[scores[t][s] for s in seeds] for t in tasks], np.float64)
+    col = {s: i for i, s in enumerate(seeds)}
+    ia = np.array([[col[s] for s in a] for a, _ in pairs]).reshape(len(pairs), n)
+    ib = np.array([[col[s] for s in b] for _, b in pairs]).reshape(len(pairs), n)
+    return table[:, ia].transpose(1, 0, 2), table[:, ib].transpose(1, 0, 2)
 
 
-def _lines(cells: list[tuple], tasks: list[str], n: int) -> list[tuple[str, str, bool]]:
-    """Per line of the family (tasks, then the task average) of these (task, pseudo-seed,
-    difference) cells: (the direction's word and the size's key, as the sized family judges
-    them, and whether the equivalence family's Holm-adjusted p of "inside ±0.010" is < 0.025,
-    the one word it adds)."""
-    sized = rule.Family("null", +1, size=sizes.ISOBN)
-    for t in tasks:
-        sized.add(t, _t([d for task, _, d in cells if task == t]), "")
-    sized.add(
-        "average", _t([float(np.mean([d for _, i, d in cells if i == k])) for k in range(n)]), ""
-    )
-    equiv = stats.holm([rule.equivalence_p(line[1], MARGIN) for line in sized.lines])
-    return [
-        (v["direction"], v["size"], e < sizes.ALPHA_ONE_SIDED and math.isfinite(p))
-        for (_, p, v), e in zip(sized.judged(), equiv, strict=True)
-    ]
+def lines(d: np.ndarray) -> dict[str, np.ndarray]:
+    """The per-task family of each split's (task, pseudo-seed) differences `d` [splits, tasks,
+    n], as `rule.Family("null", +1, size=sizes.ISOBN)` judges its lines (each task, then the
+    task average over the tasks per pseudo-seed): [splits, tasks + 1] flags of the direction's
+    word ("confirmed" / "reversed": Holm-adjusted t-test p < 0.05, by the mean's sign), of the
+    size's "smaller" (Holm-adjusted p of "below +0.010" < 0.025) and of the equivalence
+    family's one word (Holm-adjusted p of "inside ±0.010" < 0.025), every split at once."""
+    x = np.concatenate([d, d.mean(axis=1, keepdims=True)], axis=1)
+    mean, p = stats.t_test_rows(x)
+    detected = stats.holm_rows(p) < rule.ALPHA
+    bound = sizes.ISOBN.bound
+    below = stats.holm_rows(stats.t_below_rows(x, bound))
+    inside = np.maximum(stats.t_below_rows(x, MARGIN), stats.t_below_rows(-x, MARGIN))
+    return {
+        "confirmed": detected & (mean > 0),
+        "reversed": detected & (mean < 0),
+        "smaller": below < sizes.ALPHA_ONE_SIDED,
+        "equivalent": stats.holm_rows(inside) < sizes.ALPHA_ONE_SIDED,
+    }
 
 
-def _flips(cells: list[tuple]) -> dict:
-    """The pooled rule's paired p values of `cells`, exact: toward, against, below / above
-    the size, inside the margin; over the pairs ("flip_") and over the seeds ("cluster_")."""
+def flips(d: np.ndarray) -> dict[str, np.ndarray]:
+    """The pooled rule's paired p values of each split's differences `d` [splits, tasks, n],
+    exact: toward, against, below / above the size, inside the margin; over the (task,
+    pseudo-seed) pairs, task by task ("flip_"), and over the pseudo-seeds, each the sum of its
+    tasks' differences (`pooled.seed_sums`, "cluster_"); every split at once."""
     out = {}
-    for prefix, values in (("flip", None), ("cluster", True)):
-
-        def p(shift: float, direction: int, values=values) -> float:
-            moved = [(t, s, d - shift) for t, s, d in cells]
-            x = pooled.seed_sums(moved)[1] if values else [d for *_, d in moved]
-            return stats.sign_flip_exact(x, direction)
-
-        out[f"{prefix}_toward"], out[f"{prefix}_against"] = p(0.0, +1), p(0.0, -1)
-        out[f"{prefix}_below"] = p(sizes.ISOBN.bound, -1)
-        out[f"{prefix}_above"] = p(sizes.ISOBN.bound, +1)
-        out[f"{prefix}_inside"] = max(p(MARGIN, -1), p(-MARGIN, +1))
+    for prefix, clustered in (("flip", False), ("cluster", True)):
+        p = {}  # shift -> (p toward the arm, p toward the base)
+        for shift in (0.0, sizes.ISOBN.bound, MARGIN, -MARGIN):
+            moved = d - shift
+            x = moved.sum(axis=1) if clustered else moved.reshape(len(d), -1)
+            p[shift] = p.get(shift) or stats.sign_flip_exact_rows(x)
+        out[f"{prefix}_toward"], out[f"{prefix}_against"] = p[0.0]
+        out[f"{prefix}_below"] = p[sizes.ISOBN.bound][1]
+        out[f"{prefix}_above"] = p[sizes.ISOBN.bound][0]
+        out[f"{prefix}_inside"] = np.maximum(p[MARGIN][1], p[-MARGIN][0])
     return out
 
 
@@ -146,63 +167,65 @@ def _needs_interval(c: dict) -> bool:
     )
 
 
-def pooled_words(c: dict, interval) -> tuple[str, str, bool]:
+def pooled_words(c: dict, interval: dict | None) -> tuple[str, str, bool]:
     """(the direction's word, the size's key, equivalent within the margin) of the pooled
-    rule on `c` (`_flips`); `interval()`: the bootstrap's `pooled.compare` dict, asked for
-    only where a paired part passes."""
+    rule on `c` (`flips`' p values of one split); `interval`: the bootstrap's bounds
+    (`pooled.compare`), needed only where `_needs_interval`."""
     if not _needs_interval(c):
         return "not detected with these runs", "undecided", False
-    c = c | interval()
+    c = c | interval
     word = pooled.pooled_verdict(c)
     equivalent = pooled.pooled_verdict(c, MARGIN).startswith("equivalent")
     return word, pooled.pooled_size_verdict(c, sizes.ISOBN.bound), equivalent
 
 
-def judge(scores: dict, tasks: list[str], a: tuple, b: tuple, plant: float) -> dict:
-    """Rule key -> list of (direction word, size key, equivalent) of one split."""
-    n = len(a)
-    cells = [(t, i, scores[t][a[i]] + plant - scores[t][b[i]]) for t in tasks for i in range(n)]
-    lines = _lines(cells, tasks, n)
-    runs = (
-        [[scores[t][s] + plant for s in a] for t in tasks],
-        [[scores[t][s] for s in b] for t in tasks],
-    )
-    cache: dict = {}
+def _loose(c: dict) -> dict:
+    """`c` without its seed-clustered test (issue 48's rule): every "cluster_" p set to 0."""
+    return c | {k.replace("flip_", "cluster_"): 0.0 for k in c if k.startswith("flip_")}
 
-    def interval() -> dict:
-        if not cache:
-            cache.update(pooled.compare(*runs))
-        return cache
 
-    c = _flips(cells)
-    loose = c | {k.replace("flip_", "cluster_"): 0.0 for k in c if k.startswith("flip_")}
-    words = [x[0] for x in lines]
-    either = next((w for w in words if w.startswith(("confirmed", "reversed"))), "")
-    family = (either, "smaller" if any(x[1] == "smaller" for x in lines) else None,
-              any(x[2] for x in lines))  # fmt: skip
-    return {
-        "task": lines[:-1],
-        "average": lines[-1:],
-        "family": [family],
-        "pooled": [pooled_words(c, interval)],
-        "pooled_pairs_only": [pooled_words(loose, interval)],
-    }
+def _tally_pooled(tallies: dict, arm: np.ndarray, base: np.ndarray, d: np.ndarray) -> None:
+    """The pooled rule and its pairs-only twin on every split: the words per split, the
+    bootstrap intervals (`pooled.compare_many`) drawn only for the splits that need one."""
+    p = flips(d)
+    cs = [{k: float(v[i]) for k, v in p.items()} for i in range(len(d))]
+    need = [i for i, c in enumerate(cs) if _needs_interval(c) or _needs_interval(_loose(c))]
+    bounds = pooled.compare_many(arm[need], base[need]) if need else {}
+    intervals = {i: {k: float(v[j]) for k, v in bounds.items()} for j, i in enumerate(need)}
+    for i, c in enumerate(cs):
+        tallies["pooled"].add(*pooled_words(c, intervals.get(i)))
+        tallies["pooled_pairs_only"].add(*pooled_words(_loose(c), intervals.get(i)))
+
+
+def _tally_lines(tallies: dict, d: np.ndarray) -> None:
+    """The per-task family's lines, its task average and the family as a whole (its first
+    confirmed or reversed line, any "smaller", any "equivalent") on every split."""
+    f = lines(d)
+    tallies["task"].count(*(f[k][:, :-1] for k in Tally.WORDS))
+    tallies["average"].count(*(f[k][:, -1] for k in Tally.WORDS))
+    said = f["confirmed"] | f["reversed"]
+    first = np.argmax(said, axis=1)[:, None]
+    fam = [said.any(axis=1) & np.take_along_axis(f[k], first, axis=1)[:, 0]
+           for k in ("confirmed", "reversed")]  # fmt: skip
+    tallies["family"].count(*fam, f["smaller"].any(axis=1), f["equivalent"].any(axis=1))
 
 
 def calibrate(data: dict, n: int, kind: str = "best") -> dict | None:
     """{"n", "seeds", "tasks", "splits", plant -> rule key -> `Tally`} over every split of the
-    baseline's shared seeds into two pseudo-arms of n; None below 2n seeds or 2 tasks."""
+    baseline's shared seeds into two pseudo-arms of n (n ≥ 2), every split judged at once;
+    None below 2n seeds or 2 tasks."""
+    if n < 2:
+        raise ValueError(f"calibrate: n = {n}: a pseudo-arm needs at least 2 seeds")
     tasks, seeds, scores = null_runs(data, kind)
     if len(tasks) < 2 or len(seeds) < 2 * n:
         return None
-    out = {"n": n, "seeds": seeds, "tasks": tasks, "splits": 0}
+    a, b = pseudo_arms(scores, tasks, seeds, n)
     tallies = {plant: {key: Tally() for key, _ in RULES} for plant in PLANTS}
-    for a, b in splits(seeds, n):
-        out["splits"] += 1
-        for plant in PLANTS:
-            for key, said in judge(scores, tasks, a, b, plant).items():
-                for word, size_key, equivalent in said:
-                    tallies[plant][key].add(word, size_key, equivalent)
+    for plant in PLANTS:
+        arm = a + plant
+        _tally_lines(tallies[plant], arm - b)
+        _tally_pooled(tallies[plant], arm, b, arm - b)
+    out = {"n": n, "seeds": seeds, "tasks": tasks, "splits": len(a)}
     return out | {"tallies": tallies}
 
 

@@ -185,23 +185,72 @@ def compare(arm: Runs, base: Runs, *, draws: int = DRAWS, seed: int = SEED) -> d
         return out | dict.fromkeys(("p_lo", "p_hi", "diff_lo", "diff_hi"), math.nan)
     a, b = _arrays(arm), _arrays(base)
     ia, ib = _all_indices(out["n_arm"], out["n_base"], draws, seed)
+    return out | {k: float(v) for k, v in _bounds(a, b, ia, ib).items()}
+
+
+def _counts(idx: np.ndarray, n: int) -> np.ndarray:
+    """[draws, n]: how many times each run is drawn in each resample of indices [draws, n]."""
+    return np.stack([np.count_nonzero(idx == i, axis=1) for i in range(n)], axis=1)
+
+
+def _bounds(
+    a: list[np.ndarray], b: list[np.ndarray], ia: list[np.ndarray], ib: list[np.ndarray]
+) -> dict[str, np.ndarray]:
+    """The percentile intervals of P(improvement) and of the task-averaged difference over
+    the resamples: per task j, the runs `a[j]` [..., n_arm] and `b[j]` [..., n_base] (any
+    leading axes: one comparison each) and the resampling indices `ia[j]` [draws, n_arm],
+    `ib[j]` [draws, n_base]; {"p_lo", "p_hi", "diff_lo", "diff_hi"}. A resample's pairs with
+    arm > baseline are counted as Σ_uv c_u c'_v [a_u > b_v] (c, c': the times each run is
+    drawn), exact in integers, by one product over the draws."""
     p_draws, d_draws = [], []
-    for j in range(len(a)):
-        x, y = a[j][ia[j]], b[j][ib[j]]  # [draws, n_arm], [draws, n_base]
-        greater = np.sum(x[:, :, None] > y[:, None, :], axis=(1, 2))
-        ties = np.sum(x[:, :, None] == y[:, None, :], axis=(1, 2))
-        p_draws.append((greater + 0.5 * ties) / (x.shape[1] * y.shape[1]))
-        d_draws.append(x.mean(axis=1) - y.mean(axis=1))
-    values = np.stack([np.mean(p_draws, axis=0), np.mean(d_draws, axis=0)], axis=1)
+    for x, y, i, k in zip(a, b, ia, ib, strict=True):
+        na, nb = x.shape[-1], y.shape[-1]
+        weights = _counts(i, na)[:, :, None] * _counts(k, nb)[:, None, :]  # [draws, na, nb]
+        # einsum's own loop: NumPy's BLAS threads would spin on a busy machine for nothing.
+        greater = np.einsum("...uv,duv->...d", x[..., :, None] > y[..., None, :], weights)
+        ties = np.einsum("...uv,duv->...d", x[..., :, None] == y[..., None, :], weights)
+        p_draws.append((greater + 0.5 * ties) / (na * nb))
+        d_draws.append(x[..., i].mean(axis=-1) - y[..., k].mean(axis=-1))
+    values = np.stack([np.mean(p_draws, axis=0), np.mean(d_draws, axis=0)], axis=-1)
     alpha = (1.0 - LEVEL) / 2
-    lo, hi = np.percentile(values, [100 * alpha, 100 * (1.0 - alpha)], axis=0)
-    bounds = {"p_lo": lo[0], "p_hi": hi[0], "diff_lo": lo[1], "diff_hi": hi[1]}
-    return out | {k: float(v) for k, v in bounds.items()}
+    lo, hi = np.percentile(values, [100 * alpha, 100 * (1.0 - alpha)], axis=-2)
+    return {"p_lo": lo[..., 0], "p_hi": hi[..., 0], "diff_lo": lo[..., 1], "diff_hi": hi[..., 1]}
+
+
+def compare_many(
+    arm: np.ndarray, base: np.ndarray, *, draws: int = DRAWS, seed: int = SEED, chunk: int = 256
+) -> dict[str, np.ndarray]:
+    """`compare`'s intervals of many comparisons of the same shape at once: `arm` [rows, tasks,
+    n_arm], `base` [rows, tasks, n_base] (at least 2 of each, 2 tasks); each row's bounds are
+    those `compare` gives it (the same draws), as arrays {"p_lo", "p_hi", "diff_lo",
+    "diff_hi"}; `chunk` rows at a time."""
+    arm, base = np.asarray(arm, np.float64), np.asarray(base, np.float64)
+    tasks, n_arm, n_base = arm.shape[1], arm.shape[2], base.shape[2]
+    if tasks < 2 or min(n_arm, n_base) < 2 or not np.all(np.isfinite(arm) & np.isfinite(base)):
+        raise ValueError(f"compare_many: arm {arm.shape} / base {base.shape} not comparable")
+    ia, ib = _all_indices([n_arm] * tasks, [n_base] * tasks, draws, seed)
+    parts = [dict.fromkeys(("p_lo", "p_hi", "diff_lo", "diff_hi"), np.empty(0))]
+    for start in range(0, len(arm), chunk):
+        a, b = arm[start : start + chunk], base[start : start + chunk]
+        parts.append(_bounds(list(a.transpose(1, 0, 2)), list(b.transpose(1, 0, 2)), ia, ib))
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def iqm_interval(runs: Runs, *, draws: int = DRAWS, seed: int = SEED) -> dict:
     """{"iqm", "lo", "hi"}: the IQM of the runs and its stratified bootstrap 95 % interval."""
-    lo, hi = stratified_interval(lambda r: (iqm(r),), runs, draws=draws, seed=seed)
+    sizes = [len(r) for r in runs]
+    if not sizes or not sizes[0] or len(set(sizes)) != 1:
+        lo, hi = stratified_interval(lambda r: (iqm(r),), runs, draws=draws, seed=seed)
+        return {"iqm": iqm(runs), "lo": float(lo[0]), "hi": float(hi[0])}
+    # n runs in every task: `stratified_interval`'s draws are one randint (`_all_indices`), and
+    # the IQM of every resample is taken at once (each row sorted, the same slice averaged).
+    arrays, n = _arrays(runs), sizes[0]
+    idx = np.random.RandomState(seed).randint(0, n, size=(draws, n, len(arrays)))
+    x = np.sort(np.concatenate([r[idx[:, :, j]] for j, r in enumerate(arrays)], axis=1), axis=1)
+    cut = int(IQM_CUT * x.shape[1])
+    values = x[:, cut : x.shape[1] - cut].mean(axis=1)
+    alpha = (1.0 - LEVEL) / 2
+    lo, hi = np.percentile(values[:, None], [100 * alpha, 100 * (1.0 - alpha)], axis=0)
     return {"iqm": iqm(runs), "lo": float(lo[0]), "hi": float(hi[0])}
 
 

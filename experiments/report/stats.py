@@ -106,8 +106,7 @@ def sign_flip_p(
         return int(np.sum((flipped if direction else np.abs(flipped)) >= observed - tol))
 
     if n <= EXACT_MAX_N:
-        bits = (np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1
-        p = hits(1.0 - 2.0 * bits) / 2**n
+        p = hits(_signs(n)) / 2**n
         method = f"exact, 2^{n} patterns"
     else:
         rng = np.random.default_rng(seed)
@@ -147,6 +146,71 @@ def sign_flip_exact(diffs: list[float], direction: int) -> float:
     left, right = _signs(k) @ mags[:k], np.sort(_signs(len(d) - k) @ mags[k:])
     hits = len(left) * len(right) - np.searchsorted(right, threshold - left, side="left").sum()
     return int(hits) / 2 ** len(d)
+
+
+def t_test_rows(diffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, two-sided p) of `t_test` over the last axis of `diffs` ([..., n], n ≥ 2), every
+    row at once, by the same operations (s = 0: p is 0, or 1 where the mean is 0)."""
+    d = np.asarray(diffs, np.float64)
+    mean, se = d.mean(axis=-1), d.std(axis=-1, ddof=1) / math.sqrt(d.shape[-1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.minimum(2.0 * scipy.special.stdtr(d.shape[-1] - 1, -np.abs(mean) / se), 1.0)
+    return mean, np.where(se == 0.0, np.where(mean == 0.0, 1.0, 0.0), p)
+
+
+def t_below_rows(diffs: np.ndarray, bound: float) -> np.ndarray:
+    """`t_below` over the last axis of `diffs` ([..., n], n ≥ 2), every row at once."""
+    d = np.asarray(diffs, np.float64)
+    mean, se = d.mean(axis=-1), d.std(axis=-1, ddof=1) / math.sqrt(d.shape[-1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = scipy.special.stdtr(d.shape[-1] - 1, (mean - bound) / se)
+    return np.where(se == 0.0, np.where(mean < bound, 0.0, 1.0), p)
+
+
+def sign_flip_exact_rows(diffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`sign_flip_exact` of every row of `diffs` ([rows, n], n ≥ 1) at once, in both
+    directions: (p of direction +1, p of −1). The same halves, thresholds and tolerance; the
+    signed sums of the magnitudes serve both directions; each row's 2^k left sums are counted
+    against its 2^(n−k) right sums by one stable sort of [queries | right sums] per row (a
+    right sum sorts before a query only where it is smaller: `searchsorted`'s side "left")."""
+    x = np.asarray(diffs, np.float64)
+    rows, n = x.shape
+    mags = np.abs(x)
+    tol = 1e-12 * np.maximum(mags.sum(axis=1), 1e-300)
+    k = n // 2
+    left, right = _signed_sums(mags[:, :k]), _signed_sums(mags[:, k:])
+    q, r = left.shape[1], right.shape[1]
+    out = []
+    for total in (x.sum(axis=1), (-x).sum(axis=1)):
+        queries = (total - tol)[:, None] - left
+        order = np.argsort(np.concatenate([queries, right], axis=1), axis=1, kind="stable")
+        positions = np.nonzero(order < q)[1].reshape(rows, q)
+        below = positions.sum(axis=1) - q * (q - 1) // 2  # right sums under each query
+        out.append((q * r - below) / 2**n)
+    return out[0], out[1]
+
+
+def _signed_sums(mags: np.ndarray) -> np.ndarray:
+    """[rows, 2^k]: every signed sum ±m_1 ± … ± m_k of each row of `mags` [rows, k], built
+    one magnitude at a time (elementwise: no BLAS threads to spin on a busy machine)."""
+    sums = np.zeros((len(mags), 1))
+    for j in range(mags.shape[1]):
+        m = mags[:, j : j + 1]
+        sums = np.concatenate([sums + m, sums - m], axis=1)
+    return sums
+
+
+def holm_rows(pvalues: np.ndarray) -> np.ndarray:
+    """`holm` of every row of `pvalues` ([rows, m], every p finite) at once."""
+    p = np.asarray(pvalues, np.float64)
+    if not np.all(np.isfinite(p)):
+        raise ValueError("holm_rows: a p value is not finite (use holm for a row with NaN)")
+    m = p.shape[1]
+    order = np.argsort(p, axis=1, kind="stable")
+    steps = np.minimum(1.0, (m - np.arange(m)) * np.take_along_axis(p, order, axis=1))
+    out = np.empty_like(p)
+    np.put_along_axis(out, order, np.maximum.accumulate(steps, axis=1), axis=1)
+    return out
 
 
 def t_below(diffs: list[float], bound: float) -> float:

@@ -235,9 +235,11 @@ def test_dropout_noise_is_numpys_spread_and_displacement_of_the_head_input(isobn
         buckets=tuple(restored.config.buckets),
     )
     inputs = [batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")]
+    # One program per mode (op by op, every operation compiled alone).
+    apply = jax.jit(restored.model.apply, static_argnames=("deterministic", "use_running_average"))
     z = [
         np.asarray(
-            restored.model.apply(restored.variables, *inputs, deterministic=deterministic,
+            apply(restored.variables, *inputs, deterministic=deterministic,
                                   use_running_average=True,
                                   rngs={"dropout": jax.random.fold_in(jax.random.key(7), 0)})[1][
                 "pre_logits"

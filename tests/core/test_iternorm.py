@@ -3,6 +3,8 @@ whitening matrix at T = 0 and T = 50, the gradient of the train-mode transform (
 statistics attached and detached), and the hyper-parameter checks. The front ends over 20
 batches: tests/linen/test_iternorm.py."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,12 +122,17 @@ def test_skipped_batch_falls_back_to_the_running_transform():
     one = jnp.zeros(6).at[2].set(1.0)
     state = iternorm.iternorm_init(4)
     hp = dict(momentum=0.1, iterations=5, epsilon=1e-5, group_size=None, stop_gradient=False)
-    y, new, ok = iternorm.iternorm(state, x, one, train=True, update=True, **hp)
+    # Jitted: one program each instead of every operation dispatched on its own.
+    y, new, ok = jax.jit(functools.partial(iternorm.iternorm, train=True, update=True, **hp))(
+        state, x, one
+    )
     assert not bool(ok) and (int(new["count"]), int(new["skipped"])) == (0, 1)
     np.testing.assert_array_equal(new["wmat"], state["wmat"])
     np.testing.assert_array_equal(y, x)
-    grad = jax.grad(
-        lambda x: jnp.sum(iternorm.iternorm(state, x, one, train=True, update=False, **hp)[0])
+    grad = jax.jit(
+        jax.grad(
+            lambda x: jnp.sum(iternorm.iternorm(state, x, one, train=True, update=False, **hp)[0])
+        )
     )(x)
     assert np.isfinite(np.asarray(grad)).all()
 
@@ -179,15 +186,16 @@ def test_the_largest_accepted_iterations_keep_the_running_matrix_within_1e3():
         exact = _exact_recursion(1e-5 * np.eye(d) + xc.T @ xc / n, t)
         state = iternorm.iternorm_init(d)
         hp = dict(momentum=0.5, iterations=t, epsilon=1e-5, group_size=None, stop_gradient=False)
-        _, new, ok = iternorm.iternorm(
-            state, jnp.asarray(x, jnp.float32), None, train=True, update=True, **hp
+        _, new, ok = jax.jit(functools.partial(iternorm.iternorm, train=True, update=True, **hp))(
+            state, jnp.asarray(x, jnp.float32), None
         )
         assert bool(ok)
         running = np.asarray(new["wmat"][0], np.float64)
         want = 0.5 * np.eye(d) + 0.5 * exact
         assert np.linalg.norm(running - want) / np.linalg.norm(want) < 1e-3, (n, d)
         sigma = jnp.asarray(1e-5 * np.eye(d) + xc.T @ xc / n, jnp.float32)
-        w = np.asarray(iternorm.iterative_whitening(sigma[None], t)[0], np.float64)
+        w = np.asarray(jax.jit(iternorm.iterative_whitening, static_argnums=1)(sigma[None], t)[0])
+        w = w.astype(np.float64)
         assert np.linalg.norm(w - exact) / np.linalg.norm(exact) < 1e-3, (n, d)
     with pytest.raises(ValueError, match="iterations 7 > 6"):
         normalizers.check_hparams("iternorm", iterations=t + 1)
@@ -278,7 +286,7 @@ def test_at_t0_autodiff_is_right_and_the_references_backward_is_not():
     hand-written backward equals autodiff" holds for T >= 1 only."""
     x, _ = data(16, 8, seed=4)
     r = np.random.default_rng(5).normal(size=(16, 8))
-    grad = jax.grad(lambda x: jnp.sum(_train_output(x, None, False, iterations=0) * r))(
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(_train_output(x, None, False, iterations=0) * r)))(
         jnp.asarray(x, jnp.float32)
     )
     xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
@@ -298,11 +306,18 @@ def test_a_skipped_overflowing_batch_has_a_finite_gradient():
     x = jnp.asarray(np.random.default_rng(0).normal(size=(6, 8)) + 1, jnp.float32) * 1e19
     state = iternorm.iternorm_init(8)
     hp = dict(momentum=0.1, iterations=5, epsilon=1e-5, group_size=None, stop_gradient=False)
-    y, new, ok = iternorm.iternorm(state, x, None, train=True, update=True, **hp)
+    # Jitted: one program each instead of every operation dispatched on its own.
+    y, new, ok = jax.jit(functools.partial(iternorm.iternorm, train=True, update=True, **hp))(
+        state, x, None
+    )
     assert not bool(ok) and int(new["skipped"]) == 1
     np.testing.assert_array_equal(y, x)
     r = jnp.asarray(np.random.default_rng(1).normal(size=(6, 8)), jnp.float32)
-    grad = jax.grad(
-        lambda x: jnp.sum(iternorm.iternorm(state, x, None, train=True, update=True, **hp)[0] * r)
+    grad = jax.jit(
+        jax.grad(
+            lambda x: jnp.sum(
+                iternorm.iternorm(state, x, None, train=True, update=True, **hp)[0] * r
+            )
+        )
     )(x)
     np.testing.assert_array_equal(grad, r)  # ∂y/∂x = W_r = I

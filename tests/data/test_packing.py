@@ -228,9 +228,9 @@ def test_packed_batch_gives_the_unpacked_logits_loss_gradients_and_stats(
             n = int(plain["attention_mask"][j].sum())
             np.testing.assert_allclose(h1[row, start : start + n], h0[j, :n], atol=1e-5)
     mask0, mask1 = packing.token_mask(plain), packing.token_mask(packed)
-    for penalty in (
-        functools.partial(penalties.istar_penalty, zeta=0.2),
-        lambda h, m: penalties.cosreg_penalty(h[-1], m),
+    for penalty in (  # jitted: op by op, every operation compiled alone per layout
+        jax.jit(functools.partial(penalties.istar_penalty, zeta=0.2)),
+        jax.jit(lambda h, m: penalties.cosreg_penalty(h[-1], m)),
     ):
         np.testing.assert_allclose(
             penalty(hidden1, mask1), penalty(hidden0, mask0), rtol=1e-5, atol=1e-6

@@ -38,47 +38,35 @@ def _run(setup: str, tmp_path, glue_dir, minilm_dir) -> str:
 
 
 QUIET = 'logging.getLogger("isojax").setLevel(logging.ERROR)'
+SHOWN = "from isojax.logs import install_log_handler; install_log_handler()"
 
 
 @pytest.fixture(scope="module")
-def quiet_run(tmp_path_factory, glue_dir, minilm_dir):
-    """One embedded run with the "isojax" logger at ERROR (both tests start from it): its
-    stderr, and the folder its run folder is in."""
-    root = tmp_path_factory.mktemp("quiet")
-    return _run(QUIET, root, glue_dir, minilm_dir), root
+def three_runs(tmp_path_factory, glue_dir, minilm_dir):
+    """One run folder, three embedded programs (both tests read them): a run with the
+    "isojax" logger at ERROR; after a torn line is appended to its metrics.jsonl, the same
+    quiet program again (the finished run, reread); after another torn line, a program that
+    installs the command's handler. Their stderr, in that order."""
+    root = tmp_path_factory.mktemp("runs")
+    metrics = root / "run" / "metrics.jsonl"
+    said = [_run(QUIET, root, glue_dir, minilm_dir)]
+    for setup in (QUIET, SHOWN):
+        metrics.write_text(metrics.read_text() + '{"step": 9, "ep')
+        said.append(_run(setup, root, glue_dir, minilm_dir))
+    return said
 
 
-def test_an_embedded_run_is_silent_and_a_handler_shows_its_lines(
-    quiet_run, tmp_path, glue_dir, minilm_dir
-):
-    assert quiet_run[0] == ""
-    shown = _run(
-        "from isojax.logs import install_log_handler; install_log_handler()",
-        tmp_path / "b",
-        glue_dir,
-        minilm_dir,
-    )
+def test_an_embedded_run_is_silent_and_a_handler_shows_its_lines(three_runs):
+    quiet, _, shown = three_runs
+    assert quiet == ""
     assert "isojax: " in shown and "rte from the TSVs in" in shown  # the run's first line
 
 
-def test_a_torn_metrics_line_is_logged_and_silenced_with_the_logger(
-    quiet_run, glue_dir, minilm_dir
-):
+def test_a_torn_metrics_line_is_logged_and_silenced_with_the_logger(three_runs):
     """Issue 50, finding 9: the torn-line drop of `resume.py` was a `warnings.warn`, written to
     stderr by a rerun whose "isojax" logger was at ERROR. Now a logged warning: nothing at
-    ERROR, the line with the command's handler. On the quiet run's folder (only this test
-    writes there)."""
-    quiet, (first, folder) = QUIET, quiet_run
-    assert first == ""
-    run = folder / "run"
-    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 9, "ep')
-    assert _run(quiet, folder, glue_dir, minilm_dir) == ""  # the finished run, reread
-    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 9, "ep')
-    shown = _run(
-        "from isojax.logs import install_log_handler; install_log_handler()",
-        folder,
-        glue_dir,
-        minilm_dir,
-    )
+    ERROR, the line with the command's handler."""
+    first, quiet, shown = three_runs
+    assert first == quiet == ""  # the finished run, reread past a torn line
     assert "metrics.jsonl" in shown and "dropped a torn last line" in shown, shown
     assert "Warning" not in shown, shown

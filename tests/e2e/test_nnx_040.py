@@ -44,10 +44,23 @@ def worktree(tmp_path):
     subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)])
 
 
-def _run_040(tree, *args, cwd):
+# 0.4.0's `isojax` commands in turn in one interpreter (one start-up and import of 0.4.0's code,
+# not one per command), each as `isojax.cli.main`; the first non-zero status ends it.
+_COMMANDS = """
+import json, pathlib, sys
+from isojax import cli
+assert pathlib.Path(cli.__file__).is_relative_to(sys.argv[2]), cli.__file__  # 0.4.0's code
+for argv in json.loads(sys.argv[1]):
+    if code := cli.main(argv):
+        sys.exit(code)
+"""
+
+
+def _run_040(tree, *commands, cwd):
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    argvs = [[str(a) for a in argv] for argv in commands]
     done = subprocess.run(
-        [sys.executable, "-m", "isojax.cli", *map(str, args)],
+        [sys.executable, "-c", _COMMANDS, json.dumps(argvs), str(tree)],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -69,8 +82,7 @@ def test_an_nnx_run_folder_of_040_restores_predicts_exports_and_resumes(
     args = ["finetune", "--task", "rte", "--model", "tiny-bert", "--front-end", "nnx"]
     args += ["--normalizer", "isobn", "--penalty", "istar", "--data-dir", glue_dir]
     args += ["--workdir", run] + [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
-    _run_040(tree, *args, cwd=tree)
-    _run_040(tree, "export", run, tmp_path / "hf-040", cwd=tree)
+    _run_040(tree, args, ["export", run, tmp_path / "hf-040"], cwd=tree)
     results = json.loads((run / "results.json").read_text())
 
     restored = runs.restore(run)  # the newest checkpoint, step 4, in linen's tree on disk

@@ -1,53 +1,25 @@
 """The audit's findings on how a run stops, as whole runs (/work/shared/AUDIT.md numbering): 1
 (the command's refusal of one-row micro-batches), 2 (SIGINT to one of two processes during the
-evaluation), 4 (a failed save after a stop ends the study runner), 6 (a preemption at an
-epoch's last step, then a hard kill), 13 (a signal before the first step), 14 (one process a
-run folder), and the held probes 11 and 12 (a signal during a checkpoint write and during the
-C0 pass: the resumed run ends bit-identical)."""
+evaluation), 4 (a failed save after a stop ends the study runner), 13 (a signal before the first
+step), 14 (one process a run folder). Finding 6 (a preemption at an epoch's last step, then a
+hard kill) and the held probes 11 and 12 (a signal during a checkpoint write and during the C0
+pass: the resumed run ends bit-identical) ride on the resume chains of
+tests/e2e/test_preemption.py, which compare with an uninterrupted run already."""
 
-import json
 import os
 import socket
 import subprocess
 import sys
 
-import jax
-import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from children import finish
-from helpers import dev_lines, finetune_argv, start_child, study_grid
+from helpers import finetune_argv, start_child, study_grid
 
 from experiments.study import runner
 from isojax import cli
-from isojax.training import checkpointing, reporting, stops, throughput
+from isojax.training import checkpointing, reporting, stops
 
 pytestmark = pytest.mark.e2e
-
-
-def _state(workdir, step: int) -> dict:
-    return ocp.StandardCheckpointer().restore(workdir / "checkpoints" / str(step) / "state")
-
-
-def _assert_same_run(want, got, step: int) -> None:
-    """Every leaf of the two runs' state at `step`, their results.json and their metrics.jsonl
-    (wall-clock figures aside) are equal."""
-    jax.tree_util.tree_map_with_path(
-        lambda path, a, b: np.testing.assert_array_equal(
-            np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path)
-        ),
-        _state(want, step),
-        _state(got, step),
-    )
-    assert json.loads((want / "results.json").read_text()) == json.loads(
-        (got / "results.json").read_text()
-    )
-
-    def untimed(folder):
-        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in r.items() if k not in throughput.TIMED_KEYS} for r in rows]
-
-    assert untimed(want) == untimed(got)
 
 
 def test_the_command_refuses_one_row_micro_batches_in_one_line(tmp_path, glue_dir, minilm_dir):
@@ -95,22 +67,6 @@ def test_a_signal_before_the_first_step_exits_75_at_once(tmp_path, glue_dir, min
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_a_stop_at_an_epochs_last_step_then_a_hard_kill_logs_each_epoch_once(
-    tmp_path, glue_dir, minilm_dir
-):
-    """SIGTERM right after step 6 (epoch 0's last): exit 75; the rerun evaluates epoch 1 and
-    is killed hard after step 8; the last rerun ends with one dev line per epoch."""
-    workdir = tmp_path / "cut"
-    argv = finetune_argv(workdir, glue_dir, minilm_dir)
-    stopped = finish(start_child(tmp_path, argv, {"signal_after_step": [6, "SIGTERM"]}), 120)
-    assert stopped.returncode == stops.EXIT_PREEMPTED, stopped.stderr[-2000:]
-    killed = finish(start_child(tmp_path, argv, {"exit_after_step": 8}), 120)
-    assert killed.returncode == 137, killed.stderr[-2000:]
-    done = finish(start_child(tmp_path, argv), 120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert dev_lines(workdir) == [(6, 1), (12, 2)]
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -143,33 +99,6 @@ def test_sigint_to_one_of_two_processes_during_the_evaluation_stops_both(
         assert child.returncode == stops.EXIT_PREEMPTED, child.stderr[-3000:]
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert steps[-1] > 6 and "saved the checkpoint of step" in first.stderr
-
-
-def test_preemption_in_the_c0_pass_and_in_a_checkpoint_write_resumes_identical(
-    tmp_path, glue_dir, minilm_dir
-):
-    """I-STAR with the explicit C0 pass, 32 rows (4 steps an epoch), 2 epochs. SIGTERM during
-    epoch 0's C0 pass (stops after step 1), during the epoch-end checkpoint write of step 4
-    (stops at 4, after the evaluation), during epoch 1's C0 pass (stops after step 5); the
-    last rerun ends bit-identical to the uninterrupted run."""
-    sets = ("max_train_examples=32", "dropout_rate=0.1")
-    full, cut = tmp_path / "full", tmp_path / "cut"
-
-    def argv(workdir):
-        return [*finetune_argv(workdir, glue_dir, minilm_dir, *sets), "--penalty", "istar"]
-
-    assert finish(start_child(tmp_path, argv(full)), 120).returncode == 0
-    for hooks, step in (
-        ({"signal_in_c0": "SIGTERM"}, 1),
-        ({"signal_in_save": [4, "SIGTERM"]}, 4),
-        ({"signal_in_c0": "SIGTERM"}, 5),
-    ):
-        stopped = finish(start_child(tmp_path, argv(cut), hooks), 120)
-        assert stopped.returncode == stops.EXIT_PREEMPTED, stopped.stderr[-2000:]
-        assert f"saved the checkpoint of step {step}" in stopped.stderr
-    done = finish(start_child(tmp_path, argv(cut)), 120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    _assert_same_run(full, cut, 8)
 
 
 # ---------------------------------------------------------------------------------------------

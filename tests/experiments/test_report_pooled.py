@@ -162,3 +162,18 @@ def test_a_task_with_one_run_gives_no_interval():
     got = pool.compare([[0.8, 0.9], [0.7]], [[0.6, 0.7], [0.5, 0.6]])
     assert np.isnan(got["p_lo"]) and got["p"] == 1.0
     assert pool.pooled_verdict(got).startswith("not tested")
+
+
+def test_many_comparisons_at_once_equal_compare_row_by_row():
+    """`compare_many` (the calibration's splits) gives each row `compare`'s bounds exactly,
+    across its chunks, with tied runs; the IQM interval's one-randint path equals the
+    resample-by-resample `stratified_interval`."""
+    rng = np.random.default_rng(9)
+    arm, base = rng.normal(0.8, 0.02, (2, 11, 3, 3)).round(2)  # rounded: ties within a task
+    got = pool.compare_many(arm, base, draws=500, chunk=4)
+    for row in range(len(arm)):
+        want = pool.compare(list(arm[row]), list(base[row]), draws=500)
+        assert {k: float(v[row]) for k, v in got.items()} == {k: want[k] for k in got}
+    runs = _columns(_matrix(3, 5, 4, decimals=2))
+    lo, hi = pool.stratified_interval(lambda r: (pool.iqm(r),), runs, draws=500)
+    assert pool.iqm_interval(runs, draws=500) == {"iqm": pool.iqm(runs), "lo": lo[0], "hi": hi[0]}

@@ -11,7 +11,7 @@ import pytest
 from helpers import REPO
 from report_data import _markdown, _pooled_records, _write
 
-from experiments.report import calibration, numbers, pooled_lines, stats, verdicts
+from experiments.report import calibration, numbers, pooled_lines, rule, sizes, stats, verdicts
 from experiments.report import page as report
 from experiments.report import pooled as pool
 from experiments.report import records as report_records
@@ -22,8 +22,12 @@ RESULTS = REPO / "experiments" / "results"
 def _enumerated(values, direction) -> float:
     """The one-sided sign-flip p over every sign pattern, in plain NumPy."""
     x = direction * np.asarray(values, np.float64)
-    patterns = np.array(list(itertools.product((1.0, -1.0), repeat=len(x))))
-    return float(np.mean(patterns @ np.abs(x) >= x.sum() - 1e-12 * np.abs(x).sum()))
+    hits = 0
+    for start in range(0, 2 ** len(x), 2**14):  # pattern codes, a bit per sign, in chunks
+        codes = np.arange(start, min(start + 2**14, 2 ** len(x)))
+        patterns = np.where((codes[:, None] >> np.arange(len(x))) & 1, -1.0, 1.0)
+        hits += int(np.sum(patterns @ np.abs(x) >= x.sum() - 1e-12 * np.abs(x).sum()))
+    return hits / 2 ** len(x)
 
 
 def _best(records) -> dict:
@@ -157,6 +161,72 @@ def test_null_calibration_recomputes_the_pooled_false_positive_rate(tmp_path):
     table = "\n".join(calibration.table({("null", 5): got}))
     assert "| null: n = 5 of 10 seeds, 2 tasks (252 splits) | pooled (bootstrap " in table
     assert "False-positive rates above 0.05: null at n = 5, pooled without the seed-" in table
+
+
+def _judge(scores, tasks, a, b, plant) -> dict:
+    """Rule key -> (direction word, size key, equivalent) per line of one split, split by
+    split through the report's own rule (`rule.Family`, `pooled.compare`, `stats.holm`,
+    `stats.sign_flip_exact`): the reference `calibration.calibrate`'s all-splits-at-once
+    arrays must count the same words as."""
+    n, bound, margin = len(a), sizes.ISOBN.bound, calibration.MARGIN
+    cells = [(t, i, scores[t][a[i]] + plant - scores[t][b[i]]) for t in tasks for i in range(n)]
+    sized = rule.Family("null", +1, size=sizes.ISOBN)
+    for t in tasks:
+        d = [x for task, _, x in cells if task == t]
+        sized.add(t, {"n": n, "diffs": d, **stats.t_test(d)}, "")
+    d = [float(np.mean([x for _, i, x in cells if i == k])) for k in range(n)]
+    sized.add("average", {"n": n, "diffs": d, **stats.t_test(d)}, "")
+    equiv = stats.holm([rule.equivalence_p(line[1], margin) for line in sized.lines])
+    lines = [(v["direction"], v["size"], e < sizes.ALPHA_ONE_SIDED and np.isfinite(p))
+             for (_, p, v), e in zip(sized.judged(), equiv, strict=True)]  # fmt: skip
+    c = {}
+    for prefix, clustered in (("flip", False), ("cluster", True)):
+
+        def p(shift, direction, clustered=clustered):
+            moved = [(t, s, x - shift) for t, s, x in cells]
+            x = pool.seed_sums(moved)[1] if clustered else [x for *_, x in moved]
+            return stats.sign_flip_exact(x, direction)
+
+        c[f"{prefix}_toward"], c[f"{prefix}_against"] = p(0.0, +1), p(0.0, -1)
+        c[f"{prefix}_below"], c[f"{prefix}_above"] = p(bound, -1), p(bound, +1)
+        c[f"{prefix}_inside"] = max(p(margin, -1), p(-margin, +1))
+    loose = c | {k.replace("flip_", "cluster_"): 0.0 for k in c if k.startswith("flip_")}
+    interval = pool.compare([[scores[t][s] + plant for s in a] for t in tasks],
+                            [[scores[t][s] for s in b] for t in tasks])  # fmt: skip
+    words = [x[0] for x in lines]
+    either = next((w for w in words if w.startswith(("confirmed", "reversed"))), "")
+    family = (either, "smaller" if any(x[1] == "smaller" for x in lines) else None,
+              any(x[2] for x in lines))  # fmt: skip
+    return {"task": lines[:-1], "average": lines[-1:], "family": [family],
+            "pooled": [calibration.pooled_words(c, interval)],
+            "pooled_pairs_only": [calibration.pooled_words(loose, interval)]}  # fmt: skip
+
+
+def test_calibration_counts_the_words_the_rule_says_split_by_split(tmp_path):
+    """Every split judged at once (`calibrate`) against each split judged alone by the
+    report's rule (`_judge`): the same counts of every word, of every rule, at every plant; on
+    three tasks at six seeds (n = 3: 20 splits), tight enough that every word is said."""
+    rng = np.random.default_rng(9)
+    effect = rng.normal(0.0, 1.0, 6)
+    scores = {(task, "none"): [base + 0.003 * effect[s] + 0.003 * rng.normal() for s in range(6)]
+              for task, base in (("stsb", 0.85), ("mrpc", 0.80), ("cola", 0.45))}  # fmt: skip
+    data = numbers.build(report_records.load(_write(tmp_path, "null", _pooled_records(scores))))
+    got = calibration.calibrate(data, 3)
+    tasks, seeds, by_seed = calibration.null_runs(data)
+    assert got["splits"] == len(list(calibration.splits(seeds, 3))) == 20
+    for plant in calibration.PLANTS:
+        want = {key: calibration.Tally() for key, _ in calibration.RULES}
+        for a, b in calibration.splits(seeds, 3):
+            for key, said in _judge(by_seed, tasks, a, b, plant).items():
+                for word in said:
+                    want[key].add(*word)
+        assert got["tallies"][plant] == want, plant
+    # Words of each kind are counted (at n = 3 the seed-clustered test cannot pass: 2^-3).
+    zero, plus = got["tallies"][0.0], got["tallies"][0.020]
+    assert plus["task"].confirmed and plus["family"].confirmed and plus["average"].confirmed
+    assert zero["pooled_pairs_only"].reversed and zero["pooled_pairs_only"].equivalent
+    assert zero["task"].smaller and zero["family"].equivalent
+    assert zero["family"].confirmed and zero["family"].reversed  # its first such line decides
 
 
 def test_calibration_needs_twice_the_seeds():

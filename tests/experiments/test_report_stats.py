@@ -148,3 +148,27 @@ def test_bootstrap_ci_is_numpy_percentiles_of_resampled_means():
     assert stats.bootstrap_ci(STSB_ISOBN) == pytest.approx(tuple(ref), abs=1e-15)
     # With 3 seeds of one sign the bootstrap excludes 0 although the t interval does not.
     assert stats.bootstrap_ci(STSB_ISOBN)[0] > 0 > stats.t_test(STSB_ISOBN)["lo"]
+
+
+def test_row_statistics_equal_the_scalar_ones_row_by_row():
+    """The calibration's every-split-at-once forms give, row by row, exactly what `t_test`,
+    `t_below`, `holm` and `sign_flip_exact` give (rows with s = 0 and tied p included), and
+    the sign flips equal the enumeration."""
+    rng = np.random.default_rng(5)
+    for n in (2, 3, 5, 12, 20):  # 20: the pooled pairs of four tasks at five seeds
+        x = rng.normal(0.002, 0.01, (30, n)).round(3)
+        x[0], x[1] = 0.0, 0.004  # s = 0: p of 1, then of 0
+        mean, p = stats.t_test_rows(x)
+        for row, m, q in zip(x, mean, p, strict=True):
+            want = stats.t_test(row.tolist())
+            assert (m, q) == (want["mean"], want["p"])
+        for bound in (0.01, -0.01):
+            got = stats.t_below_rows(x, bound)
+            assert got.tolist() == [stats.t_below(row.tolist(), bound) for row in x]
+        toward, against = stats.sign_flip_exact_rows(x)
+        assert toward.tolist() == [stats.sign_flip_exact(row.tolist(), +1) for row in x]
+        assert against.tolist() == [stats.sign_flip_exact(row.tolist(), -1) for row in x]
+        if n <= 5:
+            assert toward.tolist() == [_enumerated_sign_flip(row, +1) for row in x]
+    p = rng.choice([0.001, 0.01, 0.02, 0.2, 0.9], size=(50, 5))
+    assert stats.holm_rows(p).tolist() == [stats.holm(row.tolist()) for row in p]

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import LENGTHS, both_layouts, make_head
+from helpers import LENGTHS, both_layouts, shared_head
 
 from isojax import linen
 from isojax.data import packing
@@ -55,7 +55,7 @@ def assert_close_to_scale(actual, expected, rel=2e-6):
     [("bert", "packed"), ("albert", "packed"), ("bert", "padded")],
 )
 def test_cls_only_equals_the_full_last_layer(family, layout):
-    cfg, head, variables = make_head(family, "isobn")
+    cfg, head, variables = shared_head(family, "isobn")
     batch = dict(zip(("padded", "packed"), both_layouts(cfg, LENGTHS), strict=True))[layout]
     assert packing.is_packed(batch) == (layout == "packed")
     (loss0, (logits0, stats0, hidden0)), grads0 = loss_and_grads(
@@ -79,7 +79,7 @@ def test_cls_only_equals_the_full_last_layer(family, layout):
 def test_cls_only_in_train_mode_with_remat():
     """Dropout draws the same masks with and without remat, so the two agree; and the result
     differs from eval mode (dropout is on in the last layer too)."""
-    cfg, head, variables = make_head("bert", "batchnorm")
+    cfg, head, variables = shared_head("bert", "batchnorm")
     remat_head = head.clone(encoder=linen.Encoder(cfg, remat=True), dropout_rate=0.1)
     head = head.clone(dropout_rate=0.1)
     _, packed = both_layouts(cfg, LENGTHS)
@@ -110,7 +110,7 @@ class EveryTokenEncoder(linen.Encoder):
 
 
 def test_an_encoder_without_the_option_computes_every_token():
-    cfg, head, variables = make_head("bert", "none")
+    cfg, head, variables = shared_head("bert", "none")
     custom = head.clone(encoder=EveryTokenEncoder(cfg))
     _, packed = both_layouts(cfg, LENGTHS)
     (_, (logits, _, hidden)), _ = loss_and_grads(custom, variables, packed, cls_only=True)

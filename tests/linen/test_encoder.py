@@ -34,6 +34,12 @@ def torch_model(hf: dict, cls=transformers.AutoModel, seed: int = 0, **overrides
     return model
 
 
+def jitted_init(init, module, key):
+    """`init(module, key)` (`linen.init_params` or `init_variables`) as one program, instead
+    of every operation of the forward pass that `init` runs dispatched on its own."""
+    return jax.jit(functools.partial(init, module))(key)
+
+
 def torch_state_dict(model) -> dict:
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
@@ -121,7 +127,7 @@ def test_head_with_normalizers(normalizer):
     head = linen.SequenceClassifier(
         linen.Encoder(cfg), num_labels=2, sentence="cls", normalizer=normalizer
     )
-    variables = linen.init_variables(head, jax.random.key(0))
+    variables = jitted_init(linen.init_variables, head, jax.random.key(0))
     ids, mask, types = batch(cfg, b=3)
     example_mask = jnp.array([1, 1, 0])
 
@@ -162,7 +168,8 @@ def test_bfloat16_compute_close_to_float32_params_stay_float32():
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF["bert"])
     ids, mask, types = batch(cfg)
     enc16 = linen.Encoder(cfg, dtype=jnp.bfloat16)
-    params = linen.init_params(enc16, jax.random.key(1))
+    # Jitted inits: one program each instead of every operation dispatched on its own.
+    params = jax.jit(functools.partial(linen.init_params, enc16))(jax.random.key(1))
     assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
     out16 = jax.jit(enc16.apply)({"params": params}, ids, mask, types)
     out32 = jax.jit(linen.Encoder(cfg).apply)({"params": params}, ids, mask, types)
@@ -175,7 +182,7 @@ def test_bfloat16_compute_close_to_float32_params_stay_float32():
     )
     np.testing.assert_allclose(out16.pooled.astype(jnp.float32), out32.pooled, atol=5e-2)
     head = linen.SequenceClassifier(enc16, num_labels=2, dtype=jnp.bfloat16)
-    variables = linen.init_variables(head, jax.random.key(2), params)
+    variables = jax.jit(functools.partial(linen.init_variables, head))(jax.random.key(2), params)
     logits, _ = jax.jit(head.apply)(variables, ids, mask, types)
     assert logits.dtype == jnp.float32
 
@@ -183,7 +190,7 @@ def test_bfloat16_compute_close_to_float32_params_stay_float32():
 def test_remat_same_values_and_gradients():
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF["bert"])
     ids, mask, types = batch(cfg)
-    params = linen.init_params(linen.Encoder(cfg), jax.random.key(0))
+    params = jitted_init(linen.init_params, linen.Encoder(cfg), jax.random.key(0))
 
     def loss(remat, p):
         out = linen.Encoder(cfg, remat=remat).apply({"params": p}, ids, mask, types)
@@ -192,15 +199,16 @@ def test_remat_same_values_and_gradients():
     g0 = jax.jit(jax.grad(functools.partial(loss, False)))(params)
     g1 = jax.jit(jax.grad(functools.partial(loss, True)))(params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), g0, g1)
+    # The tree's structure needs no values: eval_shape, not an op-by-op remat init.
     assert jax.tree.structure(
-        linen.init_params(linen.Encoder(cfg, remat=True), jax.random.key(0))
+        jax.eval_shape(lambda: linen.init_params(linen.Encoder(cfg, remat=True), jax.random.key(0)))
     ) == jax.tree.structure(params)
 
 
 def test_dropout_uses_rng_and_is_off_when_deterministic():
     cfg = config_lib.VARIANTS["tiny"]
     encoder = linen.Encoder(cfg)
-    params = linen.init_params(encoder, jax.random.key(0))
+    params = jitted_init(linen.init_params, encoder, jax.random.key(0))
     ids, mask, types = batch(cfg)
     apply = jax.jit(encoder.apply, static_argnames="deterministic")
     eval_out = apply({"params": params}, ids, mask, types)
@@ -245,7 +253,7 @@ def test_dropout_uses_rng_and_is_off_when_deterministic():
 def test_padding_does_not_change_real_tokens():
     cfg = config_lib.VARIANTS["tiny"]
     encoder = linen.Encoder(cfg)
-    params = linen.init_params(encoder, jax.random.key(0))
+    params = jitted_init(linen.init_params, encoder, jax.random.key(0))
     ids, mask, types = batch(cfg, b=3)
     apply = jax.jit(encoder.apply)
     full = apply({"params": params}, ids, mask, types)
@@ -267,10 +275,11 @@ def test_parameter_counts_of_standard_sizes(variant):
     hf_config = transformers.AutoConfig.for_model(**cfg.to_hf())
     with torch.device("meta"):
         model = transformers.AutoModel.from_config(hf_config)
-    assert _count_flax(cfg) == sum(p.numel() for p in model.parameters())
+    ours = _count_flax(cfg)  # traced once (bert-large: 24 layers)
+    assert ours == sum(p.numel() for p in model.parameters())
     pinned = {"bert-base": 109_482_240, "bert-large": 335_141_888, "roberta-base": 124_645_632,
               "distilbert-base": 66_362_880, "albert-base": 11_683_584}  # fmt: skip
-    assert _count_flax(cfg) == pinned[variant]
+    assert ours == pinned[variant]
 
 
 @pytest.mark.parametrize("family", config_lib.BERT_FAMILIES)
@@ -310,11 +319,10 @@ def test_frozen_dict_kwargs_reach_normalizer():
         linen.Encoder(config_lib.VARIANTS["tiny"]), num_labels=2, normalizer="isobn",
         normalizer_kwargs=flax.core.FrozenDict(momentum=0.5),
     )  # fmt: skip
-    variables = linen.init_variables(head, jax.random.key(0))
+    variables = jitted_init(linen.init_variables, head, jax.random.key(0))
     ids, mask, types = batch(config_lib.VARIANTS["tiny"])
-    (_, extras), updates = head.apply(
-        variables, ids, mask, types, use_running_average=False, mutable=["batch_stats"]
-    )
+    train = functools.partial(head.apply, use_running_average=False, mutable=["batch_stats"])
+    (_, extras), updates = jax.jit(train)(variables, ids, mask, types)
     centred = extras["sentence"] - extras["sentence"].mean(0)
     cov = centred.T @ centred / 3
     np.testing.assert_allclose(
@@ -409,7 +417,7 @@ def test_dropout_keep_mask_shards_without_collectives(impl):
 def test_fused_qkv_keeps_the_dense_parameter_layout():
     """Query/key/value stay three nn.Dense-shaped parameters (checkpoint layout, issue 13)."""
     cfg = config_lib.VARIANTS["tiny"]
-    params = linen.init_params(linen.Encoder(cfg), jax.random.key(0))
+    params = jitted_init(linen.init_params, linen.Encoder(cfg), jax.random.key(0))
     attention = params["layer_0"]["attention"]
     h = cfg.hidden_size
     assert set(attention) == {"query", "key", "value", "out"}

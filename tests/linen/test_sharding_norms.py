@@ -67,11 +67,24 @@ def assert_stats_close(got, want):
         np.testing.assert_allclose(got[key], want[key], rtol=1e-6, atol=1e-6 * scale, err_msg=key)
 
 
+@functools.cache
+def jitted_step(name):
+    """`(model, jitted train step)` of the unsharded normaliser, one per name for the module."""
+    model = norms.make_normalizer(name)
+    return model, jax.jit(train_step(model))
+
+
+@functools.cache
+def single_device(name):
+    """The unsharded run's `(batch_stats, outputs)`: the reference of both sharded tests."""
+    model, step = jitted_step(name)
+    return run_steps(model, step, lambda x, m: (x, m))
+
+
 @pytest.mark.parametrize("name", ["isobn", "recenter", "batchnorm", "whiten", "iternorm"])
 def test_jit_on_a_sharded_batch_gives_global_statistics(mesh, name):
-    model = norms.make_normalizer(name)
-    step = jax.jit(train_step(model))
-    single, single_ys = run_steps(model, step, lambda x, m: (x, m))
+    model, step = jitted_step(name)
+    single, single_ys = single_device(name)
     assert int(single["count"]) == STEPS
 
     rows = NamedSharding(mesh, P("data"))
@@ -95,8 +108,7 @@ def test_jit_on_a_sharded_batch_gives_global_statistics(mesh, name):
 
 @pytest.mark.parametrize("name", ["isobn", "recenter", "batchnorm", "whiten", "iternorm"])
 def test_shard_map_with_axis_name_gives_global_statistics(mesh, name):
-    model = norms.make_normalizer(name)
-    single, single_ys = run_steps(model, jax.jit(train_step(model)), lambda x, m: (x, m))
+    single, single_ys = single_device(name)
     mapped_model = norms.make_normalizer(name, axis_name="data")
     mapped = jax.jit(
         jax.shard_map(
@@ -160,8 +172,8 @@ def test_shard_map_whiten_with_a_fully_masked_shard(mesh):
             ys.append(np.asarray(y))
         return variables["batch_stats"], ys
 
-    model = norms.make_normalizer("whiten")
-    single, single_ys = steps(model, jax.jit(train_step(model)))
+    model, step = jitted_step("whiten")
+    single, single_ys = steps(model, step)
     assert int(single["count"]) == STEPS and int(single["skipped"]) == 0
     mapped_model = norms.make_normalizer("whiten", axis_name="data")
     mapped = jax.jit(

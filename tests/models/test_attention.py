@@ -1,11 +1,13 @@
 """`transformer.attend` (`jax.nn.dot_product_attention`) against its einsum reference
 (`attend_reference`), in float32: padding masks, packed segments, windows, every family."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import LENGTHS, TINY_HF, both_layouts, make_head
+from helpers import LENGTHS, TINY_HF, both_layouts, shared_head
 
 from isojax import linen
 from isojax.models import config as config_lib
@@ -46,6 +48,7 @@ def test_one_query_rows_equal_the_reference():
     )
 
 
+@functools.cache  # one head for both layouts
 def _modernbert_head():
     hf = {"model_type": "modernbert", "vocab_size": 64, "hidden_size": 32, "num_attention_heads": 4,
           "intermediate_size": 48, "num_hidden_layers": 3, "local_attention": 4,
@@ -63,7 +66,7 @@ def test_every_family_is_unchanged(family, layout, monkeypatch):
     if family == "modernbert":
         cfg, head, variables = _modernbert_head()
     else:
-        cfg, head, variables = make_head(family, "none")
+        cfg, head, variables = shared_head(family, "none")
     batch = dict(zip(("padded", "packed"), both_layouts(cfg, LENGTHS), strict=True))[layout]
     inputs = transformer.model_inputs(batch)
     if not cfg.type_vocab_size:

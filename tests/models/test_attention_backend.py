@@ -3,6 +3,7 @@ each rule seen needed (a twin without it chooses cuDNN where it must not), and t
 path on CPU unchanged bit for bit."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -157,18 +158,20 @@ def test_encoders_auto_equals_xla_bit_for_bit_in_both_front_ends(family):
     ids = jax.random.randint(jax.random.key(1), (2, 12), 1, 60)
     mask = jnp.asarray(np.arange(12)[None] < np.array([12, 7])[:, None]).astype(jnp.int32)
     outs = {}
+    # The same parameters for both (the backend adds none); each pass one jitted program.
+    params = jax.jit(functools.partial(linen.init_params, linen.Encoder(cfg)))(jax.random.key(0))
     for backend in ("auto", "xla"):
         encoder = linen.Encoder(cfg.replace(attention_backend=backend))
         assert encoder.attention_backend == backend
-        params = linen.init_params(encoder, jax.random.key(0))
-        outs[backend] = encoder.apply({"params": params}, ids, mask).hidden_states
-        twin = nnx.Encoder(cfg.replace(attention_backend=backend), rngs=jax_rngs())
+        outs[backend] = jax.jit(encoder.apply)({"params": params}, ids, mask).hidden_states
+        twin = abstract_nnx_encoder(cfg.replace(attention_backend=backend))  # no weights needed
         assert twin.attention_backend == backend
     for a, b in zip(outs["auto"], outs["xla"], strict=True):
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
-def jax_rngs():
+def abstract_nnx_encoder(cfg):
+    """The NNX encoder of `cfg` built under `nnx.eval_shape`: its attributes, no weights."""
     from flax import nnx as flax_nnx
 
-    return flax_nnx.Rngs(0)
+    return flax_nnx.eval_shape(lambda: nnx.Encoder(cfg, rngs=flax_nnx.Rngs(0)))

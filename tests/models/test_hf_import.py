@@ -1,5 +1,6 @@
 """Loading and exporting Hugging Face checkpoints: real MiniLM-L6 weights, round trips, errors."""
 
+import functools
 import json
 import logging
 import pathlib
@@ -101,7 +102,8 @@ def test_random_encoder_export_loads_in_transformers(family, tmp_path):
         kwargs["token_type_ids"] = torch.tensor(types)
     with torch.no_grad():
         ref = reference(**kwargs)
-    out = encoder.apply({"params": params}, ids, mask, types if cfg.type_vocab_size else None)
+    types = types if cfg.type_vocab_size else None
+    out = jax.jit(encoder.apply)({"params": params}, ids, mask, types)  # one program
     np.testing.assert_allclose(
         out.hidden_states[-1], ref.last_hidden_state.numpy(), rtol=1e-5, atol=1e-5
     )
@@ -124,14 +126,17 @@ def test_fine_tuned_classifier_served_by_transformers(family, normalizer, tmp_pa
     )
     variables = linen.init_variables(head, jax.random.key(0))
     ids, mask, types = batch(cfg)
-    # Two training-mode batches so the running statistics are not at their initial values.
+    # Two training-mode batches so the running statistics are not at their initial values
+    # (jitted: one program each instead of every operation dispatched on its own).
+    train = jax.jit(
+        functools.partial(
+            head.apply, deterministic=False, use_running_average=False, mutable=["batch_stats"]
+        )
+    )
     for step in range(2):
-        _, updates = head.apply(
-            variables, ids, mask, types, deterministic=False, use_running_average=False,
-            rngs={"dropout": jax.random.key(step)}, mutable=["batch_stats"],
-        )  # fmt: skip
+        _, updates = train(variables, ids, mask, types, rngs={"dropout": jax.random.key(step)})
         variables = {**variables, **updates}
-    logits, _ = head.apply(variables, ids, mask, types)
+    logits, _ = jax.jit(head.apply)(variables, ids, mask, types)
     folder = linen.export_pretrained(tmp_path / "clf", head, variables)
     reference = transformers.AutoModelForSequenceClassification.from_pretrained(
         folder, attn_implementation="eager"
@@ -191,9 +196,15 @@ def test_unservable_heads_export_their_encoder_and_say_so(
         linen.pretrained.classifier_state_dict(head, variables)
 
 
-def _tiny_folder(tmp_path, family="bert"):
+@functools.cache
+def _tiny_params(family):
+    """The tiny encoder's random parameters, initialised once for the module's folders."""
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
-    params = linen.init_params(linen.Encoder(cfg), jax.random.key(0))
+    return cfg, linen.init_params(linen.Encoder(cfg), jax.random.key(0))
+
+
+def _tiny_folder(tmp_path, family="bert"):
+    cfg, params = _tiny_params(family)
     return linen.export_pretrained(tmp_path / family, cfg, params), params
 
 

@@ -59,6 +59,20 @@ def run_reference(model, ids, mask):
         )
 
 
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """`pooling -> (folder, reference outputs, ids, mask)`: the tiny reference of that pooling
+    written, read back and run once for the module (the parity test and the broken twins)."""
+
+    @functools.cache
+    def build(pooling):
+        folder = tmp_path_factory.mktemp(f"tiny-{pooling}")
+        ids, mask = padded_batch(TINY["vocab_size"])
+        return folder, run_reference(reference(folder, pooling), ids, mask), ids, mask
+
+    return build
+
+
 def classifier_params(folder):
     state, _ = hf_import.read_state_dict(folder)
     return {"kernel": state["classifier.weight"].T, "bias": state["classifier.bias"]}
@@ -82,10 +96,8 @@ def nnx_logits(folder, ids, mask):
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_tiny_matches_transformers_linen_and_nnx(pooling, tmp_path):
-    model = reference(tmp_path, pooling)
-    ids, mask = padded_batch(TINY["vocab_size"])
-    ref = run_reference(model, ids, mask)
+def test_tiny_matches_transformers_linen_and_nnx(pooling, tiny):
+    tmp_path, ref, ids, mask = tiny(pooling)
     pre = linen.load_pretrained(tmp_path)
     assert pre.config.classifier_pooling == pooling
     full, sliding = "full_attention", "sliding_attention"
@@ -107,12 +119,10 @@ def test_tiny_matches_transformers_linen_and_nnx(pooling, tmp_path):
 @pytest.mark.parametrize(
     "broken", [{"rope_theta": 10_000.0}, {"layer_types": ("full_attention",) * 4}]
 )
-def test_broken_twins_are_caught(broken, tmp_path):
+def test_broken_twins_are_caught(broken, tiny):
     """One RoPE base for every layer, or no local window: the layers after the first sliding
     one, and the logits, leave the reference by far more than the tolerance."""
-    model = reference(tmp_path, "mean")
-    ids, mask = padded_batch(TINY["vocab_size"])
-    ref = run_reference(model, ids, mask)
+    tmp_path, ref, ids, mask = tiny("mean")
     cfg = linen.load_pretrained(tmp_path).config.replace(**broken)
     logits, extras = linen_logits(tmp_path, ids, mask, cfg)
     gap = np.abs(np.asarray(extras["encoder"].hidden_states[1]) - ref.hidden_states[2].numpy())
@@ -133,18 +143,10 @@ def test_window_mask_is_transformers_sliding_window():
 def test_exported_classifier_loads_in_transformers(front, tmp_path):
     """An isojax head (mean pooling, every weight random) exported and read by transformers'
     ModernBertForSequenceClassification: the same logits within 1e-5."""
-    cfg = config_lib.EncoderConfig.from_hf(
-        {"model_type": "modernbert", **TINY, "classifier_pooling": "mean"}
-    )
+    cfg, head, variables = _packed_head("mean")  # built once for the module
     ids, mask = padded_batch(cfg.vocab_size)
-    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=3, dropout_rate=0.0)
-    variables = linen.init_variables(head, jax.random.key(0))
-    leaves, tree = jax.tree.flatten(variables["params"])
-    keys = jax.random.split(jax.random.key(1), len(leaves))
-    leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
-    variables["params"] = jax.tree.unflatten(tree, leaves)
     if front == "linen":
-        logits, _ = head.apply(variables, ids, mask)
+        logits, _ = jax.jit(head.apply)(variables, ids, mask)  # one program, not op by op
         linen.export_pretrained(tmp_path, head, variables)
     else:
         nnx_head = nnx_export.from_linen(head, rngs=nnx.Rngs(0))
@@ -164,11 +166,14 @@ def test_exported_classifier_loads_in_transformers(front, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.e2e  # a base-sized model (22 layers): the full lane, not the fast one
+@pytest.mark.e2e  # base-sized layers: the full lane, not the fast one
 def test_base_sized_matches_transformers(tmp_path):
-    """ModernBERT-base's shape (22 layers, hidden 768, GeGLU 1152, window 128, every third
-    layer global; a 1024-token vocabulary to keep the file small) on a 2 x 160 batch (longer
-    than the window): every layer within 1e-4, linen and NNX."""
+    """ModernBERT-base's layer shape (hidden 768, 12 heads of 64, GeGLU 1152, window 128, every
+    third layer global; a 1024-token vocabulary to keep the file small) on a 2 x 160 batch
+    (longer than the window): every layer within 1e-4, linen and NNX. Four of base's 22 layers:
+    its first period of layer types and the next global layer (global, sliding, sliding,
+    global), so both kinds, both RoPE bases and a global layer after a sliding one are
+    checked at base widths; the other 18 repeat the same two layer programs."""
     model = reference(
         tmp_path,
         "mean",
@@ -176,18 +181,21 @@ def test_base_sized_matches_transformers(tmp_path):
         vocab_size=1024,
         hidden_size=768,
         intermediate_size=1152,
-        num_hidden_layers=22,
+        num_hidden_layers=4,  # layers 0-3 of base's 22: full, sliding, sliding, full
         num_attention_heads=12,
         max_position_embeddings=512,
         local_attention=128,
     )
     ids, mask = padded_batch(1024, b=2, t=160)
     ref = run_reference(model, ids, mask)
+    full, sliding = "full_attention", "sliding_attention"
+    assert tuple(model.config.layer_types) == (full, sliding, sliding, full)
     for front, (logits, extras) in (
         ("linen", linen_logits(tmp_path, ids, mask)),
         ("nnx", nnx_logits(tmp_path, ids, mask)),
     ):
         hidden = extras["encoder"].hidden_states
+        assert len(hidden) == 4, front
         for ours, theirs in zip(hidden, ref.hidden_states[1:], strict=True):
             np.testing.assert_allclose(ours, theirs.numpy(), rtol=0, atol=1e-4, err_msg=front)
         np.testing.assert_allclose(logits, ref.logits.numpy(), rtol=0, atol=1e-4, err_msg=front)
@@ -242,23 +250,37 @@ def test_parameter_count_of_modernbert_base():
     assert theirs == 149_014_272  # ModernBERT-base, Warner et al. 2024, table 4: 149M
 
 
+@functools.cache  # built once per pooling for the module's tests (they never change it)
 def _packed_head(pooling):
     """A random tiny ModernBERT classifier (window 4 each side) and its variables."""
     cfg = config_lib.EncoderConfig.from_hf(
         {"model_type": "modernbert", **TINY, "classifier_pooling": pooling}
     )
     head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=3, dropout_rate=0.0)
-    variables = linen.init_variables(head, jax.random.key(0))
-    leaves, tree = jax.tree.flatten(variables["params"])
-    keys = jax.random.split(jax.random.key(1), len(leaves))
-    leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
-    variables["params"] = jax.tree.unflatten(tree, leaves)
-    return cfg, head, variables
+
+    @jax.jit  # one program, not the init's forward pass op by op
+    def init():
+        variables = linen.init_variables(head, jax.random.key(0))
+        leaves, tree = jax.tree.flatten(variables["params"])
+        keys = jax.random.split(jax.random.key(1), len(leaves))
+        leaves = [
+            x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)
+        ]
+        variables["params"] = jax.tree.unflatten(tree, leaves)
+        return variables
+
+    return cfg, head, init()
+
+
+@functools.cache
+def _jitted_apply(head):
+    """`head.apply(variables, **inputs)` as one program, the same function object per head."""
+    return jax.jit(lambda variables, inputs: head.apply(variables, **inputs))
 
 
 def _logits_and_loss(head, variables, batch, **override):
     inputs = {**models.transformer.model_inputs(batch), **override}
-    logits, _ = head.apply(variables, **inputs)
+    logits, _ = _jitted_apply(head)(variables, inputs)
     labels = jax.nn.one_hot(batch["labels"], 3)
     per_example = -jnp.sum(labels * jax.nn.log_softmax(logits), axis=-1)
     weights = jnp.asarray(batch["example_mask"], jnp.float32)
@@ -334,7 +356,8 @@ def _grad_bytes(layers: int) -> float:
         intermediate_size=96, num_heads=4, vocab_size=128,
     )  # fmt: skip
     head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=2)
-    params = linen.init_variables(head, jax.random.key(0))["params"]
+    # Shapes suffice to lower and compile: no values are initialised.
+    params = jax.eval_shape(lambda: linen.init_variables(head, jax.random.key(0))["params"])
     ids = jnp.ones((4, 32), jnp.int32)
 
     def loss(p):
@@ -382,10 +405,14 @@ def test_grad_of_a_vmapped_example_loss_equals_the_batched_reference_gradient(mo
         logits, _ = head.apply({"params": p}, ids, jnp.ones_like(ids))
         return jnp.mean(-jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
 
-    got = jax.grad(lambda p: jnp.mean(jax.vmap(example_loss, (None, 0, 0))(p, ids, labels)))(params)
-    assert_tree_close(got, jax.grad(batched_loss)(params), tol=1e-5)
+    # Jitted: the same transpose is traced (the error was raised there), in one program each.
+    vmapped = jax.jit(
+        jax.grad(lambda p: jnp.mean(jax.vmap(example_loss, (None, 0, 0))(p, ids, labels)))
+    )
+    got = vmapped(params)
+    assert_tree_close(got, jax.jit(jax.grad(batched_loss))(params), tol=1e-5)
     monkeypatch.setattr(xla_cpu, "residual_boundary", lambda x: x)
-    assert_tree_close(got, jax.grad(batched_loss)(params), tol=1e-5)
+    assert_tree_close(got, jax.jit(jax.grad(batched_loss))(params), tol=1e-5)
 
 
 # Audit 6's ModernBERT parity probe that held, as a test: 5 layers, 24-token rows padded on
@@ -447,14 +474,14 @@ def test_token_type_ids_and_cls_only_are_refused_and_the_head_passes_neither(fro
     cfg, linen_head, variables = _packed_head("cls")
     ids, mask = (jnp.asarray(a) for a in padded_batch(cfg.vocab_size, t=12))
     types = jnp.ones_like(ids)
-    if front == "linen":
+    if front == "linen":  # jitted: one program each, not op by op (the refusals are traced)
         encoder, params = linen.Encoder(cfg), {"params": variables["params"]["encoder"]}
 
         def call(*args, **kw):
-            return encoder.apply(params, *args, **kw)
+            return jax.jit(functools.partial(encoder.apply, **kw))(params, *args)
 
         def head(*args, **kw):
-            return linen_head.apply(variables, *args, **kw)[0]
+            return jax.jit(functools.partial(linen_head.apply, **kw))(variables, *args)[0]
     else:
         model = ijx.Encoder(cfg, rngs=nnx.Rngs(0))
         call = functools.partial(model, deterministic=True)

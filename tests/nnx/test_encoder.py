@@ -4,6 +4,8 @@ twins with the same weights (`nnx_export.to_linen`): outputs within 1e-6, gradie
 `nnx.jit`, `nnx.remat`, graph and tree mode and `nnx.view`; Hugging Face weights in and out
 (transformers' PyTorch classifier on an exported NNX head); FSDP sharding metadata."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,10 +115,16 @@ def _assert_parity(model, inputs, *, ids=IDS, cls_only=False, graph=True):
         np.testing.assert_allclose(got_grads[path], value, atol=1e-5, err_msg=str(path))
 
 
+@functools.cache
+def _encoder(family, remat=False):
+    """The encoder of the parity tests, built once per module (they read it and never change
+    it: the calls are deterministic and the gradients are returned, not applied)."""
+    return nnx_encoder.Encoder(CONFIGS[family], remat=remat, rngs=nnx.Rngs(0))
+
+
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_encoder_parity_packed(family):
-    model = nnx_encoder.Encoder(CONFIGS[family], rngs=nnx.Rngs(0))
-    _assert_parity(model, PACKED)
+    _assert_parity(_encoder(family), PACKED)
 
 
 @pytest.mark.parametrize(
@@ -124,7 +132,7 @@ def test_encoder_parity_packed(family):
 )
 def test_encoder_parity_modes(case):
     family = "albert" if "albert" in case else "bert"
-    model = nnx_encoder.Encoder(CONFIGS[family], remat="remat" in case, rngs=nnx.Rngs(0))
+    model = _encoder(family, remat="remat" in case)
     inputs = {"attention_mask": (SEGMENTS > 0).astype(jnp.int32)} if "padded" in case else PACKED
     _assert_parity(model, inputs, cls_only="cls_only" in case, graph=case != "tree_mode")
 
@@ -133,16 +141,19 @@ def test_dropout_modes_and_masks():
     cfg = models.VARIANTS["tiny"]  # dropout 0.1
     model = nnx_encoder.Encoder(cfg, rngs=nnx.Rngs(params=0, dropout=1))
     mask = jnp.ones_like(IDS)
+    # Each call one program (nnx.jit carries the dropout streams' state back), not op by op.
+    call = nnx.jit(lambda m: m(IDS, mask).pooled)
     with pytest.raises(ValueError, match="nnx.view"):
-        model(IDS, mask)  # no mode anywhere: refused, not silently training
+        call(model)  # no mode anywhere: refused, not silently training
     model.eval()
-    eval_out = model(IDS, mask).pooled
+    eval_out = call(model)
     module, variables = nnx_export.to_linen(model)
-    np.testing.assert_allclose(eval_out, module.apply(variables, IDS, mask).pooled, atol=1e-6)
+    linen_out = jax.jit(module.apply)(variables, IDS, mask).pooled
+    np.testing.assert_allclose(eval_out, linen_out, atol=1e-6)
     train = nnx.view(model, deterministic=False)  # shares the weights and dropout streams
-    first, second = train(IDS, mask).pooled, train(IDS, mask).pooled
+    first, second = call(train), call(train)
     assert not np.allclose(first, eval_out) and not np.allclose(first, second)
-    np.testing.assert_array_equal(model(IDS, mask).pooled, eval_out)  # the original: eval
+    np.testing.assert_array_equal(call(model), eval_out)  # the original: eval
     # The NNX dropout is the linen one's function, at the key its stream draws.
     drop = nnx_bert.Dropout(0.25, rngs=nnx.Rngs(dropout=7))
     key = nnx.Rngs(dropout=7)["dropout"].fork()()

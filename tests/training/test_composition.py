@@ -55,17 +55,23 @@ def test_isobn_with_istar_logs_the_sum_of_its_two_losses(
     run = loop.setup(config, mesh=one_device_mesh())
     batch = next(iter(feeds.update_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh)))
     batch = distributed.global_batch(batch, run.mesh)
-    (logits, out), updates = run.state.apply_fn(
-        {"params": run.state.params, "batch_stats": run.state.batch_stats},  # step 0's
-        **transformer.model_inputs(batch),
-        deterministic=True,
-        use_running_average=False,
-        example_mask=batch["example_mask"],
-        mutable=["batch_stats"],
-    )
-    task = steps.task_loss(logits, batch["labels"], batch["example_mask"], regression=False)
-    mask = steps.penalty_mask(batch, include_padding=False)
-    penalty = isojax.istar_penalty(out["encoder"].hidden_states, mask, c0=c0, zeta=0.2)
+
+    @jax.jit  # one program (op by op, every operation compiled alone)
+    def recomputed(state, batch, c0):
+        (logits, out), updates = state.apply_fn(
+            {"params": state.params, "batch_stats": state.batch_stats},  # step 0's
+            **transformer.model_inputs(batch),
+            deterministic=True,
+            use_running_average=False,
+            example_mask=batch["example_mask"],
+            mutable=["batch_stats"],
+        )
+        task = steps.task_loss(logits, batch["labels"], batch["example_mask"], regression=False)
+        mask = steps.penalty_mask(batch, include_padding=False)
+        penalty = isojax.istar_penalty(out["encoder"].hidden_states, mask, c0=c0, zeta=0.2)
+        return task, penalty, updates
+
+    task, penalty, updates = recomputed(run.state, batch, c0)
 
     (line,) = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()
                if json.loads(x)["split"] == "train"]  # fmt: skip

@@ -28,20 +28,23 @@ from isojax.training import distributed, evaluation, feeds, loop, run_folder, sp
 # ---------------------------------------------------------------------------------------------
 
 
+@jax.jit  # one trace per state layout, not one per call
+def _train_mode_forward(s, b):
+    return s.apply_fn(
+        {"params": s.params, "batch_stats": s.batch_stats},
+        **transformer.model_inputs(b),
+        deterministic=False,
+        use_running_average=False,
+        example_mask=b["example_mask"],
+        rngs={"dropout": steps.dropout_key(s)},
+        mutable=["batch_stats"],
+    )
+
+
 def _train_mode_tokens(run, state, batch) -> np.ndarray:
     """float64 `[n, d]`: every layer's real tokens of the forward pass that `train_step` runs
     on `batch` from `state` (train mode, the step's dropout key)."""
-    (_, out), _ = jax.jit(
-        lambda s, b: s.apply_fn(
-            {"params": s.params, "batch_stats": s.batch_stats},
-            **transformer.model_inputs(b),
-            deterministic=False,
-            use_running_average=False,
-            example_mask=b["example_mask"],
-            rngs={"dropout": steps.dropout_key(s)},
-            mutable=["batch_stats"],
-        )
-    )(state, batch)
+    (_, out), _ = _train_mode_forward(state, batch)
     hidden = np.stack([np.asarray(h, np.float64) for h in out["encoder"].hidden_states])
     real = np.asarray(steps.penalty_mask(batch, False)).astype(bool)  # [b, t]
     return hidden[:, real].reshape(-1, hidden.shape[-1])
@@ -327,9 +330,21 @@ def test_resume_refuses_a_config_that_changes_the_run(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
+_EVAL_APPLY: dict[int, tuple] = {}  # id(model) -> (model, its jitted apply)
+
+
+def _eval_apply(model):
+    """`model.apply` jitted once per model (each bound `model.apply` is a new function to jit,
+    traced again at every call)."""
+    if id(model) not in _EVAL_APPLY or _EVAL_APPLY[id(model)][0] is not model:
+        jitted = jax.jit(model.apply, static_argnames=("deterministic", "use_running_average"))
+        _EVAL_APPLY[id(model)] = (model, jitted)
+    return _EVAL_APPLY[id(model)][1]
+
+
 def _eval_tokens(run, state, batch) -> np.ndarray:
     """float64 `[n, d]`: every layer's real tokens of `batch` in eval mode (dropout off)."""
-    _, out = jax.jit(run.model.apply, static_argnames=("deterministic", "use_running_average"))(
+    _, out = _eval_apply(run.model)(
         {"params": state.params, "batch_stats": state.batch_stats},
         batch["input_ids"],
         batch["attention_mask"],
@@ -342,40 +357,40 @@ def _eval_tokens(run, state, batch) -> np.ndarray:
     return hidden[:, real].reshape(-1, hidden.shape[-1])
 
 
-@pytest.mark.parametrize("extra", [0, 1])
-def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(
-    glue_dir, minilm_dir, extra
-):
+def test_c0_pass_stops_at_its_token_count_and_equals_the_numpy_covariance(glue_dir, minilm_dir):
     """`loop.c0_pass` reads the epoch's training batches in order until
     `istar.stabilizer.tokens` token vectors (every layer's real tokens counted), the batch
     that reaches the count included whole, and its C0 is the float64 unbiased covariance of
-    those eval-mode tokens."""
+    those eval-mode tokens (a count of one batch's tokens, and of one token more: one run
+    serves both)."""
     config = tiny_config(glue_dir, minilm_dir, penalty="istar", max_train_examples=24)
     run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
     batches = list(feeds.train_batches(run.train_encoded, run.spec.feed, 0))
     assert len(batches) == 3
     tokens = [_eval_tokens(run, run.state, b) for b in batches]
-    # `istar.stabilizer.tokens`: 1 batch, or 1 token more: 2
-    objective = run.spec.state.objective
-    c0 = dataclasses.replace(objective.istar.stabilizer, tokens=len(tokens[0]) + extra)
-    istar = dataclasses.replace(objective.istar, stabilizer=c0)
-    objective = dataclasses.replace(objective, istar=istar)
-    spec = dataclasses.replace(
-        run.spec, state=dataclasses.replace(run.spec.state, objective=objective)
-    )
-    calls = []
+    for extra in (0, 1):
+        # `istar.stabilizer.tokens`: 1 batch, or 1 token more: 2
+        objective = run.spec.state.objective
+        c0 = dataclasses.replace(objective.istar.stabilizer, tokens=len(tokens[0]) + extra)
+        istar = dataclasses.replace(objective.istar, stabilizer=c0)
+        objective = dataclasses.replace(objective, istar=istar)
+        spec = dataclasses.replace(
+            run.spec, state=dataclasses.replace(run.spec.state, objective=objective)
+        )
+        calls = []
 
-    def counting(state, batch, acc):
-        calls.append(1)
-        return run.c0_pass_fn(state, batch, acc)
+        def counting(state, batch, acc, calls=calls):
+            calls.append(1)
+            return run.c0_pass_fn(state, batch, acc)
 
-    state = loop.c0_pass(dataclasses.replace(run, spec=spec, c0_pass_fn=counting), run.state, 0)
-    used = 1 + extra
-    assert len(calls) == used
-    want = np.cov(np.concatenate(tokens[:used]), rowvar=False)
-    c0 = np.asarray(state.stabilizer["c0"])
-    np.testing.assert_allclose(c0, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
-    assert not np.allclose(c0, np.cov(np.concatenate(tokens), rowvar=False), rtol=1e-3)
+        changed = dataclasses.replace(run, spec=spec, c0_pass_fn=counting)
+        state = loop.c0_pass(changed, run.state, 0)
+        used = 1 + extra
+        assert len(calls) == used
+        want = np.cov(np.concatenate(tokens[:used]), rowvar=False)
+        c0 = np.asarray(state.stabilizer["c0"])
+        np.testing.assert_allclose(c0, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+        assert not np.allclose(c0, np.cov(np.concatenate(tokens), rowvar=False), rtol=1e-3)
 
 
 @pytest.mark.e2e  # a whole run

@@ -86,7 +86,8 @@ def test_output_dtype_applies_to_what_the_model_returns(minilm_dir):
              "token_type_ids": jnp.zeros_like(ids), "labels": jnp.array([0, 1]),
              "example_mask": jnp.ones([2], jnp.float32)}  # fmt: skip
     hidden = out["sentence"].shape[-1]
-    _, outputs = steps.eval_step(state, batch, evaluation.eval_accumulator_init(hidden))
+    # One compiled program (op by op, each operation compiled alone, took 8 s).
+    _, outputs = jax.jit(steps.eval_step)(state, batch, evaluation.eval_accumulator_init(hidden))
     got = np.asarray(outputs["logits"])
     np.testing.assert_array_equal(got, got.astype(jnp.bfloat16).astype(np.float32))
 
