@@ -3,7 +3,7 @@
 import os
 
 from children import XLA_CODEGEN, skip_eviction_scans
-from seconds import read_seed
+from seconds import file_of, read_seed
 
 # Before jax is imported anywhere: 4 host devices, so sharding tests run in-process.
 # Unsharded computations stay on device 0 and do not pay for the others. The suite's cheap
@@ -118,23 +118,19 @@ def guess_seconds(item) -> float:
     return 0.5
 
 
-def _file_of(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
-
-
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected
 def pytest_collection_modifyitems(config, items):
     cache = getattr(config, "cache", None)
     known = (cache.get(TEST_SECONDS, None) if cache is not None else None) or {}
     files: dict[str, float] = {}
     for item in items:
-        file = _file_of(item.nodeid)
+        file = file_of(item.nodeid)
         seconds = known.get(item.nodeid)
         files[file] = files.get(file, 0.0) + (guess_seconds(item) if seconds is None else seconds)
     if not known:  # a clean clone: the committed seed of the last full suite (tests/seconds.py)
         files.update({file: s for file, s in read_seed().items() if file in files})
     rank = {file: i for i, file in enumerate(sorted(files, key=lambda f: -files[f]))}
-    items.sort(key=lambda item: rank[_file_of(item.nodeid)])  # stable: a file keeps its order
+    items.sort(key=lambda item: rank[file_of(item.nodeid)])  # stable: a file keeps its order
 
 
 _SESSION_SECONDS: dict[str, float] = {}
@@ -157,7 +153,7 @@ def pytest_sessionfinish(session):
     known = {
         nodeid: s
         for nodeid, s in (cache.get(TEST_SECONDS, None) or {}).items()
-        if (root / _file_of(nodeid)).is_file()
+        if (root / file_of(nodeid)).is_file()
     }
     known.update({nodeid: round(s, 2) for nodeid, s in _SESSION_SECONDS.items()})
     cache.set(TEST_SECONDS, known)

@@ -15,11 +15,16 @@ SEED = HERE / "test_seconds.json"
 CACHE = HERE.parent / ".pytest_cache" / "v" / "isojax" / "test_seconds"
 
 
+def file_of(nodeid: str) -> str:
+    """The test file of a pytest node id."""
+    return nodeid.split("::", 1)[0]
+
+
 def per_file(records: dict[str, float]) -> dict[str, float]:
     """Seconds per test file, summed over its tests' records (`node id -> seconds`)."""
     files: dict[str, float] = {}
     for nodeid, seconds in records.items():
-        file = nodeid.split("::", 1)[0]
+        file = file_of(nodeid)
         files[file] = files.get(file, 0.0) + seconds
     return {file: round(files[file], 1) for file in sorted(files)}
 
