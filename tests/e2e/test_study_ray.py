@@ -97,4 +97,8 @@ def test_ray_tasks_record_the_plain_runners_cells_and_scores(
         assert "4 recorded (0 failed), 0 to run" in lines[0]
         assert results.read_bytes() == before
     finally:
+        import ray
+
+        ray.shutdown()  # this process, the driver, leaves first: a driver whose cluster is
+        # gone exits on its own (Ray's GCS reconnection timeout), and this one runs more tests
         head.communicate(timeout=120)  # its standard input closed: ray.shutdown()
