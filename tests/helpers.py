@@ -498,6 +498,44 @@ def tiny_modernbert_folder(folder, glue_dir):
     return folder
 
 
+def padded_batch(vocab, b=3, t=20, seed=0):
+    """Ids and mask of `b` rows of `t` tokens, rows 1 and 2 padded (lengths t, 14, 5)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.array([t, 14, 5])[:b]
+    mask = (np.arange(t)[None] < lengths[:, None]).astype(np.int64)
+    ids = np.where(mask == 1, rng.integers(3, vocab, (b, t)), 0)
+    ids[:, 0] = 1
+    return ids, mask
+
+
+@functools.cache  # built once per pooling and process (its callers never change it)
+def tiny_modernbert_head(pooling):
+    """`(cfg, head, variables)`: a random tiny ModernBERT classifier (`TINY_MODERNBERT`, window
+    4 each side, no dropout), every weight moved off its initialisation by N(0, 0.1)."""
+    import jax
+
+    from isojax import linen
+    from isojax.models import config as config_lib
+
+    cfg = config_lib.EncoderConfig.from_hf(
+        {"model_type": "modernbert", **TINY_MODERNBERT, "classifier_pooling": pooling}
+    )
+    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=3, dropout_rate=0.0)
+
+    @jax.jit  # one program, not the init's forward pass op by op
+    def init():
+        variables = linen.init_variables(head, jax.random.key(0))
+        leaves, tree = jax.tree.flatten(variables["params"])
+        keys = jax.random.split(jax.random.key(1), len(leaves))
+        leaves = [
+            x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)
+        ]
+        variables["params"] = jax.tree.unflatten(tree, leaves)
+        return variables
+
+    return cfg, head, init()
+
+
 def nnx_from_linen_weights(monkeypatch) -> None:
     """NNX runs start from the weights linen's `init` gives for the same seed (their own
     constructors still run first; `front_ends.from_linen_tree` then puts linen's values in by
