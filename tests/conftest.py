@@ -86,7 +86,7 @@ def _one_blas_and_torch_thread():
     import sys
 
     import scipy.linalg  # noqa: F401  (its own OpenBLAS, loaded now to be limited now)
-    import threadpoolctl  # scikit-learn's dependency
+    import threadpoolctl
 
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     for key, value in saved.items():
