@@ -58,7 +58,9 @@ def _start_child(tmp_path, mode, workdir, glue_dir, minilm_dir) -> subprocess.Po
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
     # The resumed child reuses the first ones' executables (the same programs: bit-identical).
-    env = child_env()
+    # One device: the property is the resume, not the sharding (tests/e2e/test_preemption.py
+    # stops and resumes a sharded run).
+    env = child_env(devices=1)
     return subprocess.Popen(
         [sys.executable, str(script), mode, str(workdir), str(glue_dir), str(minilm_dir)],
         env=env,
