@@ -23,7 +23,9 @@ import pytest
 from children import finish
 from helpers import dev_lines, finetune_argv, start_child
 
-from isojax.training import stops, throughput
+from isojax import cli
+from isojax.cli import finetune
+from isojax.training import distributed, loop, stops, throughput
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +53,15 @@ def _argv(workdir, glue_dir, minilm_dir, *flags: str, normalizer: str = "isobn")
     return [*argv, *flags]
 
 
+def _reference(argv: list, devices: int) -> None:
+    """The uninterrupted run of `argv` in this process, on its first `devices`: the programs
+    of a child on as many devices, the same numbers bit for bit, without a child's start (its
+    imports, the tokenizer, the model's build: a few seconds of CPU)."""
+    args = cli.build_parser().parse_args(argv)
+    mesh = distributed.make_mesh(jax.devices()[:devices])
+    loop.train_and_evaluate(finetune.finetune_config(args), args.workdir, mesh=mesh)
+
+
 def _assert_same_end(full: pathlib.Path, cut: pathlib.Path) -> dict:
     """Every leaf of the two runs' final state (step 12), their results.json and their
     metrics.jsonl (wall-clock figures aside) are equal, bit for bit; returns the state."""
@@ -76,25 +87,30 @@ def _assert_same_end(full: pathlib.Path, cut: pathlib.Path) -> dict:
 SHARDED = 2
 
 
-def _stopped(tmp_path, argv, hooks: dict, step: int, devices: int) -> subprocess.CompletedProcess:
-    """A child on `devices` with the fault `hooks` (`helpers.CHILD`): exit 75, `step` saved."""
-    done = finish(start_child(tmp_path, argv, hooks, devices=devices))
+def _preempted(done: subprocess.CompletedProcess, cut: pathlib.Path, step: int):
+    """`done` (a child) exited 75 naming the checkpoint of `step` it saved in `cut`."""
     assert done.returncode == stops.EXIT_PREEMPTED, done.stderr[-3000:]
-    assert f"saved the checkpoint of step {step} at {argv[argv.index('--workdir') + 1]}" in (
-        done.stderr
-    )
+    assert f"saved the checkpoint of step {step} at {cut}" in done.stderr
     return done
 
 
-def _stop_mid_epoch(tmp_path, argv, resumed_at: str | None, devices: int) -> None:
-    """SIGTERM right after step 3, SIGINT again while saving it: the child saves step 3
-    (epoch 0, batch 3, one train step since the last train line) and exits 75, no results."""
-    hooks = {"signal_after_step": [3, "SIGTERM"], "signal_in_save": [3, "SIGINT"]}
-    stopped = _stopped(tmp_path, argv, hooks, 3, devices)
+def _stopped(tmp_path, argv, hooks: dict, step: int, devices: int) -> subprocess.CompletedProcess:
+    """A child on `devices` with the fault `hooks` (`helpers.CHILD`): exit 75, `step` saved."""
+    done = finish(start_child(tmp_path, argv, hooks, devices=devices))
+    return _preempted(done, pathlib.Path(argv[argv.index("--workdir") + 1]), step)
+
+
+# SIGTERM right after step 3, SIGINT again while saving it (`helpers.CHILD`'s hooks).
+_MID_EPOCH = {"signal_after_step": [3, "SIGTERM"], "signal_in_save": [3, "SIGINT"]}
+
+
+def _stopped_mid_epoch(done, cut: pathlib.Path, resumed_at: str | None) -> None:
+    """A child of `_MID_EPOCH` saved step 3 (epoch 0, batch 3, one train step since the last
+    train line), ignoring the second signal, and exited 75, no results."""
+    stopped = _preempted(done, cut, 3)
     assert "SIGINT again: still saving, ignored" in stopped.stderr
     if resumed_at is not None:
         assert f"at step {resumed_at}" in stopped.stderr
-    cut = pathlib.Path(argv[argv.index("--workdir") + 1])
     assert not (cut / "results.json").exists()
     position = json.loads((cut / "checkpoints" / "3" / "position" / "metadata").read_text())
     assert (position["epoch"], position["batch"], position["train_count"]) == (0, 3, 1)
@@ -115,15 +131,11 @@ def test_sigterm_in_the_c0_passes_mid_epoch_at_an_epochs_end_and_in_a_save_resum
     stabiliser), results.json and metrics.jsonl of the uninterrupted run, bit for bit."""
     full, cut = tmp_path / "full", tmp_path / "cut"
     argv = [_argv(w, glue_dir, minilm_dir, "--penalty", "istar") for w in (full, cut)]
-    children = [
-        start_child(tmp_path, argv[0], devices=SHARDED),
-        start_child(tmp_path, argv[1], {"signal_in_c0": "SIGTERM"}, devices=SHARDED),
-    ]
-    done, stopped = (finish(child) for child in children)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert stopped.returncode == stops.EXIT_PREEMPTED, stopped.stderr[-3000:]
-    assert f"saved the checkpoint of step 1 at {cut / 'checkpoints' / '1'}" in stopped.stderr
-    _stop_mid_epoch(tmp_path, argv[1], "1 (epoch 0, batch 1)", SHARDED)
+    stopping = start_child(tmp_path, argv[1], {"signal_in_c0": "SIGTERM"}, devices=SHARDED)
+    _reference(argv[0], SHARDED)
+    _preempted(finish(stopping), cut / "checkpoints" / "1", 1)
+    stopped = finish(start_child(tmp_path, argv[1], _MID_EPOCH, devices=SHARDED))
+    _stopped_mid_epoch(stopped, cut, "1 (epoch 0, batch 1)")
     assert _steps(cut) == [1, 3]
     stopped = _stopped(tmp_path, argv[1], {"signal_after_step": [6, "SIGTERM"]}, 6, SHARDED)
     assert "at step 3 (epoch 0, batch 3)" in stopped.stderr
@@ -158,11 +170,10 @@ def test_sigterm_saves_that_step_and_the_restart_ends_identical_for_nnx(
         _argv(w, glue_dir, minilm_dir, "--front-end", "nnx", normalizer="whiten")
         for w in (full, cut)
     ]
-    done = start_child(tmp_path, argv[0])
-    _stop_mid_epoch(tmp_path, argv[1], None, 1)
+    stopping = start_child(tmp_path, argv[1], _MID_EPOCH)
+    _reference(argv[0], 1)
+    _stopped_mid_epoch(finish(stopping), cut, None)
     assert _steps(cut) == [3]
-    done = finish(done)
-    assert done.returncode == 0, done.stderr[-3000:]
     resumed = finish(start_child(tmp_path, argv[1]))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at step 3 (epoch 0, batch 3)" in resumed.stderr
