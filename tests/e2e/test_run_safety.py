@@ -130,7 +130,7 @@ def test_export_refuses_a_run_folder_and_overwrite_replaces_only_an_export(
     shutil.copytree(killed_twice[1], workdir)
     before = tree(workdir)
     # In this process: the command's exit status and one line are the subprocess checks'
-    # (the killed runs, the full disk: `python -m isojax.cli`), the refusals are the export's.
+    # (the NaN run, the full disk: `python -m isojax.cli`), the refusals are the export's own.
     for overwrite in ([], ["--overwrite"]):
         code = cli.main(["export", str(workdir), str(workdir), *overwrite])
         err = capsys.readouterr().err
@@ -182,11 +182,9 @@ def test_export_refuses_a_run_folder_and_overwrite_replaces_only_an_export(
 
 
 def test_a_run_whose_loss_stays_nan_stops_with_status_3_and_no_score(
-    killed_twice, glue_dir, minilm_dir, capfd
+    killed_twice, glue_dir, minilm_dir
 ):
-    """lr 1e30: the first update makes the parameters huge, every loss after it is NaN. In
-    this process (the stop is the loop's; `capfd` reads the file descriptors, so a library's
-    stray line would show as a child's would)."""
+    """lr 1e30: the first update makes the parameters huge, every loss after it is NaN."""
     root = killed_twice[0]
     workdir = root / "nan"
     argv = finetune_args(
@@ -197,12 +195,11 @@ def test_a_run_whose_loss_stays_nan_stops_with_status_3_and_no_score(
         "max_train_examples=32",
         "max_nonfinite_steps=2",
     )
-    code = cli.main(argv)
-    out, err = capfd.readouterr()
-    assert code == stops.EXIT_STATUS == 3, err[-3000:]
-    assert one_line(err), err
-    assert "2 consecutive step(s) from step 2" in err and "stopped at step 3" in err
-    assert "dev:" not in out and "score" not in out
+    done = isojax(root, *argv)
+    assert done.returncode == stops.EXIT_STATUS == 3, done.stderr[-3000:]
+    assert one_line(done.stderr), done.stderr
+    assert "2 consecutive step(s) from step 2" in done.stderr and "stopped at step 3" in done.stderr
+    assert "dev:" not in done.stdout and "score" not in done.stdout
     results = json.loads((workdir / "results.json").read_text())
     assert results["stopped"] == "non-finite loss" and "dev" not in results
     assert stops.stopped(workdir)["step"] == 3
