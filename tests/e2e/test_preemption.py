@@ -20,8 +20,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from children import finish
-from helpers import dev_lines, finetune_argv, start_child
+from children import finetune_argv, finish, start_child
+from helpers import dev_lines
 
 from isojax import cli
 from isojax.cli import finetune
@@ -95,12 +95,12 @@ def _preempted(done: subprocess.CompletedProcess, cut: pathlib.Path, step: int):
 
 
 def _stopped(tmp_path, argv, hooks: dict, step: int, devices: int) -> subprocess.CompletedProcess:
-    """A child on `devices` with the fault `hooks` (`helpers.CHILD`): exit 75, `step` saved."""
+    """A child on `devices` with the fault `hooks` (`children.CHILD`): exit 75, `step` saved."""
     done = finish(start_child(tmp_path, argv, hooks, devices=devices))
     return _preempted(done, pathlib.Path(argv[argv.index("--workdir") + 1]), step)
 
 
-# SIGTERM right after step 3, SIGINT again while saving it (`helpers.CHILD`'s hooks).
+# SIGTERM right after step 3, SIGINT again while saving it (`children.CHILD`'s hooks).
 _MID_EPOCH = {"signal_after_step": [3, "SIGTERM"], "signal_in_save": [3, "SIGINT"]}
 
 

@@ -14,8 +14,8 @@ import subprocess
 import sys
 
 import pytest
-from children import finish
-from helpers import finetune_argv, start_child, study_grid
+from children import finetune_argv, finish, start_child
+from helpers import study_grid
 
 from experiments.study import runner
 from isojax import cli
