@@ -10,8 +10,6 @@ import json
 import logging
 import pathlib
 import re
-import subprocess
-import sys
 
 import numpy as np
 
@@ -337,96 +335,6 @@ def one_line(err: str) -> bool:
     return len(err.strip().splitlines()) == 1
 
 
-# `isojax finetune` in a child process, with faults injected from inside (the audit's probes):
-# CHILD_HOOKS (JSON) names them; the rest of argv is the command's.
-#   signal_after_step [step, "SIGTERM"]   from the log hook, right after that training step
-#   exit_after_step   step                os._exit(137) there (what a SIGKILL leaves)
-#   signal_in_eval    "SIGINT"            during the first dev evaluation of this process
-#   signal_in_c0      "SIGTERM"           during the first C0 pass of this process
-#   signal_in_save    [step, "SIGTERM"]   while the first save of that step in checkpoints/ runs
-#   signal_in_setup   "SIGTERM"           at the start of the build (data, model)
-#   rank              "1"                 only the process of that JAX_PROCESS_ID is hooked
-CHILD = """
-import json, os, signal, sys
-from isojax import cli
-from isojax.training import checkpointing, evaluation, loop, reporting
-
-hooks = json.loads(os.environ.get("CHILD_HOOKS", "{}"))
-def send(name):
-    os.kill(os.getpid(), getattr(signal, name))
-def once(hook):
-    def wrapper(*args, **kwargs):
-        if not wrapper.done:
-            wrapper.done = True
-            send(hook)
-        return wrapper.call(*args, **kwargs)
-    wrapper.done = False
-    return wrapper
-if os.environ.get("JAX_PROCESS_ID", "0") == hooks.get("rank", "0"):
-    log_train = reporting.RunLog.train
-    def train(self, step, epoch, means):
-        log_train(self, step, epoch, means)
-        if step == hooks.get("signal_after_step", [None])[0]:
-            send(hooks["signal_after_step"][1])
-        if step == hooks.get("exit_after_step"):
-            os._exit(137)
-    reporting.RunLog.train = train
-    for name, module, attr in (("signal_in_eval", evaluation, "evaluate_all"),
-                               ("signal_in_c0", loop, "c0_pass"),
-                               ("signal_in_setup", loop, "build_run")):
-        if name in hooks:
-            wrapped = once(hooks[name])
-            wrapped.call = getattr(module, attr)
-            setattr(module, attr, wrapped)
-    if "signal_in_save" in hooks:
-        save, (at, name) = checkpointing.Checkpointer.save, hooks["signal_in_save"]
-        def signal_in_save(self, step, *args, **kwargs):
-            if step == at and self.directory.name == "checkpoints" and not signal_in_save.done:
-                signal_in_save.done = True
-                send(name)
-            save(self, step, *args, **kwargs)
-        signal_in_save.done = False
-        checkpointing.Checkpointer.save = signal_in_save
-sys.exit(cli.main(sys.argv[1:]))
-"""
-
-
-def finetune_argv(workdir, glue_dir, tokenizer, *sets: str, normalizer: str = "isobn") -> list:
-    """`isojax finetune` on tiny-bert over `sets` (`key=value`) on top of the small RTE run of
-    the preemption tests: 48 rows, batches of 8 (6 steps an epoch), 2 epochs, no dropout."""
-    base = (
-        f"tokenizer={tokenizer}", "max_train_examples=48", "max_eval_examples=8",
-        "batch_size=8", "eval_batch_size=8", "max_length=32", "buckets=()", "num_epochs=2",
-        "log_every=1", "progress=False", "tensorboard=False", "dropout_rate=0.0",
-        "optimizer.learning_rate=1e-3",
-    )  # fmt: skip
-    argv = ["finetune", "--task", "rte", "--normalizer", normalizer, "--model", "tiny-bert"]
-    argv += ["--data-dir", str(glue_dir), "--workdir", str(workdir)]
-    for item in (*base, *sets):
-        argv += ["--set", item]
-    return argv
-
-
-def start_child(tmp_path, argv: list, hooks: dict | None = None, **env) -> subprocess.Popen:
-    """`CHILD` (written into `tmp_path`) running `isojax` with `argv` and the fault `hooks`,
-    one CPU device unless `env` says otherwise (`children.child_env`), the session's
-    compilation cache (a per-test one made every test's first child compile all it ran);
-    stdout and stderr piped (`children.finish` waits)."""
-    from children import child_env
-
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    env = {"devices": 1, **env}
-    devices = env.pop("devices")
-    return subprocess.Popen(
-        [sys.executable, str(script), *map(str, argv)],
-        env=child_env(devices=devices, CHILD_HOOKS=json.dumps(hooks or {}), **env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def dev_lines(workdir) -> list[tuple[int, int]]:
     """`(step, epoch)` of each dev line of a run folder's `metrics.jsonl`."""
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -496,6 +404,44 @@ def tiny_modernbert_folder(folder, glue_dir):
     torch.manual_seed(0)
     transformers.ModernBertForMaskedLM(hf).save_pretrained(folder)
     return folder
+
+
+def padded_batch(vocab, b=3, t=20, seed=0):
+    """Ids and mask of `b` rows of `t` tokens, rows 1 and 2 padded (lengths t, 14, 5)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.array([t, 14, 5])[:b]
+    mask = (np.arange(t)[None] < lengths[:, None]).astype(np.int64)
+    ids = np.where(mask == 1, rng.integers(3, vocab, (b, t)), 0)
+    ids[:, 0] = 1
+    return ids, mask
+
+
+@functools.cache  # built once per pooling and process (its callers never change it)
+def tiny_modernbert_head(pooling):
+    """`(cfg, head, variables)`: a random tiny ModernBERT classifier (`TINY_MODERNBERT`, window
+    4 each side, no dropout), every weight moved off its initialisation by N(0, 0.1)."""
+    import jax
+
+    from isojax import linen
+    from isojax.models import config as config_lib
+
+    cfg = config_lib.EncoderConfig.from_hf(
+        {"model_type": "modernbert", **TINY_MODERNBERT, "classifier_pooling": pooling}
+    )
+    head = linen.SequenceClassifier(linen.Encoder(cfg), num_labels=3, dropout_rate=0.0)
+
+    @jax.jit  # one program, not the init's forward pass op by op
+    def init():
+        variables = linen.init_variables(head, jax.random.key(0))
+        leaves, tree = jax.tree.flatten(variables["params"])
+        keys = jax.random.split(jax.random.key(1), len(leaves))
+        leaves = [
+            x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)
+        ]
+        variables["params"] = jax.tree.unflatten(tree, leaves)
+        return variables
+
+    return cfg, head, init()
 
 
 def nnx_from_linen_weights(monkeypatch) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import email.parser
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -15,6 +16,7 @@ import tomllib
 import zipfile
 
 import pytest
+from children import XLA_CODEGEN
 
 import isojax
 
@@ -37,22 +39,34 @@ OPTIONAL = (
     "chex",
     "torch",
 )
+CACHE_VARIABLES = ("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE")
 PRELUDE = f"import sys\nfor name in {OPTIONAL!r}:\n    sys.modules[name] = None\n"
 
 
 def _run_without_extras(code: str, tmp_path) -> subprocess.CompletedProcess:
+    """`code` after `PRELUDE` in a child that sees this checkout and nothing else installed
+    on top, with the session's compilation cache and XLA:CPU codegen (tests/conftest.py; the
+    child compiles what it runs once, not in every session; tests/site skips the cache's
+    eviction scans, as in every child of the tests)."""
+    cache = {k: v for k, v in os.environ.items() if k.startswith(CACHE_VARIABLES)}
+    path = os.pathsep.join([str(REPO), str(REPO / "tests" / "site")])
     return subprocess.run(
         [sys.executable, "-c", PRELUDE + code],
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={"PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+        env={
+            "PYTHONPATH": path,
+            "JAX_PLATFORMS": "cpu",
+            "PATH": "/usr/bin:/bin",
+            "XLA_FLAGS": XLA_CODEGEN,
+            **cache,
+        },  # fmt: skip
         timeout=300,
     )
 
 
-def test_core_install_runs_the_maths_and_both_front_ends(tmp_path):
-    code = f"""
+CORE_RUN = f"""
 import jax, jax.numpy as jnp
 from flax import nnx
 import isojax, isojax.linen, isojax.nnx, isojax.models, isojax.data
@@ -66,10 +80,6 @@ z = norm(x, use_running_average=False)
 loaded = [m for m in {OPTIONAL!r} if sys.modules.get(m) is not None]
 print("ok", float(score), y.shape, z.shape, loaded)
 """
-    done = _run_without_extras(code, tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("ok ") and done.stdout.rstrip().endswith("[]"), done.stdout
-
 
 # Each command in the same child (one interpreter start, not three), its exit status and what
 # it wrote to file descriptor 2 (Python's and any library's) captured apart.
@@ -101,11 +111,27 @@ print(json.dumps(out))
 """
 
 
-def test_a_missing_extra_is_one_line_naming_it(tmp_path):
+@pytest.fixture(scope="module")
+def without_extras(tmp_path_factory) -> tuple[list[str], str]:
+    """One child without the extras (one interpreter start and JAX import, not two): the
+    maths and both front ends run (`CORE_RUN`, its line first), then the commands of
+    `MISSING_EXTRA` (`CALLS`, one JSON line). Its stdout lines and its stderr."""
     argvs = [argv for argv, _ in MISSING_EXTRA]
-    done = _run_without_extras(f"ARGV = {argvs!r}\n" + CALLS, tmp_path)
-    assert done.returncode == 0 and not done.stderr, done.stderr
-    results = json.loads(done.stdout)
+    code = CORE_RUN + f"ARGV = {argvs!r}\n" + CALLS
+    done = _run_without_extras(code, tmp_path_factory.mktemp("no_extras"))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines(), done.stderr
+
+
+def test_core_install_runs_the_maths_and_both_front_ends(without_extras):
+    core = without_extras[0][0]
+    assert core.startswith("ok ") and core.rstrip().endswith("[]"), core
+
+
+def test_a_missing_extra_is_one_line_naming_it(without_extras):
+    lines, stderr = without_extras
+    assert not stderr, stderr
+    results = json.loads(lines[1])
     for (argv, extra), (code, err) in zip(MISSING_EXTRA, results, strict=True):
         assert code == 2, (argv, err)
         lines = err.strip().splitlines()

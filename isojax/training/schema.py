@@ -29,6 +29,7 @@ A field is one of:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from typing import Any
@@ -116,6 +117,11 @@ def _kind(annotation: Any, default: Any) -> tuple[type, bool]:
 def declarations(spec: type, prefix: str = "") -> list[Declared]:
     """Every config field `spec` and its nested specs declare, in order (fields read from
     another spec, and built ones, are not declarations)."""
+    return list(_declarations(spec, prefix))
+
+
+@functools.cache  # a spec class never changes: its type hints are read once, not per config
+def _declarations(spec: type, prefix: str) -> tuple[Declared, ...]:
     hints = typing.get_type_hints(spec)
     out = []
     for field in dataclasses.fields(spec):
@@ -133,7 +139,7 @@ def declarations(spec: type, prefix: str = "") -> list[Declared]:
         default = meta[RAW] if RAW in meta else field.default
         kind, nullable = _kind(hints[field.name], default)
         out.append(Declared(path, default, kind, nullable, False, spec))
-    return out
+    return tuple(out)
 
 
 def _value(declared: Declared) -> Any:

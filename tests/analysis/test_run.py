@@ -68,6 +68,13 @@ def isobn_run(tmp_path_factory, minilm_dir):
     return root / "run", results
 
 
+@pytest.fixture(scope="module")
+def latest(isobn_run):
+    """`runs.restore` of the run's newest checkpoint, restored once for the tests that read it
+    (each builds what it changes anew: `dataclasses.replace`, never in place)."""
+    return runs.restore(isobn_run[0])
+
+
 def assert_equals_evaluation(summary: dict, evaluation: dict) -> None:
     """The sentence vector's and the head input's figures equal the run's evaluation."""
     compared = 0
@@ -146,7 +153,7 @@ def test_analyze_run_encoder_figures_are_analyze_encoders(isobn_run):
         np.testing.assert_allclose(rep.layers[key], values, rtol=1e-5, atol=1e-6)
 
 
-def test_outlier_score_of_a_run_is_the_brute_force_one(capsys, tmp_path, isobn_run):
+def test_outlier_score_of_a_run_is_the_brute_force_one(capsys, tmp_path, isobn_run, latest):
     """`analyze --run --outlier-score`: the head input's principal outlier is the train rows'
     highest-variance dimension, and its 1-D dev accuracy is a brute-force threshold's."""
     run_dir, _ = isobn_run
@@ -156,7 +163,7 @@ def test_outlier_score_of_a_run_is_the_brute_force_one(capsys, tmp_path, isobn_r
     assert code == 0, err
     scores = json.loads((tmp_path / "summary.json").read_text())["principal_outlier_score"]
     assert set(scores) == {"cls", "pooled", "pre_logits"}
-    restored = runs.restore(run_dir)
+    restored = latest
     train = predict.load_split(restored, "train", labelled=True)
     dev = predict.load_split(restored, "dev", labelled=True)
     x_train, _ = run_analysis.head_inputs(restored, train)
@@ -221,12 +228,11 @@ def test_analyze_refuses_contradictory_flags(capsys, tmp_path, isobn_run):
     assert not out.exists()
 
 
-def test_dropout_noise_is_numpys_spread_and_displacement_of_the_head_input(isobn_run):
+def test_dropout_noise_is_numpys_spread_and_displacement_of_the_head_input(latest):
     """One batch (all 19 rows): the head input without and with dropout (the draw
     `fold_in(key(seed), 0)`, running statistics in both), and NumPy's float64 sqrt(tr cov) of
     the first and root mean squared row displacement between the two."""
-    run_dir, _ = isobn_run
-    restored = runs.restore(run_dir)
+    restored = latest
     examples = predict.load_split(restored, "dev", labelled=True)
     got = run_analysis.dropout_noise(restored, examples, batch_size=32, seed=7)
     (batch,) = batching.batches(
@@ -293,11 +299,10 @@ def test_whitening_a_low_rank_signal_under_isotropic_noise_raises_the_ratio():
     assert before < 0.15 and after > 1.5, (before, after)
 
 
-def test_dropout_noise_is_zero_without_dropout(isobn_run):
+def test_dropout_noise_is_zero_without_dropout(latest):
     """The same run with the encoder's and the head's dropout rates at 0: nothing moves, so a
     pass that left dropout off, or let the normaliser read the batch, would show here."""
-    run_dir, _ = isobn_run
-    restored = runs.restore(run_dir)
+    restored = latest
     examples = predict.load_split(restored, "dev", labelled=True)
     module = restored.model
     quiet = dataclasses.replace(module.encoder.config, hidden_dropout=0.0, attention_dropout=0.0)

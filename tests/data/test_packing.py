@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 import tokenizers
-from helpers import LENGTHS, MAX_LENGTH, NUM_LABELS, TINY_HF, both_layouts, make_head, synthetic
+from helpers import LENGTHS, MAX_LENGTH, NUM_LABELS, TINY_HF, both_layouts, shared_head, synthetic
 
 from isojax import linen, models
 from isojax.core import penalties
@@ -193,14 +193,13 @@ def assert_trees_close(a, b, tol=1e-5):
         ("roberta", "isobn", LENGTHS),
         ("distilbert", "batchnorm", LENGTHS),
         ("albert", "batchnorm", LENGTHS),
-        ("bert", "batchnorm", ALL_ROWS),
-        ("roberta", "recenter", ALL_ROWS),
+        ("roberta", "recenter", ALL_ROWS),  # every example in its own row
     ],
 )
 def test_packed_batch_gives_the_unpacked_logits_loss_gradients_and_stats(
     family, normalizer, lengths
 ):
-    cfg, head, variables = make_head(family, normalizer)
+    cfg, head, variables = shared_head(family, normalizer)
     plain, packed = both_layouts(cfg, lengths)
     rows = packed["input_ids"].shape[0]
     assert rows < 8 if lengths is LENGTHS else rows == 8  # ALL_ROWS: every row
@@ -246,7 +245,7 @@ def test_five_adamw_steps_packed_equal_unpacked():
     pattern depends on the layout, and with eps 1e-8 Adam turns that noise into updates of up
     to 0.14 lr that differ between any two layouts (also between two unpacked bucket widths).
     """
-    cfg, head, variables = make_head("bert", "isobn")
+    cfg, head, variables = shared_head("bert", "isobn")
     batches = [both_layouts(cfg, LENGTHS, seed=seed) for seed in (1, 2)]
     tx = optax.adamw(1e-3, eps=1e-6, weight_decay=0.01)
 
@@ -322,7 +321,7 @@ def test_packed_rows_sharded_over_devices():
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    cfg, head, variables = make_head("bert", "isobn")
+    cfg, head, variables = shared_head("bert", "isobn")
     encoded = synthetic(cfg, LENGTHS + [5, 6, 7, 8, 3, 2, 9, 4, 3], seed=4)
     (batch,) = packing.packed_batches(encoded, batch_size=16, row_multiple=4)
     batch = {k: v for k, v in batch.items() if k != "idx"}

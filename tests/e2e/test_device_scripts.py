@@ -169,10 +169,32 @@ exec "$REAL_PYTHON" "$@"
 """
 
 
+def _the_dry_check_measured_every_arm(out: pathlib.Path) -> None:
+    """The accelerator check's dry run, as `bench` left it in $OUT: its device line first, each
+    model's isojax arms with their figures and the attention each layer kind got, the equality
+    of `auto` against `xla` (exact on the CPU), the profile of one step, the last line."""
+    lines = [x for x in (out / "accel.log").read_text().splitlines() if x]
+    said = [x for x in lines if re.match(r"((device|torch|profile|accel_check):|tiny-\w+) ", x)]
+    assert said[0].startswith("device: cpu (cpu), jax ") and lines[-1] == said[-1]
+    assert said[-1].startswith("accel_check: done in ")
+    for model, kinds in (("tiny-bert", "global xla"), ("tiny-modernbert", "global xla, local xla")):
+        for arm in ("xla", "auto"):
+            (line,) = [x for x in said if x.startswith(f"{model} 4x32 bf16 isojax {arm}: ")]
+            assert re.search(r"[0-9.]+ ms/step, [0-9,]+ tokens/s, [0-9,]+ real tokens/s", line)
+            assert "model-FLOPs MFU unknown (no peak for this device)" in line
+            assert "peak memory " in line and f"attention {kinds};" in line
+        (line,) = [x for x in said if x.startswith(f"{model} 4x32 bf16 equality auto vs xla")]
+        assert line.count("0.00e+00") == 3 and ": PASS (cuDNN not measured here" in line
+    top = (out / "profile_top15.txt").read_text().splitlines()
+    assert top[0].startswith("profile: one isojax step, the 15 most expensive ops")
+    assert 2 <= len(top) <= 16 and (out / "profile_trace.json.gz").stat().st_size > 0
+
+
 @pytest.mark.slow
 def test_dry_bench_and_go_run_the_accelerator_check(tmp_path, glue_dir):
     """`bench` (no weights staged at all) runs the accelerator check's dry run in one call,
-    its figure lines in the output and the whole log and the profile in $OUT; `go` with a
+    its figure lines in the output and the whole log and the profile in $OUT (every arm's
+    figures, the equality and the profile checked there: the check's own dry-run test); `go` with a
     part gone runs the check then the bench only (exit 3, no grid), and BENCH=0 skips both.
     The `go` calls run the two through `_STAND_IN` (their arguments checked): the check's
     dry run is the bench call's, once."""
@@ -187,8 +209,8 @@ def test_dry_bench_and_go_run_the_accelerator_check(tmp_path, glue_dir):
         assert re.search(rf"^tiny-bert 4x32 bf16 {arm}: [0-9.]+ ms/step, .* real tokens/s, "
                          "model-FLOPs MFU .* peak memory", said, re.M)  # fmt: skip
     assert re.search(r"^tiny-modernbert 4x32 bf16 equality auto vs xla: .* PASS", said, re.M)
-    assert (out / "profile_top15.txt").is_file() and (out / "profile_trace.json.gz").is_file()
     assert "accel_check: done" in (out / "accel.log").read_text()
+    _the_dry_check_measured_every_arm(out)
 
     pkg, _ = _fake_package(tmp_path)
     dev = tmp_path / "dev"

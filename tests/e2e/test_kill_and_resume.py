@@ -13,8 +13,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from children import child_env, finish
+from helpers import one_device_mesh
 
-from isojax.training import throughput
+from isojax.training import config as config_lib
+from isojax.training import loop, throughput
 
 pytestmark = pytest.mark.e2e
 
@@ -23,25 +25,31 @@ pytestmark = pytest.mark.e2e
 _ORBAX_LATE_CALLBACK = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
+# The run: I-STAR with the "epoch" stabiliser (a window of 5 steps) on 24 RTE rows in packed
+# batches of 8 (2 epochs of 3 steps), a checkpoint every 2 steps, dropout keys from "rbg".
+def _settings(glue_dir, minilm_dir) -> dict:
+    return {
+        "data_dir": str(glue_dir), "model": "tiny-bert", "tokenizer": str(minilm_dir),
+        "task": "rte", "penalty": "istar", "istar.weight": 0.5,
+        "istar.stabilizer.kind": "epoch", "istar.stabilizer.unit": "steps",
+        "istar.stabilizer.window": 5, "max_train_examples": 24, "max_eval_examples": 8,
+        "batch_size": 8, "eval_batch_size": 8, "max_length": 32, "buckets": (),
+        "num_epochs": 2, "checkpoint_every": 2, "log_every": 1, "progress": False,
+        "tensorboard": False, "rng_impl": "rbg", "packing": True,
+    }  # fmt: skip
+
+
 _CHILD = textwrap.dedent(
     """
-    import os, signal, sys
+    import json, os, signal, sys
     from isojax.logs import install_log_handler
     from isojax.training import checkpointing, loop
     from isojax.training import config as config_lib
 
     install_log_handler()  # the lines `isojax finetune` shows ("resumed ...") on stderr
-    mode, workdir, glue_dir, tokenizer = sys.argv[1:]
+    mode, workdir, settings = sys.argv[1:]
     config = config_lib.default_config()
-    config.update_from_flattened_dict({
-        "data_dir": glue_dir, "model": "tiny-bert", "tokenizer": tokenizer, "task": "rte",
-        "penalty": "istar", "istar.weight": 0.5, "istar.stabilizer.kind": "epoch",
-        "istar.stabilizer.unit": "steps", "istar.stabilizer.window": 5,
-        "max_train_examples": 24, "max_eval_examples": 8, "batch_size": 8,
-        "eval_batch_size": 8, "max_length": 32, "buckets": (), "num_epochs": 2,
-        "checkpoint_every": 2, "log_every": 1, "progress": False, "tensorboard": False,
-        "rng_impl": "rbg", "packing": True,
-    })
+    config.update_from_flattened_dict(json.loads(settings))
     if mode == "kill":  # die right after the checkpoint of step 4 (epoch 1, batch 1)
         save = checkpointing.Checkpointer.save
         def save_then_die(self, step, state, position):
@@ -54,13 +62,15 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _start_child(tmp_path, mode, workdir, glue_dir, minilm_dir) -> subprocess.Popen:
+def _start_child(tmp_path, mode, workdir, settings: dict) -> subprocess.Popen:
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
     # The resumed child reuses the first ones' executables (the same programs: bit-identical).
-    env = child_env()
+    # One device: the property is the resume, not the sharding (tests/e2e/test_preemption.py
+    # stops and resumes a sharded run).
+    env = child_env(devices=1)
     return subprocess.Popen(
-        [sys.executable, str(script), mode, str(workdir), str(glue_dir), str(minilm_dir)],
+        [sys.executable, str(script), mode, str(workdir), json.dumps(settings)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -88,17 +98,19 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, glue_dir, min
     stabiliser's open window, data position, partial log sums) and ends exactly where the
     uninterrupted run does: every leaf of the final state, results, metrics.jsonl."""
     full, broken = tmp_path / "full", tmp_path / "broken"
-    # The uninterrupted and the killed run side by side (2 cores); the resume after both.
-    children = [
-        _start_child(tmp_path, mode, workdir, glue_dir, minilm_dir)
-        for mode, workdir in (("full", full), ("kill", broken))
-    ]
-    done, killed = (finish(child) for child in children)
-    assert done.returncode == 0, done.stderr[-3000:]
+    settings = _settings(glue_dir, minilm_dir)
+    # The killed run in a child; meanwhile the uninterrupted one in this process on its first
+    # device (a child's programs on one device: the same numbers, bit for bit, without a
+    # child's start); the resume after both.
+    killing = _start_child(tmp_path, "kill", broken, settings)
+    config = config_lib.default_config()
+    config.update_from_flattened_dict(settings)
+    loop.train_and_evaluate(config, full, mesh=one_device_mesh())
+    killed = finish(killing)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (broken / "results.json").exists()
     assert sorted(int(p.name) for p in (broken / "checkpoints").iterdir()) == [3, 4]
-    resumed = finish(_start_child(tmp_path, "resume", broken, glue_dir, minilm_dir))
+    resumed = finish(_start_child(tmp_path, "resume", broken, settings))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed" in resumed.stderr and "at step 4 (epoch 1, batch 1)" in resumed.stderr
 

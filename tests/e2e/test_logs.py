@@ -4,56 +4,62 @@ the warnings, and the `isojax` command shows the lines (`isojax.logs.install_log
 
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 pytestmark = pytest.mark.e2e
 
+# Three embedded programs in turn in one interpreter (one start-up and import, not three),
+# each on the same run folder: a program whose "isojax" logger is at ERROR runs the run; after
+# a torn line is appended to its metrics.jsonl, the same quiet program again (the finished run,
+# reread); after another torn line, a program that installs the command's handler (the logger
+# put back to a fresh interpreter's NOTSET first). A line on stderr ends each program's part.
 RUN = """
-import logging, sys
+import logging, pathlib, sys
 from isojax.training import config as config_lib, distributed, loop
 import jax
-{setup}
-config = config_lib.default_config()
-config.update_from_flattened_dict({{
-    "data_dir": sys.argv[1], "model": "tiny-bert", "tokenizer": sys.argv[2], "task": "rte",
-    "max_train_examples": 8, "max_eval_examples": 8, "batch_size": 8, "eval_batch_size": 8,
-    "max_length": 32, "buckets": (), "max_steps": 1, "tensorboard": False,
-}})
-loop.train_and_evaluate(config, sys.argv[3], mesh=distributed.make_mesh(jax.devices()[:1]))
+
+def run():
+    config = config_lib.default_config()
+    config.update_from_flattened_dict({
+        "data_dir": sys.argv[1], "model": "tiny-bert", "tokenizer": sys.argv[2], "task": "rte",
+        "max_train_examples": 8, "max_eval_examples": 8, "batch_size": 8, "eval_batch_size": 8,
+        "max_length": 32, "buckets": (), "max_steps": 1, "tensorboard": False,
+    })
+    loop.train_and_evaluate(config, sys.argv[3], mesh=distributed.make_mesh(jax.devices()[:1]))
+    sys.stderr.flush()
+    print(END, file=sys.stderr, flush=True)
+
+def tear():
+    metrics = pathlib.Path(sys.argv[3]) / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 9, "ep')
+
+logging.getLogger("isojax").setLevel(logging.ERROR)
+run()
+tear()
+run()
+tear()
+logging.getLogger("isojax").setLevel(logging.NOTSET)
+from isojax.logs import install_log_handler; install_log_handler()
+run()
 """
+END = "-- end of this program's part --"
 
 
-def _run(setup: str, tmp_path, glue_dir, minilm_dir) -> str:
-    code = textwrap.dedent(RUN.format(setup=setup))
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory, glue_dir, minilm_dir):
+    """The stderr of each of the three programs of `RUN` (both tests read them), in order."""
+    run = tmp_path_factory.mktemp("runs") / "run"
     out = subprocess.run(
-        [sys.executable, "-c", code, str(glue_dir), str(minilm_dir), str(tmp_path / "run")],
+        [sys.executable, "-c", f"END = {END!r}\n" + RUN, str(glue_dir), str(minilm_dir), str(run)],
         capture_output=True,
         text=True,
         timeout=600,
         check=True,
     )
-    return out.stderr
-
-
-QUIET = 'logging.getLogger("isojax").setLevel(logging.ERROR)'
-SHOWN = "from isojax.logs import install_log_handler; install_log_handler()"
-
-
-@pytest.fixture(scope="module")
-def three_runs(tmp_path_factory, glue_dir, minilm_dir):
-    """One run folder, three embedded programs (both tests read them): a run with the
-    "isojax" logger at ERROR; after a torn line is appended to its metrics.jsonl, the same
-    quiet program again (the finished run, reread); after another torn line, a program that
-    installs the command's handler. Their stderr, in that order."""
-    root = tmp_path_factory.mktemp("runs")
-    metrics = root / "run" / "metrics.jsonl"
-    said = [_run(QUIET, root, glue_dir, minilm_dir)]
-    for setup in (QUIET, SHOWN):
-        metrics.write_text(metrics.read_text() + '{"step": 9, "ep')
-        said.append(_run(setup, root, glue_dir, minilm_dir))
-    return said
+    said = out.stderr.split(END + "\n")
+    assert len(said) == 4 and said[3] == "", out.stderr
+    return said[:3]
 
 
 def test_an_embedded_run_is_silent_and_a_handler_shows_its_lines(three_runs):

@@ -1,19 +1,21 @@
 """The audit's findings on how a run stops, as whole runs (/work/shared/AUDIT.md numbering): 1
 (the command's refusal of one-row micro-batches), 2 (SIGINT to one of two processes during the
-evaluation), 4 (a failed save after a stop ends the study runner), 13 (a signal before the first
-step), 14 (one process a run folder). Finding 6 (a preemption at an epoch's last step, then a
-hard kill) and the held probes 11 and 12 (a signal during a checkpoint write and during the C0
-pass: the resumed run ends bit-identical) ride on the resume chains of
-tests/e2e/test_preemption.py, which compare with an uninterrupted run already."""
+evaluation: both stop and save the same step), 4 (a failed save after a stop ends the study
+runner), 13 (a signal before the first step), 14 (one process a run folder). Finding 6 (a
+preemption at an epoch's last step, then a hard kill) and the held probes 11 and 12 (a signal
+during a checkpoint write and during the C0 pass: the resumed run ends bit-identical) ride on
+the resume chain of tests/e2e/test_preemption.py, which compares with an uninterrupted run
+already."""
 
+import json
 import os
 import socket
 import subprocess
 import sys
 
 import pytest
-from children import finish
-from helpers import finetune_argv, start_child, study_grid
+from children import finetune_argv, finish, start_child
+from helpers import study_grid
 
 from experiments.study import runner
 from isojax import cli
@@ -22,11 +24,14 @@ from isojax.training import checkpointing, reporting, stops
 pytestmark = pytest.mark.e2e
 
 
-def test_the_command_refuses_one_row_micro_batches_in_one_line(tmp_path, glue_dir, minilm_dir):
+def test_the_command_refuses_one_row_micro_batches_in_one_line(
+    tmp_path, glue_dir, minilm_dir, capfd
+):
+    """In this process (a refusal before anything is built; `capfd` reads the file
+    descriptors, so a library's stray line would show as a child's would)."""
     argv = finetune_argv(tmp_path / "run", glue_dir, minilm_dir, "grad_accum_steps=8")
-    done = finish(start_child(tmp_path, argv), timeout=60)
-    assert done.returncode == 2, done.stderr[-2000:]
-    (line,) = done.stderr.strip().splitlines()
+    assert cli.main(argv) == 2
+    (line,) = capfd.readouterr().err.strip().splitlines()
     assert "batch_size / grad_accum_steps = 8 / 8 = 1" in line and "'isobn'" in line
 
 
@@ -77,9 +82,13 @@ def _free_port() -> int:
 def test_sigint_to_one_of_two_processes_during_the_evaluation_stops_both(
     tmp_path, glue_dir, minilm_dir
 ):
-    """Two processes of 2 CPU devices; process 1 alone gets SIGINT during the first dev
-    evaluation (after step 6). Both stop at the step the sync point picks (7), exit 75; a hang
-    (the old process-local stop after the evaluation) fails at the timeout."""
+    """Two processes of one CPU device each (the stop is the processes', not the devices');
+    process 1 alone gets SIGINT during the first dev evaluation (after step 6). JAX's
+    preemption sync point stops both at the same step, after the evaluation (7 unless the
+    notice reaches process 0 through the coordinator a few steps later under load), before
+    the run's last (12): both exit 75, one checkpoint of that step beside the epoch-end one
+    (6), its position that step's, and process 0 names it. A hang (the old process-local stop
+    after the evaluation) fails at the timeout."""
     port, workdir = _free_port(), tmp_path / "two"
     argv = finetune_argv(workdir, glue_dir, minilm_dir)
     children = [
@@ -87,7 +96,6 @@ def test_sigint_to_one_of_two_processes_during_the_evaluation_stops_both(
             tmp_path,
             argv,
             {"signal_in_eval": "SIGINT", "rank": "1"},
-            devices=2,
             JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
             JAX_NUM_PROCESSES="2",
             JAX_PROCESS_ID=str(rank),
@@ -98,7 +106,12 @@ def test_sigint_to_one_of_two_processes_during_the_evaluation_stops_both(
     for child in (first, second):
         assert child.returncode == stops.EXIT_PREEMPTED, child.stderr[-3000:]
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-    assert steps[-1] > 6 and "saved the checkpoint of step" in first.stderr
+    step = steps[-1]
+    assert 6 < step < 12 and steps == [6, step], steps
+    assert f"saved the checkpoint of step {step}" in first.stderr  # process 0 prints it
+    metadata = workdir / "checkpoints" / str(step) / "position" / "metadata"
+    position = json.loads(metadata.read_text())
+    assert position["epoch"] * 6 + position["batch"] == step  # 6 steps an epoch
 
 
 # ---------------------------------------------------------------------------------------------

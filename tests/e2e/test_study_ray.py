@@ -1,18 +1,21 @@
 """A study grid's cells as Ray tasks (issue 62, item 7): a local Ray cluster started by the
 test runs a tiny grid of 4 cells through `python -m experiments.study --executor ray
---address ADDR`; its results file holds the plain runner's cells with the same scores and the
-same record format, and a second call writes nothing new."""
+--address ADDR` (its `main`, called in the test's process, the driver); its results file holds
+the plain runner's cells with the same scores and the same record format, and a second call
+writes nothing new."""
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 from helpers import REPO, study_grid
 
-from experiments.study import runner
+from experiments.study import command, runner
 from experiments.study.records import read_records
+from isojax.training import distributed
 
 pytestmark = [
     pytest.mark.e2e,
@@ -36,16 +39,19 @@ SAME = ("config_hash", "config", "git_commit", "git_dirty", "fields", "seed", "t
 
 
 def _env() -> dict:
-    """This process's environment (the workers' too: the cluster is started from here) with
-    the checkout's root first on PYTHONPATH, for the driver started below."""
+    """This process's environment with the checkout's root first on PYTHONPATH, for the
+    cluster's head (its workers' too: the cluster is started from there)."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return os.environ | {"PYTHONPATH": path, "JAX_PLATFORMS": "cpu", "RAY_AUTH_MODE": "disabled"}
 
 
 @pytest.mark.slow
-def test_ray_tasks_record_the_plain_runners_cells_and_scores(tmp_path, glue_dir, minilm_dir):
-    """The Ray run (a driver process, the cluster's two workers) and the plain run (in this
-    process) overlap; then the records are compared field by field."""
+def test_ray_tasks_record_the_plain_runners_cells_and_scores(
+    tmp_path, glue_dir, minilm_dir, monkeypatch, capsys
+):
+    """The plain run and the Ray run (`python -m experiments.study`'s `main`, called in this
+    process: the driver, then the cluster's two workers), in turn; then the records are
+    compared field by field."""
     grid = study_grid(
         tmp_path, glue_dir, minilm_dir, seeds=(1, 2), epochs=1, tier_2=False, pretrained=False
     )
@@ -53,20 +59,24 @@ def test_ray_tasks_record_the_plain_runners_cells_and_scores(tmp_path, glue_dir,
     head = subprocess.Popen([sys.executable, "-c", HEAD], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=_env())  # fmt: skip
     try:
+        runner.run_grid(grid, runs_dir=tmp_path / "plain", results=plain, log=lambda _: None)
         address = head.stdout.readline().strip()
         assert address, "the Ray head did not start"
-        argv = [sys.executable, "-m", "experiments.study", grid, "--executor", "ray",
-                "--address", address, "--runs-dir", str(runs), "--results", str(results),
+        argv = [grid, "--executor", "ray", "--address", address, "--runs-dir", str(runs),
+                "--results", str(results),
                 "--compile-cache", os.environ["ISOJAX_TEST_JAX_CACHE"]]  # fmt: skip
-        driver = subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        # The driver's own settings, put back for the next tests of this process: its SIGTERM
+        # handler, and its compilation cache (the workers get the cache's folder in each job).
+        monkeypatch.setattr(distributed, "enable_compilation_cache", lambda folder: None)
+        sigterm = signal.getsignal(signal.SIGTERM)
+        capsys.readouterr()
         try:
-            runner.run_grid(grid, runs_dir=tmp_path / "plain", results=plain, log=lambda _: None)
-            log, _ = driver.communicate(timeout=600)
+            assert command.main(argv) == 0
         finally:
-            if driver.poll() is None:
-                driver.kill()
-        assert driver.returncode == 0 and "Traceback" not in log, log
+            signal.signal(signal.SIGTERM, sigterm)
+        out, err = capsys.readouterr()
+        log = out + err
+        assert "Traceback" not in log, log
         expected = {r["cell"]: r for r in read_records(plain, full=True)}
         got = {r["cell"]: r for r in read_records(results, full=True)}
         assert len(expected) == 4 and sorted(got) == sorted(expected)
@@ -76,7 +86,7 @@ def test_ray_tasks_record_the_plain_runners_cells_and_scores(tmp_path, glue_dir,
             for key in SAME:  # every metric and isotropy number of every evaluation too
                 assert record[key] == expected[name][key], (name, key)
             assert (runs / "tiny" / name / "results.json").is_file()
-        assert log.count(":  ok in ") == 4  # the driver wrote the 4 lines
+        assert log.count(":  ok in ") == 4, log  # the driver wrote the 4 lines
 
         # A second call: every cell recorded, nothing handed to Ray, nothing written.
         before, lines = results.read_bytes(), []
@@ -87,4 +97,8 @@ def test_ray_tasks_record_the_plain_runners_cells_and_scores(tmp_path, glue_dir,
         assert "4 recorded (0 failed), 0 to run" in lines[0]
         assert results.read_bytes() == before
     finally:
+        import ray
+
+        ray.shutdown()  # this process, the driver, leaves first: a driver whose cluster is
+        # gone exits on its own (Ray's GCS reconnection timeout), and this one runs more tests
         head.communicate(timeout=120)  # its standard input closed: ray.shutdown()

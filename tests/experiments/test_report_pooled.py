@@ -132,7 +132,7 @@ def test_normalise_worked_example():
 
 def _compare(p_lo: float, p_hi: float, diff_hi: float) -> dict:
     """A comparison whose paired tests (over the pairs and the seeds) pass in every direction
-    (the pooled rule needs them with the intervals: tests/experiments/test_report_rule48.py)."""
+    (the pooled rule needs them with the intervals: tests/experiments/test_report_rule_words.py)."""
     flips = {f"{k}_{w}": 0.01 for k in ("flip", "cluster") for w in ("toward", "against", "below")}
     return {"p_lo": p_lo, "p_hi": p_hi, "diff_lo": -1.0, "diff_hi": diff_hi} | flips
 

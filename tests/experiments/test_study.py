@@ -18,6 +18,7 @@ from experiments.study.cell import git_state, read_run, run_cell
 from experiments.study.eta import epoch_minutes
 from experiments.study.grid import cell_config, grid_axes, grid_cells, load_grid, plan
 from experiments.study.records import read_records, write_record
+from isojax import analysis
 from isojax.training import checkpointing, loop, stops
 
 RECORD_KEYS = {
@@ -81,6 +82,24 @@ def test_grid_files_load_count_and_validate():
     assert zetas == [0.0, 0.2, 0.5, 0.8, 1.0] * 3
     config = cell_config(grid, recipe, grid_cells(grid, 2)[0].values)
     assert (config.penalty, config.task, config.istar.weight) == ("istar", "stsb", -1.0)
+
+
+def test_the_schema_is_read_once_and_each_default_config_is_fresh():
+    """`schema.declarations` reads each spec's type hints once (the grid test above validates
+    ~500 cell configs, each `validate_config` building `default_config` three times): the
+    cached declarations are those read afresh, and each `default_config` is a new tree that a
+    caller's change does not reach."""
+    from isojax.training import config as config_lib
+    from isojax.training import schema, specs
+
+    cached = schema.declarations(specs.RunSpec)
+    schema._declarations.cache_clear()
+    assert schema.declarations(specs.RunSpec) == cached and cached  # the same, read afresh
+    first = config_lib.default_config()
+    want = first.to_dict()
+    first.optimizer.learning_rate, first.istar.stabilizer.tokens = 7.0, 3
+    second = config_lib.default_config()
+    assert second is not first and second.to_dict() == want
 
 
 @pytest.mark.e2e  # a whole run
@@ -177,7 +196,16 @@ def test_runner_resumes_a_killed_cell_skips_finished_ones_and_records_failures(
     assert sorted(cells) == sorted(records) and len(cells) == 4
 
     # study_analyze: `analyze --run` of each seed-1 run equals the run's last dev evaluation.
+    # Its figures are drawn by `analysis.write_figures`, tested on both kinds of report in
+    # tests/analysis (test_encoder, test_run): here each analysis hands its report to it once.
+    drawn = []
+    monkeypatch.setattr(
+        study_analyze.analysis, "write_figures", lambda rep, out: drawn.append((rep, out))
+    )
     assert study_analyze.main([str(results), "--runs-dir", str(runs), "--seed", "1"]) == 0
+    names = ["rte-pretrained", "rte-none-s1", "rte-isobn-s1"]
+    assert [out for _, out in drawn] == [tmp_path / "tiny_analysis" / n for n in names]
+    assert all(isinstance(rep, analysis.Report) for rep, _ in drawn)
     table = (tmp_path / "tiny_analysis.md").read_text()
     for name in ("rte-none-s1", "rte-isobn-s1"):
         summary = json.loads((tmp_path / "tiny_analysis" / name / "summary.json").read_text())

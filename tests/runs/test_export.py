@@ -194,8 +194,19 @@ def test_layernorm_head_exports_its_encoder_and_says_so_in_one_line(
 # ---------------------------------------------------------------------------------------------
 
 
-def test_submission_files_for_the_four_local_tasks(capsys, tmp_path, untrained, glue_dir):
-    folder = tmp_path / "submission"
+def test_submission_files_for_the_four_local_tasks(
+    capsys, tmp_path, untrained, glue_dir, monkeypatch
+):
+    """Each task's file: the test rows in the file's own order, the labels' names; STS-B's
+    scores are the predictions the command computed (recorded, not a second restore and
+    pass over the test rows), clipped to [0, 5]."""
+    folder, made, real = tmp_path / "submission", {}, predict.predict
+
+    def recording(restored, split, **kwargs):
+        made[restored.task.name] = pred = real(restored, split, **kwargs)
+        return pred
+
+    monkeypatch.setattr(predict, "predict", recording)
     for run_dir in untrained.values():
         code, out, err = run_cli(
             capsys, ["predict", run_dir, "--split", "test", "--glue-submission", folder]
@@ -212,7 +223,8 @@ def test_submission_files_for_the_four_local_tasks(capsys, tmp_path, untrained, 
         assert [r[0] for r in rows] == [r[0] for r in test_rows]  # the file's own index
         values = [r[1] for r in rows]
         if task == "stsb":
-            scores = predict.predict(runs.restore(untrained[task]), "test").scores
+            scores = made[task].scores
+            assert made[task].split == "test" and len(scores) == TEST_ROWS[task]
             np.testing.assert_allclose(np.array(values, float), np.clip(scores, 0, 5), atol=5e-4)
             assert scores.min() < 0  # an untrained regressor: the clipping was exercised
         else:

@@ -12,7 +12,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from helpers import one_device_mesh, tiny_bert_without_dropout, tiny_modernbert_folder
+from helpers import tiny_bert_without_dropout, tiny_modernbert_folder
 
 import isojax
 from isojax import cli, runs
@@ -43,6 +43,14 @@ def test_isobn_with_istar_logs_the_sum_of_its_two_losses(
     argv += ["--normalizer", "isobn", "--penalty", "istar", "--workdir", str(workdir)]
     for key, value in sets.items():
         argv += ["--set", f"{key}={value}"]
+    built, build_run = [], loop.build_run
+
+    def recording(*args, **kwargs):  # the command's own build: its data and step 0's state
+        run = build_run(*args, **kwargs)
+        built.append((run, jax.device_get(run.state)))  # a host copy: the step donates it
+        return run
+
+    monkeypatch.setattr(loop, "build_run", recording)
     assert cli.main(argv) == 0
 
     restored = runs.restore(workdir)
@@ -51,8 +59,7 @@ def test_isobn_with_istar_logs_the_sum_of_its_two_losses(
     assert int(saved_norm["count"]) == 1 and np.abs(saved_norm["cov"]).sum() > 0
     assert c0.shape == (32, 32) and not np.allclose(c0, np.eye(32))  # the pass's C0
 
-    config = runs.load_config(workdir)
-    run = loop.setup(config, mesh=one_device_mesh())
+    ((run, initial),) = built
     batch = next(iter(feeds.update_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh)))
     batch = distributed.global_batch(batch, run.mesh)
 
@@ -71,7 +78,7 @@ def test_isobn_with_istar_logs_the_sum_of_its_two_losses(
         penalty = isojax.istar_penalty(out["encoder"].hidden_states, mask, c0=c0, zeta=0.2)
         return task, penalty, updates
 
-    task, penalty, updates = recomputed(run.state, batch, c0)
+    task, penalty, updates = recomputed(initial, batch, c0)
 
     (line,) = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()
                if json.loads(x)["split"] == "train"]  # fmt: skip

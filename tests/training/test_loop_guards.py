@@ -9,7 +9,8 @@ import pathlib
 
 import jax.numpy as jnp
 import pytest
-from helpers import finetune_argv, one_device_mesh, tiny_config
+from children import finetune_argv
+from helpers import one_device_mesh, tiny_config
 
 from isojax import cli
 from isojax.core import normalizers

@@ -11,6 +11,7 @@ equality tests switch dropout off.
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import arm, tiny_config
@@ -50,24 +51,57 @@ def _config(glue_dir, minilm_dir, method: str, packed: bool, **overrides):
     return tiny_config(glue_dir, minilm_dir, **(fields | overrides))
 
 
+@pytest.fixture(scope="module")
+def isobn_runs(glue_dir, minilm_dir) -> dict:
+    """`{packed: run}` of the IsoBN config, dropout off, built once: the padded-vs-packed
+    training and evaluation tests read them (the training copies the state it donates)."""
+    return {
+        p: _without_dropout(loop.setup(_config(glue_dir, minilm_dir, "isobn", p)))
+        for p in (False, True)
+    }
+
+
+def _packed_epoch_rows(run, state, packed: bool) -> tuple:
+    """The epoch's updates from a copy of `state` (the step donates it): the final state, the
+    losses, and the row counts of the batches (packed: one compiled shape per row count)."""
+    state, losses, rows = jax.tree.map(jnp.copy, state), [], set()
+    for batch in feeds.train_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh):
+        assert packing.is_packed(batch) == packed
+        rows.add(batch["input_ids"].shape[0])
+        state, m = run.train_fn(state, distributed.global_batch(batch, run.mesh))
+        losses.append(float(m["loss"]))
+    return state, losses, rows
+
+
+def _bounded_compiles(run, rows: set) -> None:
+    """The packed train step compiled once per row count used, never more than the row
+    buckets (2 for 8 examples a step on 4 devices), each a multiple of the devices."""
+    bound = len(packing.resolve_row_buckets(None, run.spec.feed.batch_size, run.mesh.size))
+    assert run.train_fn._cache_size() == len(rows) <= bound == 2
+    assert all(r % run.mesh.size == 0 for r in rows)
+
+
 @pytest.mark.parametrize("method", ["isobn", "istar"])
-def test_packed_training_equals_padded_training_after_5_steps(glue_dir, minilm_dir, method):
+def test_packed_training_equals_padded_training_after_5_steps(
+    glue_dir, minilm_dir, isobn_runs, method
+):
     """5 updates (I-STAR: after its C0 pass) on 4 devices: parameters, `batch_stats` and C0
-    agree to 1e-4, and so does every step's loss."""
+    agree to 1e-4, and so does every step's loss. The packed epoch of RTE's long pairs
+    compiles at most one shape per row bucket (CoLA's short sentences: the test below)."""
     finals = {}
     for packed in (False, True):
-        config = _config(glue_dir, minilm_dir, method, packed)
-        run = _without_dropout(loop.setup(config))
+        if method == "isobn":
+            run = isobn_runs[packed]
+        else:
+            run = _without_dropout(loop.setup(_config(glue_dir, minilm_dir, method, packed)))
         assert run.steps_per_epoch == 5
         state = run.state
         initial = jax.device_get(state.params)  # the same for both layouts (same seed)
         if method == "istar":
             state = loop.c0_pass(run, state, 0)
-        losses = []
-        for batch in feeds.train_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh):
-            assert packing.is_packed(batch) == packed
-            state, m = run.train_fn(state, distributed.global_batch(batch, run.mesh))
-            losses.append(float(m["loss"]))
+        state, losses, rows = _packed_epoch_rows(run, state, packed)
+        if packed:
+            _bounded_compiles(run, rows)
         finals[packed] = (jax.device_get(state), losses)
     (plain, plain_losses), (packed, packed_losses) = finals[False], finals[True]
     np.testing.assert_allclose(packed_losses, plain_losses, rtol=1e-5, atol=1e-6)
@@ -82,13 +116,12 @@ def test_packed_training_equals_padded_training_after_5_steps(glue_dir, minilm_d
     assert max(moved) > 1e-3  # the steps did change the parameters
 
 
-def test_packed_evaluation_counts_each_dev_example_once(glue_dir, minilm_dir):
+def test_packed_evaluation_counts_each_dev_example_once(isobn_runs):
     """The dev evaluation over packed batches (12 examples, last batch 4 fillers) gives the
-    padded evaluation's logits row for row, and its metrics and isotropy."""
+    padded evaluation's logits row for row, and its metrics and isotropy (the initial state:
+    the same for both layouts; an evaluation has no dropout)."""
     results = {}
-    for packed in (False, True):
-        config = _config(glue_dir, minilm_dir, "isobn", packed)
-        run = loop.setup(config)
+    for packed, run in isobn_runs.items():
         encoded = run.dev_encoded["dev"]
         logits, acc = evaluation.eval_outputs(
             run.eval_fn, run.state, encoded, run.spec.feed, run.mesh, run.hidden_size
@@ -105,18 +138,13 @@ def test_packed_evaluation_counts_each_dev_example_once(glue_dir, minilm_dir):
 
 
 def test_an_epoch_of_packed_steps_compiles_at_most_one_shape_per_row_bucket(glue_dir, minilm_dir):
-    """CoLA's short sentences and RTE's long pairs, 8 examples per step on 4 devices: the
-    train step compiles once per row count used, never more than the row buckets."""
-    for task in ("cola", "rte"):
-        config = _config(glue_dir, minilm_dir, "none", True, task=task, max_train_examples=48)
-        run = loop.setup(config)
-        bound = len(packing.resolve_row_buckets(None, config.batch_size, run.mesh.size))
-        state, rows = run.state, set()
-        for batch in feeds.train_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh):
-            rows.add(batch["input_ids"].shape[0])
-            state, _ = run.train_fn(state, distributed.global_batch(batch, run.mesh))
-        assert run.train_fn._cache_size() == len(rows) <= bound == 2
-        assert all(r % run.mesh.size == 0 for r in rows)
+    """CoLA's short sentences, 8 examples per step on 4 devices: the train step compiles once
+    per row count used, never more than the row buckets (RTE's long pairs: in the packed
+    training above, which runs a packed epoch of RTE on the same mesh)."""
+    config = _config(glue_dir, minilm_dir, "none", True, task="cola", max_train_examples=48)
+    run = loop.setup(config)
+    _, _, rows = _packed_epoch_rows(run, run.state, True)
+    _bounded_compiles(run, rows)
 
 
 def test_packing_refuses_the_reference_padding_option():

@@ -21,30 +21,43 @@ def _train_lines(workdir):
     return [r for r in map(json.loads, lines) if r["split"] == "train"]
 
 
+def _abstract(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+
+
 @pytest.mark.e2e  # a whole run
 def test_logged_flops_are_the_model_count_and_profile_window(
-    tmp_path, glue_dir, minilm_dir, capsys
+    tmp_path, glue_dir, minilm_dir, capsys, monkeypatch
 ):
     """5 steps of 8 examples on one device, a log line every 2 steps: each line carries the
     step time, the rates, `flops_per_step` equal to the model count (`model_flops` of the
     encoder, 8 rows of 32 tokens, the last layer at [CLS] only) and `xla_flops_per_step` to
-    XLA's cost analysis of the compiled step (the same program, compiled here again); MFU is
-    the model count over `peak_flops`. The
-    profile window (1, 3) writes a trace under <workdir>/profile; the memory line is printed."""
+    XLA's cost analysis of the compiled step (the same program, lowered and compiled here
+    again from the run's own build, not a second one); MFU is the model count over
+    `peak_flops`. The profile window (1, 3) writes a trace under <workdir>/profile; the
+    memory line is printed."""
     mesh = one_device_mesh()
     # progress on: the start-of-run lines belong to the progress display
     config = _config(glue_dir, minilm_dir, peak_flops=1e9, profile_steps=(1, 3), progress=True)
+    built, build_run = [], loop.build_run
+
+    def recording(*args, **kwargs):  # the run's own build (its state's shapes: the step donates)
+        run = build_run(*args, **kwargs)
+        built.append((run, jax.tree.map(_abstract, run.state)))
+        return run
+
+    monkeypatch.setattr(loop, "build_run", recording)
     loop.train_and_evaluate(config, tmp_path / "run", mesh=mesh)
     err = capsys.readouterr().err
     assert "train step memory per device: arguments" in err
     assert "peak 1e+09 FLOP/s per device (config.peak_flops)" in err
 
-    run = loop.setup(config, mesh=mesh)
+    ((run, state),) = built
     batch = next(iter(feeds.train_batches(run.train_encoded, run.spec.feed, 0, mesh=mesh)))
-    compiled = run.train_fn.lower(run.state, distributed.global_batch(batch, mesh)).compile()
+    compiled = run.train_fn.lower(state, distributed.global_batch(batch, mesh)).compile()
     want = compiled.cost_analysis()
     xla = (want[0] if isinstance(want, list) else want)["flops"]
-    assert run.state.objective.cls_only and not run.state.objective.reads_tokens
+    assert state.objective.cls_only and not state.objective.reads_tokens
     want = throughput.model_flops(run.model.encoder.config, 8, 32, num_labels=2, cls_only=True)
     lines = _train_lines(tmp_path / "run")
     assert [r["step"] for r in lines] == [2, 4, 5]

@@ -1,8 +1,8 @@
-"""Tests for the rule additions of issues 47 and 48 (experiments/report/rule.py and its
-helpers): the pooled test paired by seed against an exact enumeration written here and SciPy's
-`permutation_test`, "smaller than claimed" under Holm, "equivalent within ±0.010", the
-epoch-sensitive flag, the NaN refusal, the model-bound wording, the `whitening_why` families on a
-synthetic JSONL, and the forest plot."""
+"""The rule's words beyond confirmed and reversed (experiments/report/rule.py and its helpers,
+added by issues 47 and 48): the pooled test paired by seed against an exact enumeration written
+here and SciPy's `permutation_test`, "smaller than claimed" under Holm, "equivalent within
+±0.010", the epoch-sensitive flag, the NaN refusal, the model-bound wording, the
+`whitening_why` families on a synthetic JSONL, and the forest plot."""
 
 import itertools
 import json
