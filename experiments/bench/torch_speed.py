@@ -7,6 +7,8 @@ encoder variant: prints figures; not a test.
                                                           # smoke test
     python -m experiments.bench.torch_speed --variant modernbert-base@8 --layers 11 \
         --rounds 3 [--remat]                              # the depth sweep of benchmarks.md
+    python -m experiments.bench.torch_speed --variant minilm-l6 --profile 3
+                                                          # where each side's step goes
 
 Each variant's classifier is built by isojax from `models.VARIANTS` (random weights, seed 0),
 exported with `export_pretrained` and loaded by transformers' `<Family>ForSequenceClassification`
@@ -26,8 +28,10 @@ about a quarter padding (lengths uniform in [length/2, length]).
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -37,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments.bench import train_speed
 from isojax import linen, models
 
 LR, WEIGHT_DECAY = 2e-5, 0.01
@@ -97,6 +102,60 @@ def rows(args, vocab: int):
     return ids, mask, rng.integers(0, 2, args.batch)
 
 
+def torch_kind(name: str) -> str:
+    """The kind of an aten op, in `train_speed.op_kind`'s words where one applies."""
+    for kind, pattern in (
+        ("matmul", r"addmm|::mm$|bmm|matmul|linear|scaled_dot|flash|efficient"),
+        ("LayerNorm", r"layer_norm"),
+        ("dropout (bits and mask)", r"dropout|bernoulli"),
+        ("softmax and mask", r"softmax"),
+        ("GELU", r"gelu"),
+        ("optimizer", r"_foreach|adam|lerp|addcdiv|addcmul|sqrt"),
+        ("transpose/copy", r"copy|contiguous|transpose|permute|clone"),
+    ):
+        if re.search(pattern, name):
+            return kind
+    return "other"
+
+
+def profile_sides(isojax_step, torch_step, compiled_text: str, steps: int) -> dict:
+    """`{side: {kind: ms per step}}` of `steps` traced steps of each side."""
+    import glob
+    import gzip
+    import json
+
+    import torch.profiler
+
+    op_names = dict(re.findall(r"%([\w.\-]+) = [^\n]*?op_name=\"([^\"]*)\"", compiled_text))
+    thunks = collections.defaultdict(list)
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder):
+            for _ in range(steps):
+                isojax_step()
+        (path,) = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
+        with gzip.open(path) as f:
+            for e in json.load(f)["traceEvents"]:
+                if e.get("ph") == "X" and e.get("name") in op_names:
+                    thunks[e["name"]].append(e["dur"] / 1e3)
+    sides = {"isojax": collections.defaultdict(float), "pytorch": collections.defaultdict(float)}
+    for name, durations in thunks.items():
+        sides["isojax"][" ".join(train_speed.op_kind(op_names[name]))] += min(durations)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            torch_step()
+    for row in prof.key_averages():
+        sides["pytorch"][torch_kind(row.key)] += row.self_cpu_time_total / 1e3 / steps
+    return sides
+
+
+def print_profile(where: str, sides: dict) -> None:
+    for side, kinds in sides.items():
+        total = sum(kinds.values())
+        print(f"{where} {side}: {total:.0f} ms a step over the ops profiled")
+        for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+            print(f"    {kind:44s} {ms:8.1f} ms {100 * ms / total:5.1f} %")
+
+
 def bench_variant(variant: str, args) -> None:
     """Builds both sides of `variant`, times interleaved rounds, prints one line per figure."""
     import torch
@@ -134,14 +193,18 @@ def bench_variant(variant: str, args) -> None:
     arms = {"isojax": isojax_step, "pytorch": torch_step}
     for run in arms.values():  # compile and warm
         run()
+    depth = f", {cfg.num_layers} layers" + (", remat" if args.remat else "")
+    where = f"{variant} {args.batch}x{args.length} float32{depth}, {args.threads} threads"
+    if args.profile:
+        text = step.lower(*state[:2], j_ids, j_mask, j_labels, state[2]).compile().as_text()
+        print_profile(where, profile_sides(isojax_step, torch_step, text, args.profile))
+        return
     order, times = random.Random(0), {name: [] for name in arms}
     for _ in range(args.rounds):
         for name in order.sample(list(arms), len(arms)):
             start = time.perf_counter()
             arms[name]()
             times[name].append(time.perf_counter() - start)
-    depth = f", {cfg.num_layers} layers" + (", remat" if args.remat else "")
-    where = f"{variant} {args.batch}x{args.length} float32{depth}, {args.threads} threads"
     for name, seconds in times.items():
         print(f"{where} {name}: {statistics.median(seconds) * 1e3:.1f} ms/step (median)")
     ratios = [j / p for j, p in zip(times["isojax"], times["pytorch"], strict=True)]
@@ -165,6 +228,9 @@ def main(argv=None) -> None:
     parser.add_argument("--layers", type=int, help="keep the variant's first N layers")
     parser.add_argument(
         "--remat", action="store_true", help="isojax rematerialises each layer (nn.remat)"
+    )
+    parser.add_argument(
+        "--profile", type=int, default=0, help="trace this many steps of each side, no rounds"
     )
     args = parser.parse_args(argv)
     for spec in args.variant or ["minilm-l6", "modernbert-base@8"]:
