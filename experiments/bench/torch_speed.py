@@ -120,26 +120,11 @@ def torch_kind(name: str) -> str:
 
 def profile_sides(isojax_step, torch_step, compiled_text: str, steps: int) -> dict:
     """`{side: {kind: ms per step}}` of `steps` traced steps of each side."""
-    import glob
-    import gzip
-    import json
-
     import torch.profiler
 
-    op_names = dict(re.findall(r"%([\w.\-]+) = [^\n]*?op_name=\"([^\"]*)\"", compiled_text))
-    thunks = collections.defaultdict(list)
-    with tempfile.TemporaryDirectory() as folder:
-        with jax.profiler.trace(folder):
-            for _ in range(steps):
-                isojax_step()
-        (path,) = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
-        with gzip.open(path) as f:
-            for e in json.load(f)["traceEvents"]:
-                if e.get("ph") == "X" and e.get("name") in op_names:
-                    thunks[e["name"]].append(e["dur"] / 1e3)
-    sides = {"isojax": collections.defaultdict(float), "pytorch": collections.defaultdict(float)}
-    for name, durations in thunks.items():
-        sides["isojax"][" ".join(train_speed.op_kind(op_names[name]))] += min(durations)
+    kinds, _ = train_speed.traced_kinds(compiled_text, isojax_step, steps)
+    sides = {"isojax": {" ".join(kind): ms for kind, ms in kinds.items()}}
+    sides["pytorch"] = collections.defaultdict(float)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             torch_step()

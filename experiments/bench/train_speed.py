@@ -289,31 +289,37 @@ def op_kind(op_name: str) -> tuple[str, str]:
     return direction, kind
 
 
+def traced_kinds(compiled_text: str, run, steps: int, module: str | None = None) -> dict:
+    """`({(pass, kind): ms of one step}, [run()'s results])`: `run()` called `steps` times
+    under `jax.profiler`, each XLA thunk of the compiled program (`compiled_text`; of HLO
+    module `module` if given) timed at its minimum over the steps, summed by `op_kind`."""
+    op_names = dict(
+        re.findall(r"%([\w.\-]+) = [^\n]*?metadata=\{op_name=\"([^\"]*)\"", compiled_text)
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder):
+            results = [run() for _ in range(steps)]
+        (path,) = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
+        with gzip.open(path) as f:
+            events = json.load(f)["traceEvents"]
+    per_thunk = collections.defaultdict(list)
+    for e in events:
+        in_module = module is None or e.get("args", {}).get("hlo_module") == module
+        if e.get("ph") == "X" and in_module and e.get("name") in op_names:
+            per_thunk[e["name"]].append(e["dur"] / 1e3)
+    kinds = collections.defaultdict(float)
+    for name, durations in per_thunk.items():
+        kinds[op_kind(op_names[name])] += min(durations)
+    return kinds, results
+
+
 def profile(args, steps: int) -> None:
     """Traces `steps` plain isojax steps; prints the per-pass, per-kind time breakdown."""
     stepper = IsojaxStepper(args, "none")
     stepper()  # compile
     batch = distributed.global_batch(stepper.host_batch, stepper.run.mesh)
     compiled = stepper.run.train_fn.lower(stepper.state, batch).compile()
-    op_names = dict(
-        re.findall(r"%([\w.\-]+) = [^\n]*?metadata=\{op_name=\"([^\"]*)\"", compiled.as_text())
-    )
-    walls = []
-    with tempfile.TemporaryDirectory() as folder:
-        with jax.profiler.trace(folder):
-            for _ in range(steps):
-                walls.append(stepper())
-        (path,) = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
-        with gzip.open(path) as f:
-            events = json.load(f)["traceEvents"]
-    per_thunk = collections.defaultdict(list)
-    for e in events:
-        if e.get("ph") == "X" and e.get("args", {}).get("hlo_module") == "jit_train_step":
-            if e["name"] in op_names:
-                per_thunk[e["name"]].append(e["dur"] / 1e3)
-    kinds = collections.defaultdict(float)
-    for name, durations in per_thunk.items():
-        kinds[op_kind(op_names[name])] += min(durations)
+    kinds, walls = traced_kinds(compiled.as_text(), stepper, steps, module="jit_train_step")
     total = sum(kinds.values())
     log(
         f"profile: {steps} steps at {args.batch} x {args.length}, wall "
