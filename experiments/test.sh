@@ -24,6 +24,10 @@ if [[ -d "$ISOJAX_TEST_JAX_CACHE" ]] && (( $(du -sm "$ISOJAX_TEST_JAX_CACHE" | c
     rm -rf "$ISOJAX_TEST_JAX_CACHE"
 fi
 mkdir -p "$ISOJAX_TEST_JAX_CACHE"
+# Python's bytecode, and pytest's assert-rewritten test modules, are written (to the ignored
+# __pycache__ folders) even where the shell sets PYTHONDONTWRITEBYTECODE: without them every
+# worker, and every child a test starts, compiles isojax and rewrites ~120 test files again.
+unset PYTHONDONTWRITEBYTECODE
 # One pytest process per core, at most 4 (ISOJAX_TEST_WORKERS to choose; 0 runs in this process);
 # each test file stays in one process, so a file's module-scoped fixtures are built once. The
 # files go to the workers in the collection's order, which tests/conftest.py makes the longest
