@@ -332,7 +332,8 @@ def test_frozen_dict_kwargs_reach_normalizer():
 
 def test_gelu_exact_matches_float64_erf_formula_and_gradient():
     """The encoder's "gelu" (torch's 0.5 x (1 + erf(x / sqrt 2)) form, issue 13) against a
-    float64 reference, values and derivative Phi(x) + x phi(x)."""
+    float64 reference, values, derivative Phi(x) + x phi(x), its own derivative, and the
+    derivative's dtype in bfloat16."""
     import scipy.special
 
     x = np.linspace(-12.0, 12.0, 4001)
@@ -344,6 +345,13 @@ def test_gelu_exact_matches_float64_erf_formula_and_gradient():
         -0.5 * x**2
     ) / np.sqrt(2.0 * np.pi)
     np.testing.assert_allclose(grad, ref_grad, rtol=1e-5, atol=1e-6)
+    # The second derivative, (2 - x^2) phi(x).
+    second = jax.vmap(jax.grad(jax.grad(gelu)))(jnp.asarray(x, jnp.float32))
+    ref_second = (2.0 - x**2) * np.exp(-0.5 * x**2) / np.sqrt(2.0 * np.pi)
+    np.testing.assert_allclose(second, ref_second, rtol=1e-5, atol=1e-6)
+    half = jax.grad(lambda v: jnp.sum(gelu(v)))(jnp.asarray(x, jnp.bfloat16))
+    assert half.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(half, np.float64), ref_grad, rtol=2e-2, atol=2e-2)
     torch_gelu = torch.nn.functional.gelu(torch.tensor(x, dtype=torch.float32)).numpy()
     np.testing.assert_allclose(gelu(jnp.asarray(x, jnp.float32)), torch_gelu, atol=1e-6)
 
