@@ -10,10 +10,13 @@ mid-epoch (a second signal during that save), at an epoch's last step before its
 (the audit's finding 6), during the epoch-end checkpoint write that follows the resumed
 evaluation (held probes 11 and 12, /work/shared/AUDIT.md) and killed hard: each epoch is
 logged once; the NNX run is `whiten` (its running mean, covariance and counters) on one
-device, where the property is the resume, not the sharding."""
+device and in the test process, where the property is the resume, not the sharding or the
+process."""
 
 import json
+import os
 import pathlib
+import signal
 import subprocess
 
 import jax
@@ -23,9 +26,9 @@ import pytest
 from children import finetune_argv, finish, start_child
 from helpers import dev_lines
 
-from isojax import cli
+from isojax import cli, logs
 from isojax.cli import finetune
-from isojax.training import distributed, loop, stops, throughput
+from isojax.training import checkpointing, distributed, loop, reporting, stops, throughput
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +57,8 @@ def _argv(workdir, glue_dir, minilm_dir, *flags: str, normalizer: str = "isobn")
 
 
 def _reference(argv: list, devices: int) -> None:
-    """The uninterrupted run of `argv` in this process, on its first `devices`: the programs
+    """The run of `argv` (the uninterrupted one; the NNX test's stops too) in this process,
+    on its first `devices`: the programs
     of a child on as many devices, the same numbers bit for bit, without a child's start (its
     imports, the tokenizer, the model's build: a few seconds of CPU)."""
     args = cli.build_parser().parse_args(argv)
@@ -158,23 +162,52 @@ def test_sigterm_in_the_c0_passes_mid_epoch_at_an_epochs_end_and_in_a_save_resum
     assert want["stabilizer"]  # the C0 pass's state, compared too
 
 
+def _signals_in_this_process(monkeypatch) -> None:
+    """`_MID_EPOCH`'s hooks (`children.CHILD`'s) in this process: SIGTERM to itself right
+    after step 3, SIGINT while the save of step 3 in checkpoints/ runs; `stops.Watch` owns both
+    signals while the run runs, and puts the test process's handlers back after it."""
+    log_train, save = reporting.RunLog.train, checkpointing.Checkpointer.save
+
+    def train(self, step, epoch, means):
+        log_train(self, step, epoch, means)
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def signal_in_save(self, step, *args, **kwargs):
+        if step == 3 and self.directory.name == "checkpoints":
+            os.kill(os.getpid(), signal.SIGINT)
+        save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(reporting.RunLog, "train", train)
+    monkeypatch.setattr(checkpointing.Checkpointer, "save", signal_in_save)
+
+
 def test_sigterm_saves_that_step_and_the_restart_ends_identical_for_nnx(
-    tmp_path, glue_dir, minilm_dir
+    tmp_path, glue_dir, minilm_dir, monkeypatch, capsys
 ):
     """The NNX twin (`--front-end nnx`) with `whiten` (its running mean, covariance and
     counters; no stabiliser), on one device: SIGTERM after step 3, SIGINT again while saving;
     the restart ends with the uninterrupted run's state, results.json and metrics.jsonl, bit
-    for bit."""
+    for bit. All in this process (`_reference`'s call): the property is the NNX state's save and
+    resume; a child's exit status 75, its signals and its hard kill are the linen chain's."""
     full, cut = tmp_path / "full", tmp_path / "cut"
     argv = [
         _argv(w, glue_dir, minilm_dir, "--front-end", "nnx", normalizer="whiten")
         for w in (full, cut)
     ]
-    stopping = start_child(tmp_path, argv[1], _MID_EPOCH)
     _reference(argv[0], 1)
-    _stopped_mid_epoch(finish(stopping), cut, None)
+    handlers = [signal.getsignal(s) for s in stops.SIGNALS]
+    logs.install_log_handler()  # the library's lines on stderr, as `isojax finetune` shows them
+    with monkeypatch.context() as patched:
+        _signals_in_this_process(patched)
+        capsys.readouterr()
+        with pytest.raises(stops.Preempted) as stop:
+            _reference(argv[1], 1)  # the same call, on one device: the child's programs
+    assert stop.value.code == stops.EXIT_PREEMPTED
+    done = subprocess.CompletedProcess(argv[1], stop.value.code, "", capsys.readouterr().err)
+    _stopped_mid_epoch(done, cut, None)
     assert _steps(cut) == [3]
-    resumed = finish(start_child(tmp_path, argv[1]))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "at step 3 (epoch 0, batch 3)" in resumed.stderr
+    assert [signal.getsignal(s) for s in stops.SIGNALS] == handlers  # the test process's again
+    _reference(argv[1], 1)
+    assert "at step 3 (epoch 0, batch 3)" in capsys.readouterr().err
     assert not _assert_same_end(full, cut).get("stabilizer")
