@@ -11,7 +11,7 @@ mid-epoch (a second signal during that save), at an epoch's last step before its
 evaluation (held probes 11 and 12, /work/shared/AUDIT.md) and killed hard: each epoch is
 logged once; the NNX run is `whiten` (its running mean, covariance and counters) on one
 device and in the test process, where the property is the resume, not the sharding or the
-process."""
+process (the linen chain's three stops of the loop's position run there too)."""
 
 import json
 import os
@@ -121,7 +121,7 @@ def _stopped_mid_epoch(done, cut: pathlib.Path, resumed_at: str | None) -> None:
 
 
 def test_sigterm_in_the_c0_passes_mid_epoch_at_an_epochs_end_and_in_a_save_resumes_identical(
-    tmp_path, glue_dir, minilm_dir
+    tmp_path, glue_dir, minilm_dir, capsys
 ):
     """The linen classifier with IsoBN and I-STAR's explicit C0 pass (two kinds of running
     state: batch_stats and the stabiliser's C0, issue 50), sharded over 2 devices. Stopped in
@@ -141,13 +141,15 @@ def test_sigterm_in_the_c0_passes_mid_epoch_at_an_epochs_end_and_in_a_save_resum
     stopped = finish(start_child(tmp_path, argv[1], _MID_EPOCH, devices=SHARDED))
     _stopped_mid_epoch(stopped, cut, "1 (epoch 0, batch 1)")
     assert _steps(cut) == [1, 3]
-    stopped = _stopped(tmp_path, argv[1], {"signal_after_step": [6, "SIGTERM"]}, 6, SHARDED)
+    # The three stops of the loop's position (finding 6, probes 12 and 11) in this process:
+    # a child's exit status, its signals and a fresh interpreter's resume are the others'.
+    stopped = _stopped_here(argv[1], {"signal_after_step": [6, "SIGTERM"]}, 6, SHARDED, capsys)
     assert "at step 3 (epoch 0, batch 3)" in stopped.stderr
     assert not (cut / "metrics.jsonl").exists() or dev_lines(cut) == []  # not evaluated
-    stopped = _stopped(tmp_path, argv[1], {"signal_in_save": [6, "SIGTERM"]}, 6, SHARDED)
+    stopped = _stopped_here(argv[1], {"signal_in_save": [6, "SIGTERM"]}, 6, SHARDED, capsys)
     assert "at step 6 (epoch 0, batch 6)" in stopped.stderr
     assert dev_lines(cut) == [(6, 1)]  # evaluated before the save it stopped in
-    stopped = _stopped(tmp_path, argv[1], {"signal_in_c0": "SIGTERM"}, 7, SHARDED)
+    stopped = _stopped_here(argv[1], {"signal_in_c0": "SIGTERM"}, 7, SHARDED, capsys)
     assert "at step 6 (epoch 1, batch 0)" in stopped.stderr
     assert dev_lines(cut) == [(6, 1)]  # the checkpoint says evaluated: not again
     killed = finish(start_child(tmp_path, argv[1], {"exit_after_step": 8}, devices=SHARDED))
@@ -162,28 +164,59 @@ def test_sigterm_in_the_c0_passes_mid_epoch_at_an_epochs_end_and_in_a_save_resum
     assert want["stabilizer"]  # the C0 pass's state, compared too
 
 
-def _signals_in_this_process(monkeypatch) -> None:
-    """`_MID_EPOCH`'s hooks (`children.CHILD`'s) in this process: SIGTERM to itself right
-    after step 3, SIGINT while the save of step 3 in checkpoints/ runs; `stops.Watch` owns both
-    signals while the run runs, and puts the test process's handlers back after it."""
-    log_train, save = reporting.RunLog.train, checkpointing.Checkpointer.save
+def _signals_in_this_process(monkeypatch, hooks: dict) -> None:
+    """`children.CHILD`'s `signal_after_step`, `signal_in_save` and `signal_in_c0` hooks in
+    this process: the signal sent to itself there (the C0 pass's, once); `stops.Watch` owns
+    SIGTERM and SIGINT while the run runs, and puts the test process's handlers back after."""
+    log_train, save, c0_pass = reporting.RunLog.train, checkpointing.Checkpointer.save, loop.c0_pass
+    after, in_save = hooks.get("signal_after_step", [None]), hooks.get("signal_in_save", [None])
+    sent = []
+
+    def send(name):
+        sent.append(name)
+        os.kill(os.getpid(), getattr(signal, name))
 
     def train(self, step, epoch, means):
         log_train(self, step, epoch, means)
-        if step == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if step == after[0]:
+            send(after[1])
 
     def signal_in_save(self, step, *args, **kwargs):
-        if step == 3 and self.directory.name == "checkpoints":
-            os.kill(os.getpid(), signal.SIGINT)
+        if step == in_save[0] and self.directory.name == "checkpoints" and "save" not in sent:
+            sent.append("save")
+            send(in_save[1])
         save(self, step, *args, **kwargs)
+
+    def signal_in_c0(*args, **kwargs):
+        if "c0" not in sent:
+            sent.append("c0")
+            send(hooks["signal_in_c0"])
+        return c0_pass(*args, **kwargs)
 
     monkeypatch.setattr(reporting.RunLog, "train", train)
     monkeypatch.setattr(checkpointing.Checkpointer, "save", signal_in_save)
+    if "signal_in_c0" in hooks:
+        monkeypatch.setattr(loop, "c0_pass", signal_in_c0)
+
+
+def _stopped_here(argv, hooks: dict, step: int, devices: int, capsys):
+    """`_stopped` in this process (`_reference`'s call, the child's programs on as many
+    devices): `stops.Preempted` (exit status 75), `step` saved; the test process's signal
+    handlers back after it. Returns what it wrote on stderr, as a completed process."""
+    handlers = [signal.getsignal(s) for s in stops.SIGNALS]
+    logs.install_log_handler()  # the library's lines on stderr, as `isojax finetune` shows them
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patched:
+        _signals_in_this_process(patched, hooks)
+        with pytest.raises(stops.Preempted) as stop:
+            _reference(argv, devices)
+    assert [signal.getsignal(s) for s in stops.SIGNALS] == handlers
+    done = subprocess.CompletedProcess(argv, stop.value.code, "", capsys.readouterr().err)
+    return _preempted(done, pathlib.Path(argv[argv.index("--workdir") + 1]), step)
 
 
 def test_sigterm_saves_that_step_and_the_restart_ends_identical_for_nnx(
-    tmp_path, glue_dir, minilm_dir, monkeypatch, capsys
+    tmp_path, glue_dir, minilm_dir, capsys
 ):
     """The NNX twin (`--front-end nnx`) with `whiten` (its running mean, covariance and
     counters; no stabiliser), on one device: SIGTERM after step 3, SIGINT again while saving;
@@ -196,18 +229,8 @@ def test_sigterm_saves_that_step_and_the_restart_ends_identical_for_nnx(
         for w in (full, cut)
     ]
     _reference(argv[0], 1)
-    handlers = [signal.getsignal(s) for s in stops.SIGNALS]
-    logs.install_log_handler()  # the library's lines on stderr, as `isojax finetune` shows them
-    with monkeypatch.context() as patched:
-        _signals_in_this_process(patched)
-        capsys.readouterr()
-        with pytest.raises(stops.Preempted) as stop:
-            _reference(argv[1], 1)  # the same call, on one device: the child's programs
-    assert stop.value.code == stops.EXIT_PREEMPTED
-    done = subprocess.CompletedProcess(argv[1], stop.value.code, "", capsys.readouterr().err)
-    _stopped_mid_epoch(done, cut, None)
+    _stopped_mid_epoch(_stopped_here(argv[1], _MID_EPOCH, 3, 1, capsys), cut, None)
     assert _steps(cut) == [3]
-    assert [signal.getsignal(s) for s in stops.SIGNALS] == handlers  # the test process's again
     _reference(argv[1], 1)
     assert "at step 3 (epoch 0, batch 3)" in capsys.readouterr().err
     assert not _assert_same_end(full, cut).get("stabilizer")
