@@ -4,8 +4,6 @@ rounding): packed for BERT and ALBERT, padded for BERT (tiny random configs); th
 uses it exactly when no token penalty reads the tokens.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,31 +19,22 @@ from isojax.training import specs
 def loss_and_grads(head, variables, batch, *, cls_only, dropout_key=None):
     """`(loss, logits, batch_stats update, hidden_states), grads`; a smooth loss of every logit of
     the real examples, so that every logit's error reaches the gradients."""
-    step = _jitted_loss_and_grads(head, cls_only, dropout_key is not None)
-    return step(variables, batch, dropout_key)
 
-
-@functools.cache
-def _jitted_loss_and_grads(head, cls_only, train):
-    """One jitted function per (head, cls_only, train), so a program another test already
-    traced (the same head, batch shapes and mode) is reused, not traced again."""
-
-    def loss_fn(params, variables, batch, dropout_key):
+    def loss_fn(params):
         (logits, out), updates = head.apply(
             {**variables, "params": params},
             **transformer.model_inputs(batch),
-            deterministic=not train,
+            deterministic=dropout_key is None,
             use_running_average=False,
             example_mask=batch["example_mask"],
             mutable=["batch_stats"],
             cls_only=cls_only,
-            rngs={"dropout": dropout_key} if train else {},
+            rngs={} if dropout_key is None else {"dropout": dropout_key},
         )
         loss = jnp.sum(jnp.sin(logits) * batch["example_mask"][:, None])
         return loss, (logits, updates, out["encoder"].hidden_states)
 
-    grad = jax.value_and_grad(loss_fn, has_aux=True)
-    return jax.jit(lambda variables, batch, key: grad(variables["params"], variables, batch, key))
+    return jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(variables["params"])
 
 
 def assert_close_to_scale(actual, expected, rel=2e-6):
@@ -90,7 +79,7 @@ def test_cls_only_equals_the_full_last_layer(family, layout):
 def test_cls_only_in_train_mode_with_remat():
     """Dropout draws the same masks with and without remat, so the two agree; and the result
     differs from eval mode (dropout is on in the last layer too)."""
-    cfg, head, variables = shared_head("bert", "isobn")  # the parity test's head, built once
+    cfg, head, variables = shared_head("bert", "batchnorm")
     remat_head = head.clone(encoder=linen.Encoder(cfg, remat=True), dropout_rate=0.1)
     head = head.clone(dropout_rate=0.1)
     _, packed = both_layouts(cfg, LENGTHS)
@@ -121,7 +110,7 @@ class EveryTokenEncoder(linen.Encoder):
 
 
 def test_an_encoder_without_the_option_computes_every_token():
-    cfg, head, variables = shared_head("bert", "isobn")  # its full pass: the parity test's
+    cfg, head, variables = shared_head("bert", "none")
     custom = head.clone(encoder=EveryTokenEncoder(cfg))
     _, packed = both_layouts(cfg, LENGTHS)
     (_, (logits, _, hidden)), _ = loss_and_grads(custom, variables, packed, cls_only=True)

@@ -29,24 +29,12 @@ def rte_pairs(glue_dir, n=12):
     return [tuple(line.split("\t")[1:3]) for line in lines]
 
 
-def jitted_init(init, module, key):
-    """`init(module, key)` as one program, not every operation of its forward pass on its own."""
-    return jax.jit(functools.partial(init, module))(key)
-
-
 @pytest.fixture(scope="module")
 def minilm():
     return linen.load_pretrained(MINILM)
 
 
-@pytest.fixture(scope="module")
-def minilm_torch(minilm_dir):
-    """transformers' BertModel of the MiniLM folder (eager attention, eval mode), read once for
-    the module's two tests; neither changes it."""
-    return transformers.BertModel.from_pretrained(minilm_dir, attn_implementation="eager").eval()
-
-
-def test_minilm_by_name_matches_transformers_on_rte(minilm, minilm_torch, minilm_dir, glue_dir):
+def test_minilm_by_name_matches_transformers_on_rte(minilm, minilm_dir, glue_dir):
     assert minilm.config == config_lib.EncoderConfig.from_hf(
         json.loads((minilm_dir / "config.json").read_text())
     )
@@ -62,8 +50,9 @@ def test_minilm_by_name_matches_transformers_on_rte(minilm, minilm_torch, minilm
     out = jax.jit(minilm.module.apply)(
         {"params": minilm.params}, enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]
     )
+    reference = transformers.BertModel.from_pretrained(minilm_dir, attn_implementation="eager")
     with torch.no_grad():
-        ref = minilm_torch(
+        ref = reference.eval()(
             **{k: torch.tensor(v) for k, v in enc.items()}, output_hidden_states=True
         )
     assert len(out.hidden_states) == 6
@@ -72,14 +61,14 @@ def test_minilm_by_name_matches_transformers_on_rte(minilm, minilm_torch, minilm
     np.testing.assert_allclose(out.pooled, ref.pooler_output.numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_minilm_export_round_trip_is_exact(minilm, minilm_torch, tmp_path):
+def test_minilm_export_round_trip_is_exact(minilm, minilm_dir, tmp_path):
     """load -> export -> transformers' BertModel: the same weights bit for bit, same outputs,
     and the exported tokenizer encodes as the original."""
     folder = linen.export_pretrained(
         tmp_path / "minilm", minilm.module, minilm.params, tokenizer=minilm.tokenizer
     )
-    original = minilm_torch  # eager attention: the exported model is read the same way
-    exported = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+    original = transformers.BertModel.from_pretrained(minilm_dir).eval()
+    exported = transformers.BertModel.from_pretrained(folder).eval()
     theirs, ours = original.state_dict(), exported.state_dict()
     assert theirs.keys() == ours.keys()
     for key in theirs:
@@ -100,7 +89,7 @@ def test_minilm_export_round_trip_is_exact(minilm, minilm_torch, tmp_path):
 def test_random_encoder_export_loads_in_transformers(family, tmp_path):
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
     encoder = linen.Encoder(cfg)
-    params = jitted_init(linen.init_params, encoder, jax.random.key(3))
+    params = linen.init_params(encoder, jax.random.key(3))
     params = jax.tree.map(  # move LayerNorms off 1/0 so a scale/bias swap would show
         lambda x: x + 0.1 * jax.random.normal(jax.random.key(4), x.shape), params
     )
@@ -135,7 +124,7 @@ def test_fine_tuned_classifier_served_by_transformers(family, normalizer, tmp_pa
     head = linen.SequenceClassifier(
         linen.Encoder(cfg), num_labels=num_labels, normalizer=normalizer
     )
-    variables = jitted_init(linen.init_variables, head, jax.random.key(0))
+    variables = linen.init_variables(head, jax.random.key(0))
     ids, mask, types = batch(cfg)
     # Two training-mode batches so the running statistics are not at their initial values
     # (jitted: one program each instead of every operation dispatched on its own).
@@ -179,7 +168,7 @@ def test_unservable_heads_export_their_encoder_and_say_so(
     head = linen.SequenceClassifier(
         linen.Encoder(cfg), num_labels=2, normalizer=normalizer, sentence=sentence
     )
-    variables = jitted_init(linen.init_variables, head, jax.random.key(0))
+    variables = linen.init_variables(head, jax.random.key(0))
     assert re.search(reason, linen.pretrained.encoder_only_reason(head, variables))
     with caplog.at_level(logging.WARNING, "isojax"):
         folder = linen.export_pretrained(tmp_path / "enc", head, variables)
@@ -198,7 +187,7 @@ def test_unservable_heads_export_their_encoder_and_say_so(
             token_type_ids=torch.tensor(types),
         ).last_hidden_state.numpy()
     encoder = linen.Encoder(cfg)
-    out = jax.jit(encoder.apply)({"params": variables["params"]["encoder"]}, ids, mask, types)
+    out = encoder.apply({"params": variables["params"]["encoder"]}, ids, mask, types)
     np.testing.assert_allclose(out.hidden_states[-1], ref, rtol=1e-5, atol=1e-5)
     loaded = linen.load_pretrained(folder)
     assert loaded.report.missing == () and loaded.report.unexpected == ()
@@ -211,7 +200,7 @@ def test_unservable_heads_export_their_encoder_and_say_so(
 def _tiny_params(family):
     """The tiny encoder's random parameters, initialised once for the module's folders."""
     cfg = config_lib.EncoderConfig.from_hf(TINY_HF[family])
-    return cfg, jitted_init(linen.init_params, linen.Encoder(cfg), jax.random.key(0))
+    return cfg, linen.init_params(linen.Encoder(cfg), jax.random.key(0))
 
 
 def _tiny_folder(tmp_path, family="bert"):
