@@ -10,6 +10,16 @@ import pytest
 
 from isojax.core import geometry, stats
 
+# The measures run jitted, one program a shape (from the session's compile cache): called
+# eagerly, each dispatched some hundred small ops compiled one by one, most of this file's
+# seconds. The same jnp code either way.
+effective_rank = jax.jit(geometry.effective_rank)
+rankme = jax.jit(geometry.rankme)
+outlier_dimensions = jax.jit(geometry.outlier_dimensions)
+geometry_from_moments = jax.jit(geometry.geometry_from_moments)
+moments_update = jax.jit(stats.moments_update)
+fit_threshold = jax.jit(geometry.fit_threshold, static_argnums=2)
+
 
 def erank_reference(x: np.ndarray) -> float:
     """Roy & Vetterli 2007 on the centred rows, float64."""
@@ -44,9 +54,9 @@ def test_vector_forms_match_float64(n, d):
     """Effective rank and RankMe within 1e-5 of float64 NumPy (n < d included); the outlier
     count and principal outlier exactly, its share within 1e-5."""
     x = cloud(n, d, seed=n + d, outliers=(3, 5))
-    np.testing.assert_allclose(geometry.effective_rank(x), erank_reference(x), rtol=1e-5)
-    np.testing.assert_allclose(geometry.rankme(x), rankme_reference(x), rtol=1e-5)
-    got = geometry.outlier_dimensions(x)
+    np.testing.assert_allclose(effective_rank(x), erank_reference(x), rtol=1e-5)
+    np.testing.assert_allclose(rankme(x), rankme_reference(x), rtol=1e-5)
+    got = outlier_dimensions(x)
     count, principal, share = outliers_reference(x)
     assert (int(got.count), int(got.principal)) == (count, principal)
     assert principal in (3, 5) and count >= (1 if d > 8 else 0)
@@ -67,8 +77,8 @@ def streamed(x: np.ndarray, mask: np.ndarray | None = None, chunks: int = 3):
     state = stats.moments_init(x.shape[1])
     w = np.ones(len(x)) if mask is None else mask
     for xs, ws in zip(np.array_split(x, chunks), np.array_split(w, chunks), strict=True):
-        state = stats.moments_update(state, jnp.asarray(xs, jnp.float32), jnp.asarray(ws))
-    return geometry.geometry_from_moments(state)
+        state = moments_update(state, jnp.asarray(xs, jnp.float32), jnp.asarray(ws))
+    return geometry_from_moments(state)
 
 
 @pytest.mark.parametrize("n, d", [(300, 16), (50, 64)])
@@ -77,9 +87,9 @@ def test_moment_forms_equal_vector_forms(n, d):
     (the eigenvalues of a rank-deficient float32 covariance below d·eps·λ_max count as 0)."""
     x = cloud(n, d, seed=7 * n + d, outliers=(1, 2, 9))
     got = streamed(x)
-    np.testing.assert_allclose(got["erank"], geometry.effective_rank(x), rtol=2e-5)
+    np.testing.assert_allclose(got["erank"], effective_rank(x), rtol=2e-5)
     np.testing.assert_allclose(got["erank"], erank_reference(x), rtol=2e-5)
-    np.testing.assert_allclose(got["rankme"], geometry.rankme(x), rtol=2e-5)
+    np.testing.assert_allclose(got["rankme"], rankme(x), rtol=2e-5)
     np.testing.assert_allclose(got["rankme"], rankme_reference(x), rtol=2e-5)
     count, principal, share = outliers_reference(x)
     assert (int(got["outliers"]), int(got["principal_outlier"])) == (count, principal)
@@ -124,9 +134,9 @@ def test_moment_forms_keep_a_collapsed_spectrum(name):
     got = streamed(x32, chunks=4)
     reference = np.asarray(x32, np.float64)
     np.testing.assert_allclose(got["erank"], erank_reference(reference), rtol=1e-2)
-    np.testing.assert_allclose(got["erank"], geometry.effective_rank(x32), rtol=1e-2)
+    np.testing.assert_allclose(got["erank"], effective_rank(x32), rtol=1e-2)
     np.testing.assert_allclose(got["rankme"], rankme_reference(reference), rtol=1e-2)
-    np.testing.assert_allclose(got["rankme"], geometry.rankme(x32), rtol=1e-2)
+    np.testing.assert_allclose(got["rankme"], rankme(x32), rtol=1e-2)
 
 
 def test_masks_drop_rows():
@@ -139,9 +149,9 @@ def test_masks_drop_rows():
     dirty[0] = np.nan
     dirty[17] = 1e6
     kept = x[mask > 0]
-    np.testing.assert_allclose(geometry.effective_rank(dirty, mask), erank_reference(kept), 1e-5)
-    np.testing.assert_allclose(geometry.rankme(dirty, mask), rankme_reference(kept), rtol=1e-5)
-    got = geometry.outlier_dimensions(dirty, mask)
+    np.testing.assert_allclose(effective_rank(dirty, mask), erank_reference(kept), 1e-5)
+    np.testing.assert_allclose(rankme(dirty, mask), rankme_reference(kept), rtol=1e-5)
+    got = outlier_dimensions(dirty, mask)
     assert (int(got.count), int(got.principal)) == outliers_reference(kept)[:2]
     moments = streamed(dirty, mask)
     np.testing.assert_allclose(moments["erank"], erank_reference(kept), rtol=2e-5)
@@ -149,7 +159,7 @@ def test_masks_drop_rows():
     # A [batch, len, d] cloud with a [batch, len] mask: tokens, flattened.
     tokens = dirty.reshape(6, 10, 12)
     np.testing.assert_allclose(
-        geometry.effective_rank(tokens, mask.reshape(6, 10)), erank_reference(kept), rtol=1e-5
+        effective_rank(tokens, mask.reshape(6, 10)), erank_reference(kept), rtol=1e-5
     )
 
 
@@ -157,39 +167,38 @@ def test_bfloat16_in_float32_out():
     """bf16 vectors give float32 statistics, equal to those of the same values in float32."""
     x = jnp.asarray(cloud(64, 16, seed=2), jnp.bfloat16)
     x32 = np.asarray(x.astype(jnp.float32), np.float64)
-    pairs = ((geometry.effective_rank, erank_reference), (geometry.rankme, rankme_reference))
+    pairs = ((effective_rank, erank_reference), (rankme, rankme_reference))
     for fn, ref in pairs:
         got = fn(x)
         assert got.dtype == jnp.float32
         np.testing.assert_allclose(got, ref(x32), rtol=1e-5)
-    out = geometry.outlier_dimensions(x)
+    out = outlier_dimensions(x)
     assert out.share.dtype == jnp.float32 and out.count.dtype == jnp.int32
     assert (int(out.count), int(out.principal)) == outliers_reference(x32)[:2]
-    state = stats.moments_update(stats.moments_init(16), x, jnp.ones(64))
-    got = geometry.geometry_from_moments(state)
+    state = moments_update(stats.moments_init(16), x, jnp.ones(64))
+    got = geometry_from_moments(state)
     assert all(v.dtype in (jnp.float32, jnp.int32) for v in got.values())
 
 
 def test_degenerate_sets_are_zero_not_nan():
     zeros = np.zeros((10, 4))
     same = np.ones((10, 4))
-    assert float(geometry.effective_rank(zeros)) == 0 == float(geometry.effective_rank(same))
-    assert float(geometry.rankme(zeros)) == 0
-    out = geometry.outlier_dimensions(same)
+    assert float(effective_rank(zeros)) == 0 == float(effective_rank(same))
+    assert float(rankme(zeros)) == 0
+    out = outlier_dimensions(same)
     assert (int(out.count), float(out.share)) == (0, 0.0)
-    got = geometry.geometry_from_moments(stats.moments_init(4))
+    got = geometry_from_moments(stats.moments_init(4))
     assert all(float(v) == 0 for v in got.values())
-    # jit-able, one value
-    np.testing.assert_allclose(jax.jit(geometry.rankme)(same), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(rankme(same), 1.0, rtol=1e-5)  # one value
     # Audit 6, finding 10, as the module docstring now says: equal rows whose float32 mean is
     # not exact centre to rounding noise (effective rank about 1, not 0), and the moment
     # forms hold the scale down to about 1e-18 only (float32 M₂ underflows below).
     row = np.random.default_rng(0).normal(size=16).astype(np.float32)
-    assert 0.99 < float(geometry.effective_rank(np.tile(row, (10, 1)))) < 1.5
+    assert 0.99 < float(effective_rank(np.tile(row, (10, 1)))) < 1.5
     tiny = np.random.default_rng(1).normal(size=(100, 16)).astype(np.float32)
     for scale, ok in ((1e-15, True), (1e-20, False)):
         got = streamed(tiny * np.float32(scale))["erank"]
-        assert np.isclose(got, geometry.effective_rank(tiny), rtol=1e-3) == ok
+        assert np.isclose(got, effective_rank(tiny), rtol=1e-3) == ok
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +228,7 @@ def test_fit_threshold_is_the_brute_force_optimum(k, seed):
     y = rng.integers(0, k, 300)
     x = np.round(rng.normal(size=300) + 1.2 * y, 1).astype(np.float32)  # ties on purpose
     accuracy, (t, a, b) = brute_force_rule(x.astype(np.float64), y, k)
-    rule = geometry.fit_threshold(x, y, k)
+    rule = fit_threshold(x, y, k)
     np.testing.assert_allclose(rule.train_accuracy, accuracy, rtol=1e-6)
     assert (int(rule.below), int(rule.above)) == (a, b)
     np.testing.assert_allclose(rule.threshold, t, rtol=1e-6)
@@ -233,9 +242,9 @@ def test_fit_threshold_is_the_brute_force_optimum(k, seed):
 def test_fit_threshold_one_side_and_reversed():
     """A rule may put every value on one side (one class) or the larger class below."""
     x = np.array([0.0, 1.0, 2.0, 3.0])
-    rule = geometry.fit_threshold(x, np.array([1, 1, 0, 0]), 2)
+    rule = fit_threshold(x, np.array([1, 1, 0, 0]), 2)
     assert (int(rule.below), int(rule.above), float(rule.threshold)) == (1, 0, 1.5)
-    rule = geometry.fit_threshold(x, np.array([1, 1, 1, 1]), 2)
+    rule = fit_threshold(x, np.array([1, 1, 1, 1]), 2)
     assert float(rule.train_accuracy) == 1.0
     assert np.all(np.asarray(geometry.apply_threshold(rule, x)) == 1)
 

@@ -13,6 +13,11 @@ import scipy.linalg
 
 from isojax.core import iternorm, normalizers
 
+# Jitted once per module: called eagerly, T = 50 iterations dispatched hundreds of small ops,
+# each compiled on its own. The same jnp code either way.
+iterative_whitening = jax.jit(iternorm.iterative_whitening, static_argnums=1)
+batch_covariance = jax.jit(iternorm.batch_covariance, static_argnames=("group_size", "epsilon"))
+
 torch = pytest.importorskip("torch")
 
 
@@ -49,13 +54,13 @@ def data(n, d, seed=0, offset=2.0):
 
 def test_t0_is_a_scalar_normalisation_and_t50_is_the_inverse_square_root():
     x, mask = data(64, 12)
-    _, _, sigma = iternorm.batch_covariance(
+    _, _, sigma = batch_covariance(
         jnp.asarray(x, jnp.float32), jnp.asarray(mask), group_size=None, epsilon=1e-5
     )
     rows = x[mask > 0]
     want_sigma = 1e-5 * np.eye(12) + np.cov(rows, rowvar=False, bias=True)
     np.testing.assert_allclose(sigma[0], want_sigma, rtol=1e-5, atol=1e-6)
-    w0 = iternorm.iterative_whitening(sigma, 0)[0]
+    w0 = iterative_whitening(sigma, 0)[0]
     np.testing.assert_allclose(w0, np.eye(12) / np.sqrt(np.trace(want_sigma)), rtol=1e-6)
     # A well-conditioned Σ (eigenvalues in [0.75, 1.5]): 50 steps reach eigh's Σ^(-1/2). (The
     # uncoupled iteration is unstable at its fixed point for condition numbers above ~2.4:
@@ -65,10 +70,10 @@ def test_t0_is_a_scalar_normalisation_and_t50_is_the_inverse_square_root():
     well = (q * np.linspace(0.75, 1.5, 16)) @ q.T
     vals, vecs = np.linalg.eigh(well)
     want = (vecs / np.sqrt(vals)) @ vecs.T
-    got = np.asarray(iternorm.iterative_whitening(jnp.asarray(well, jnp.float32), 50), np.float64)
+    got = np.asarray(iterative_whitening(jnp.asarray(well, jnp.float32), 50), np.float64)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
     # T = 5 is a partial whitening on purpose: not yet Σ^(-1/2).
-    partial = np.asarray(iternorm.iterative_whitening(jnp.asarray(well, jnp.float32), 5))
+    partial = np.asarray(iterative_whitening(jnp.asarray(well, jnp.float32), 5))
     assert np.linalg.norm(partial - want) / np.linalg.norm(want) > 1e-3
 
 
@@ -194,7 +199,7 @@ def test_the_largest_accepted_iterations_keep_the_running_matrix_within_1e3():
         want = 0.5 * np.eye(d) + 0.5 * exact
         assert np.linalg.norm(running - want) / np.linalg.norm(want) < 1e-3, (n, d)
         sigma = jnp.asarray(1e-5 * np.eye(d) + xc.T @ xc / n, jnp.float32)
-        w = np.asarray(jax.jit(iternorm.iterative_whitening, static_argnums=1)(sigma[None], t)[0])
+        w = np.asarray(iterative_whitening(sigma[None], t)[0])
         w = w.astype(np.float64)
         assert np.linalg.norm(w - exact) / np.linalg.norm(exact) < 1e-3, (n, d)
     with pytest.raises(ValueError, match="iterations 7 > 6"):
@@ -273,8 +278,9 @@ def test_four_steps_equal_the_reference_and_its_backward_at_t5(n, d, group_size)
         np.testing.assert_allclose(state["mean"], mean, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(state["wmat"], wmat, rtol=1e-5, atol=1e-6)
     x = rng.normal(size=(n, d)) @ mix
-    y, _, _ = iternorm.iternorm(state, jnp.asarray(x, jnp.float32), None, train=False,
-                                update=False, momentum=0.1, **hp)  # fmt: skip
+    evaluate = jax.jit(functools.partial(iternorm.iternorm, mask=None, train=False,
+                                         update=False, momentum=0.1, **hp))  # fmt: skip
+    y, _, _ = evaluate(state, jnp.asarray(x, jnp.float32))
     want = (x - mean) @ scipy.linalg.block_diag(*wmat).T
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 

@@ -18,6 +18,18 @@ from isojax.linen import norms
 
 HP = normalizers.HPARAMS["whiten"]
 
+# The core functions run jitted, one program a shape (from the session's compile cache): called
+# eagerly, each dispatched dozens of small ops compiled one by one. The same jnp code either way.
+whitening_matrix = jax.jit(
+    whitening.whitening_matrix, static_argnames=("alpha", "epsilon", "group_size")
+)
+whiten_train = jax.jit(functools.partial(whitening.whiten, mask=None, update=True, **HP))
+apply_bert_whitening = jax.jit(posthoc.apply_bert_whitening)
+fit_abtt = jax.jit(posthoc.fit_abtt, static_argnames="num_directions")
+apply_abtt = jax.jit(posthoc.apply_abtt)
+fit_zca = jax.jit(posthoc.fit_zca)
+apply_zca = jax.jit(posthoc.apply_zca)
+
 
 def rel_err(got, want) -> float:
     """Relative Frobenius error of `got` against `want`, in float64."""
@@ -203,7 +215,7 @@ def collapsed_cov(d, seed=0):
                                                   (64, 0.1, 16), (8, 1.0, None)])  # fmt: skip
 def test_w_matches_float64_eigh_up_to_condition_d_over_alpha(d, alpha, group_size):
     cov = collapsed_cov(d)
-    w, tau = whitening.whitening_matrix(
+    w, tau = whitening_matrix(
         jnp.asarray(cov, jnp.float32), alpha=alpha, epsilon=1e-5, group_size=group_size
     )
     cov32 = np.asarray(jnp.asarray(cov, jnp.float32), np.float64)
@@ -270,7 +282,8 @@ def test_output_covariance_converges_to_tau_i_within_the_shrinkage_bias(alpha):
     for x in batches:
         _, state, _ = train(state, jnp.asarray(x, jnp.float32))
     x_eval = jnp.asarray(rng.normal(size=(20000, d)) @ mixing + 1.0, jnp.float32)
-    y, _, _ = whitening.whiten(state, x_eval, None, update=False, **hparams)
+    evaluate = jax.jit(functools.partial(whitening.whiten, mask=None, update=False, **hparams))
+    y, _, _ = evaluate(state, x_eval)
     out = np.cov(np.asarray(y, np.float64), rowvar=False)
     got = np.linalg.eigvalsh(out)
     # Noise: the eigenvalues of a 20000-row sample covariance spread by ~±2 sqrt(d / n) = ±4 %,
@@ -289,7 +302,7 @@ def test_gradient_flows_through_x_only():
     state = whitening.whiten_init(d)
     for x in data[:3]:
         ref.update(x)
-        _, state, _ = whitening.whiten(state, jnp.asarray(x, jnp.float32), None, update=True, **HP)
+        _, state, _ = whiten_train(state, jnp.asarray(x, jnp.float32))
     x0 = data[3]
 
     def loss(x):  # a training step: the statistics are updated from x itself
@@ -321,11 +334,12 @@ def test_gradient_flows_through_x_only():
 
 def test_non_finite_batch_is_skipped_and_counted_in_nnx():
     model = inx.Whiten(8, use_running_average=False)
+    step = nnx.jit(lambda m, x: m(x))  # one program for both batches, not op by op
     x, _ = stream(1, 16, 8)[0]
     x = jnp.asarray(x, jnp.float32)
-    model(x)
+    step(model, x)
     before = model.state_values()
-    y = model(x.at[2, 3].set(jnp.nan))
+    y = step(model, x.at[2, 3].set(jnp.nan))
     after = model.state_values()
     assert (int(after["count"]), int(after["skipped"])) == (1, 1)
     for key in ("mean", "cov"):
@@ -381,7 +395,7 @@ def abtt_ref(fit, x, num, center=True):
 def test_bert_whitening_matches_numpy(k):
     fit, x = fit_set()
     params = posthoc.fit_bert_whitening(jnp.asarray(fit, jnp.float32), k=k)
-    y = posthoc.apply_bert_whitening(params, jnp.asarray(x, jnp.float32))
+    y = apply_bert_whitening(params, jnp.asarray(x, jnp.float32))
     fit32, x32 = (np.asarray(jnp.asarray(a, jnp.float32), np.float64) for a in (fit, x))
     want = bert_whitening_ref(fit32, x32, k)
     assert y.shape == (len(x), k) and y.dtype == jnp.float32
@@ -392,21 +406,21 @@ def test_bert_whitening_matches_numpy(k):
 
 def test_abtt_matches_numpy_and_defaults_to_d_over_100():
     fit, x = fit_set()
-    params = posthoc.fit_abtt(jnp.asarray(fit, jnp.float32), num_directions=3)
-    y = posthoc.apply_abtt(params, jnp.asarray(x, jnp.float32))
+    params = fit_abtt(jnp.asarray(fit, jnp.float32), num_directions=3)
+    y = apply_abtt(params, jnp.asarray(x, jnp.float32))
     fit32, x32 = (np.asarray(jnp.asarray(a, jnp.float32), np.float64) for a in (fit, x))
     want = abtt_ref(fit32, x32, 3)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     for twin in (abtt_ref(fit32, x32, 2), abtt_ref(fit32, x32, 3, center=False)):
         assert not np.allclose(y, twin, rtol=1e-5, atol=1e-4)
-    wide = posthoc.fit_abtt(jnp.ones((3, 384)) * jnp.arange(3.0)[:, None])
+    wide = fit_abtt(jnp.ones((3, 384)) * jnp.arange(3.0)[:, None])
     assert wide.directions.shape == (4, 384)
 
 
 def test_zca_fitted_once_matches_the_reference_transform():
     fit, x = fit_set()
-    params = posthoc.fit_zca(jnp.asarray(fit, jnp.float32))
-    y = posthoc.apply_zca(params, jnp.asarray(x, jnp.float32))
+    params = fit_zca(jnp.asarray(fit, jnp.float32))
+    y = apply_zca(params, jnp.asarray(x, jnp.float32))
     ref = ReferenceWhiten(16, momentum=0.0)
     ref.update(np.asarray(jnp.asarray(fit, jnp.float32), np.float64))  # one batch: μ̂, Ŝ = the set's
     x32 = np.asarray(jnp.asarray(x, jnp.float32), np.float64)

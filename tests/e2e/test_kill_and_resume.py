@@ -15,6 +15,7 @@ import pytest
 from children import child_env, finish
 from helpers import one_device_mesh
 
+from isojax.logs import install_log_handler
 from isojax.training import config as config_lib
 from isojax.training import loop, throughput
 
@@ -65,8 +66,8 @@ _CHILD = textwrap.dedent(
 def _start_child(tmp_path, mode, workdir, settings: dict) -> subprocess.Popen:
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    # The resumed child reuses the first ones' executables (the same programs: bit-identical).
-    # One device: the property is the resume, not the sharding (tests/e2e/test_preemption.py
+    # The session's executables (the same programs as this process's: bit-identical). One
+    # device: the property is the resume, not the sharding (tests/e2e/test_preemption.py
     # stops and resumes a sharded run).
     env = child_env(devices=1)
     return subprocess.Popen(
@@ -90,7 +91,7 @@ def _final_state(workdir: pathlib.Path, step: int) -> dict:
 
 # The previous test's late orbax callback may fire only once this one has started.
 @_ORBAX_LATE_CALLBACK
-def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, glue_dir, minilm_dir):
+def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, glue_dir, minilm_dir, capsys):
     """I-STAR ("epoch" stabiliser, a window of 5 steps) on 24 RTE rows in packed batches (the
     presets' layout; padded batches resume through the same `start_batch`, data/test_batching.py), 2
     epochs of 3 steps, a checkpoint every 2 steps, dropout keys from "rbg". The killed run dies
@@ -101,7 +102,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, glue_dir, min
     settings = _settings(glue_dir, minilm_dir)
     # The killed run in a child; meanwhile the uninterrupted one in this process on its first
     # device (a child's programs on one device: the same numbers, bit for bit, without a
-    # child's start); the resume after both.
+    # child's start); the resume after both, here too.
     killing = _start_child(tmp_path, "kill", broken, settings)
     config = config_lib.default_config()
     config.update_from_flattened_dict(settings)
@@ -110,9 +111,13 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tmp_path, glue_dir, min
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (broken / "results.json").exists()
     assert sorted(int(p.name) for p in (broken / "checkpoints").iterdir()) == [3, 4]
-    resumed = finish(_start_child(tmp_path, "resume", broken, settings))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed" in resumed.stderr and "at step 4 (epoch 1, batch 1)" in resumed.stderr
+    # The resume in this process too (a run folder on disk is all it reads; the kill is the
+    # child's): the lines `isojax finetune` shows on stderr.
+    install_log_handler()
+    capsys.readouterr()
+    loop.train_and_evaluate(config, broken, mesh=one_device_mesh())
+    resumed = capsys.readouterr().err
+    assert "resumed" in resumed and "at step 4 (epoch 1, batch 1)" in resumed
 
     want, got = _final_state(full, 6), _final_state(broken, 6)
     assert jax.tree.structure(want) == jax.tree.structure(got)

@@ -10,10 +10,13 @@ mid-epoch (a second signal during that save), at an epoch's last step before its
 (the audit's finding 6), during the epoch-end checkpoint write that follows the resumed
 evaluation (held probes 11 and 12, /work/shared/AUDIT.md) and killed hard: each epoch is
 logged once; the NNX run is `whiten` (its running mean, covariance and counters) on one
-device, where the property is the resume, not the sharding."""
+device and in the test process, where the property is the resume, not the sharding or the
+process (the linen chain's three stops of the loop's position run there too)."""
 
 import json
+import os
 import pathlib
+import signal
 import subprocess
 
 import jax
@@ -23,9 +26,9 @@ import pytest
 from children import finetune_argv, finish, start_child
 from helpers import dev_lines
 
-from isojax import cli
+from isojax import cli, logs
 from isojax.cli import finetune
-from isojax.training import distributed, loop, stops, throughput
+from isojax.training import checkpointing, distributed, loop, reporting, stops, throughput
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +57,8 @@ def _argv(workdir, glue_dir, minilm_dir, *flags: str, normalizer: str = "isobn")
 
 
 def _reference(argv: list, devices: int) -> None:
-    """The uninterrupted run of `argv` in this process, on its first `devices`: the programs
+    """The run of `argv` (the uninterrupted one; the NNX test's stops too) in this process,
+    on its first `devices`: the programs
     of a child on as many devices, the same numbers bit for bit, without a child's start (its
     imports, the tokenizer, the model's build: a few seconds of CPU)."""
     args = cli.build_parser().parse_args(argv)
@@ -117,7 +121,7 @@ def _stopped_mid_epoch(done, cut: pathlib.Path, resumed_at: str | None) -> None:
 
 
 def test_sigterm_in_the_c0_passes_mid_epoch_at_an_epochs_end_and_in_a_save_resumes_identical(
-    tmp_path, glue_dir, minilm_dir
+    tmp_path, glue_dir, minilm_dir, capsys
 ):
     """The linen classifier with IsoBN and I-STAR's explicit C0 pass (two kinds of running
     state: batch_stats and the stabiliser's C0, issue 50), sharded over 2 devices. Stopped in
@@ -137,13 +141,15 @@ def test_sigterm_in_the_c0_passes_mid_epoch_at_an_epochs_end_and_in_a_save_resum
     stopped = finish(start_child(tmp_path, argv[1], _MID_EPOCH, devices=SHARDED))
     _stopped_mid_epoch(stopped, cut, "1 (epoch 0, batch 1)")
     assert _steps(cut) == [1, 3]
-    stopped = _stopped(tmp_path, argv[1], {"signal_after_step": [6, "SIGTERM"]}, 6, SHARDED)
+    # The three stops of the loop's position (finding 6, probes 12 and 11) in this process:
+    # a child's exit status, its signals and a fresh interpreter's resume are the others'.
+    stopped = _stopped_here(argv[1], {"signal_after_step": [6, "SIGTERM"]}, 6, SHARDED, capsys)
     assert "at step 3 (epoch 0, batch 3)" in stopped.stderr
     assert not (cut / "metrics.jsonl").exists() or dev_lines(cut) == []  # not evaluated
-    stopped = _stopped(tmp_path, argv[1], {"signal_in_save": [6, "SIGTERM"]}, 6, SHARDED)
+    stopped = _stopped_here(argv[1], {"signal_in_save": [6, "SIGTERM"]}, 6, SHARDED, capsys)
     assert "at step 6 (epoch 0, batch 6)" in stopped.stderr
     assert dev_lines(cut) == [(6, 1)]  # evaluated before the save it stopped in
-    stopped = _stopped(tmp_path, argv[1], {"signal_in_c0": "SIGTERM"}, 7, SHARDED)
+    stopped = _stopped_here(argv[1], {"signal_in_c0": "SIGTERM"}, 7, SHARDED, capsys)
     assert "at step 6 (epoch 1, batch 0)" in stopped.stderr
     assert dev_lines(cut) == [(6, 1)]  # the checkpoint says evaluated: not again
     killed = finish(start_child(tmp_path, argv[1], {"exit_after_step": 8}, devices=SHARDED))
@@ -158,23 +164,73 @@ def test_sigterm_in_the_c0_passes_mid_epoch_at_an_epochs_end_and_in_a_save_resum
     assert want["stabilizer"]  # the C0 pass's state, compared too
 
 
+def _signals_in_this_process(monkeypatch, hooks: dict) -> None:
+    """`children.CHILD`'s `signal_after_step`, `signal_in_save` and `signal_in_c0` hooks in
+    this process: the signal sent to itself there (the C0 pass's, once); `stops.Watch` owns
+    SIGTERM and SIGINT while the run runs, and puts the test process's handlers back after."""
+    log_train, save, c0_pass = reporting.RunLog.train, checkpointing.Checkpointer.save, loop.c0_pass
+    after, in_save = hooks.get("signal_after_step", [None]), hooks.get("signal_in_save", [None])
+    sent = []
+
+    def send(name):
+        sent.append(name)
+        os.kill(os.getpid(), getattr(signal, name))
+
+    def train(self, step, epoch, means):
+        log_train(self, step, epoch, means)
+        if step == after[0]:
+            send(after[1])
+
+    def signal_in_save(self, step, *args, **kwargs):
+        if step == in_save[0] and self.directory.name == "checkpoints" and "save" not in sent:
+            sent.append("save")
+            send(in_save[1])
+        save(self, step, *args, **kwargs)
+
+    def signal_in_c0(*args, **kwargs):
+        if "c0" not in sent:
+            sent.append("c0")
+            send(hooks["signal_in_c0"])
+        return c0_pass(*args, **kwargs)
+
+    monkeypatch.setattr(reporting.RunLog, "train", train)
+    monkeypatch.setattr(checkpointing.Checkpointer, "save", signal_in_save)
+    if "signal_in_c0" in hooks:
+        monkeypatch.setattr(loop, "c0_pass", signal_in_c0)
+
+
+def _stopped_here(argv, hooks: dict, step: int, devices: int, capsys):
+    """`_stopped` in this process (`_reference`'s call, the child's programs on as many
+    devices): `stops.Preempted` (exit status 75), `step` saved; the test process's signal
+    handlers back after it. Returns what it wrote on stderr, as a completed process."""
+    handlers = [signal.getsignal(s) for s in stops.SIGNALS]
+    logs.install_log_handler()  # the library's lines on stderr, as `isojax finetune` shows them
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patched:
+        _signals_in_this_process(patched, hooks)
+        with pytest.raises(stops.Preempted) as stop:
+            _reference(argv, devices)
+    assert [signal.getsignal(s) for s in stops.SIGNALS] == handlers
+    done = subprocess.CompletedProcess(argv, stop.value.code, "", capsys.readouterr().err)
+    return _preempted(done, pathlib.Path(argv[argv.index("--workdir") + 1]), step)
+
+
 def test_sigterm_saves_that_step_and_the_restart_ends_identical_for_nnx(
-    tmp_path, glue_dir, minilm_dir
+    tmp_path, glue_dir, minilm_dir, capsys
 ):
     """The NNX twin (`--front-end nnx`) with `whiten` (its running mean, covariance and
     counters; no stabiliser), on one device: SIGTERM after step 3, SIGINT again while saving;
     the restart ends with the uninterrupted run's state, results.json and metrics.jsonl, bit
-    for bit."""
+    for bit. All in this process (`_reference`'s call): the property is the NNX state's save and
+    resume; a child's exit status 75, its signals and its hard kill are the linen chain's."""
     full, cut = tmp_path / "full", tmp_path / "cut"
     argv = [
         _argv(w, glue_dir, minilm_dir, "--front-end", "nnx", normalizer="whiten")
         for w in (full, cut)
     ]
-    stopping = start_child(tmp_path, argv[1], _MID_EPOCH)
     _reference(argv[0], 1)
-    _stopped_mid_epoch(finish(stopping), cut, None)
+    _stopped_mid_epoch(_stopped_here(argv[1], _MID_EPOCH, 3, 1, capsys), cut, None)
     assert _steps(cut) == [3]
-    resumed = finish(start_child(tmp_path, argv[1]))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "at step 3 (epoch 0, batch 3)" in resumed.stderr
+    _reference(argv[1], 1)
+    assert "at step 3 (epoch 0, batch 3)" in capsys.readouterr().err
     assert not _assert_same_end(full, cut).get("stabilizer")

@@ -129,8 +129,8 @@ def test_export_refuses_a_run_folder_and_overwrite_replaces_only_an_export(
     workdir = root / "export-run"  # a copy: the other tests keep their run folder whatever happens
     shutil.copytree(killed_twice[1], workdir)
     before = tree(workdir)
-    # In this process: the command's exit status and one line are the subprocess checks'
-    # (the NaN run, the full disk: `python -m isojax.cli`), the refusals are the export's own.
+    # In this process: the command's exit status and one line are the subprocess check's
+    # (the full disk: `python -m isojax.cli`), the refusals are the export's own.
     for overwrite in ([], ["--overwrite"]):
         code = cli.main(["export", str(workdir), str(workdir), *overwrite])
         err = capsys.readouterr().err
@@ -182,11 +182,12 @@ def test_export_refuses_a_run_folder_and_overwrite_replaces_only_an_export(
 
 
 def test_a_run_whose_loss_stays_nan_stops_with_status_3_and_no_score(
-    killed_twice, glue_dir, minilm_dir
+    tmp_path, glue_dir, minilm_dir, capfd
 ):
-    """lr 1e30: the first update makes the parameters huge, every loss after it is NaN."""
-    root = killed_twice[0]
-    workdir = root / "nan"
+    """lr 1e30: the first update makes the parameters huge, every loss after it is NaN. In
+    this process (`capfd` reads the file descriptors: a library's stray line shows as a
+    child's would); a child's exit status and its one line are the full disk's check."""
+    workdir = tmp_path / "nan"
     argv = finetune_args(
         glue_dir,
         minilm_dir,
@@ -195,7 +196,9 @@ def test_a_run_whose_loss_stays_nan_stops_with_status_3_and_no_score(
         "max_train_examples=32",
         "max_nonfinite_steps=2",
     )
-    done = isojax(root, *argv)
+    capfd.readouterr()
+    code = cli.main(argv)
+    done = subprocess.CompletedProcess(argv, code, *capfd.readouterr())
     assert done.returncode == stops.EXIT_STATUS == 3, done.stderr[-3000:]
     assert one_line(done.stderr), done.stderr
     assert "2 consecutive step(s) from step 2" in done.stderr and "stopped at step 3" in done.stderr

@@ -50,7 +50,7 @@ def test_collapse_rule_needs_a_baseline_that_beats_chance_by_its_noise(tmp_path,
     assert [p["collapsed"] for p in sw["points"]] == [
         applied and p["value"] == -5.0 for p in sw["points"]
     ]
-    md = report.write_report(path).read_text()
+    md = _markdown(path)  # the words only: the sweep figure is drawn in the next test
     line = next(x for x in md.splitlines() if "isotropy (IsoScore) is negatively" in x)
     row = next(x for x in md.splitlines() if x.startswith("| rte | IsoScore |"))
     note = "collapse rule not applied: the baseline's median 0.532 is within 1/√277 = 0.060"
@@ -62,11 +62,7 @@ def test_collapse_rule_needs_a_baseline_that_beats_chance_by_its_noise(tmp_path,
         assert row.split(" | ")[8] == "n/a"
     # Before any baseline run has landed (a grid in progress) the line says that instead.
     path = _write(tmp_path, "no_base", [r for r in records if r["fields"]["istar.weight"] != 0])
-    line = next(
-        x
-        for x in report.write_report(path).read_text().splitlines()
-        if "isotropy (IsoScore) is negatively" in x
-    )
+    line = next(x for x in _markdown(path).splitlines() if "isotropy (IsoScore) is negatively" in x)
     assert "collapse rule not applied: no baseline run yet" in line
 
 
@@ -140,7 +136,7 @@ def test_cosreg_verdicts_read_the_last_layer_token_statistics(tmp_path):
                              [0.6, 0.6], extra={"cosreg.weight": weight}, iso=iso)  # fmt: skip
             record["sweep"], record["baseline"] = "cosreg.weight", {"cosreg.weight": 0.0}
             records.append(record)
-    md = report.write_report(_write(tmp_path, "cosreg", records)).read_text()
+    md = _markdown(_write(tmp_path, "cosreg", records))
     assert "λ = +1 lowers the last-layer token mean cosine, rte: **confirmed (parametric" in md
     assert "λ = -1 raises the |mean| of the outlier dimension, rte: **confirmed (parametric" in md
     assert "λ = +1 lowers the |mean| of the outlier dimension, rte: **not detected" in md

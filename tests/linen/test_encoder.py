@@ -205,12 +205,19 @@ def test_remat_same_values_and_gradients():
     ) == jax.tree.structure(params)
 
 
-def test_dropout_uses_rng_and_is_off_when_deterministic():
+@functools.cache
+def _tiny_encoder():
+    """tiny-bert (dropout 0.1), its parameters and its jitted `apply`, built once for the
+    dropout and padding tests (the same eval program on the same batch shape, traced once)."""
     cfg = config_lib.VARIANTS["tiny"]
     encoder = linen.Encoder(cfg)
     params = jitted_init(linen.init_params, encoder, jax.random.key(0))
+    return cfg, params, jax.jit(encoder.apply, static_argnames="deterministic")
+
+
+def test_dropout_uses_rng_and_is_off_when_deterministic():
+    cfg, params, apply = _tiny_encoder()
     ids, mask, types = batch(cfg)
-    apply = jax.jit(encoder.apply, static_argnames="deterministic")
     eval_out = apply({"params": params}, ids, mask, types)
     a = apply(
         {"params": params},
@@ -251,11 +258,8 @@ def test_dropout_uses_rng_and_is_off_when_deterministic():
 
 
 def test_padding_does_not_change_real_tokens():
-    cfg = config_lib.VARIANTS["tiny"]
-    encoder = linen.Encoder(cfg)
-    params = jitted_init(linen.init_params, encoder, jax.random.key(0))
+    cfg, params, apply = _tiny_encoder()
     ids, mask, types = batch(cfg, b=3)
-    apply = jax.jit(encoder.apply)
     full = apply({"params": params}, ids, mask, types)
     short = apply({"params": params}, ids[2:, :4], mask[2:, :4], types[2:, :4])
     np.testing.assert_allclose(full.hidden_states[-1][2, :4], short.hidden_states[-1][0], atol=1e-5)

@@ -2,6 +2,7 @@
 (padded and packed), running statistics see each micro-batch in order."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import one_device_mesh, tiny_bert_without_dropout
@@ -34,9 +35,18 @@ def _config(glue_dir, minilm_dir, **overrides):
     return config
 
 
-def _five_updates(config):
-    run = loop.setup(config, mesh=one_device_mesh())
-    state, seen = run.state, []
+@pytest.fixture(scope="module")
+def padded_run(glue_dir, minilm_dir):
+    """The padded run without accumulation (dropout off), built once: the reference of the
+    equality test and the model of the weighing test (each steps from a copy of its state)."""
+    with pytest.MonkeyPatch.context() as patch:
+        tiny_bert_without_dropout(patch)
+        return loop.setup(_config(glue_dir, minilm_dir), mesh=one_device_mesh())
+
+
+def _five_updates(config, run=None):
+    run = run or loop.setup(config, mesh=one_device_mesh())
+    state, seen = jax.tree.map(jnp.copy, run.state), []  # the step donates its state
     start = jax.device_get(run.state.params)
     stacked = config.grad_accum_steps > 1
     for batch in feeds.update_batches(run.train_encoded, run.spec.feed, 0, mesh=run.mesh):
@@ -47,13 +57,16 @@ def _five_updates(config):
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_four_micro_batches_of_8_equal_batches_of_32(glue_dir, minilm_dir, monkeypatch, packed):
+def test_four_micro_batches_of_8_equal_batches_of_32(
+    glue_dir, minilm_dir, monkeypatch, padded_run, packed
+):
     """Dropout off (encoder and head), method none: after 5 updates the parameters and the
     optimizer state agree to 1e-5, the step counts updates (the LR schedule's count), and
     both runs saw the same examples in the same order. Packed micro-batches hold different
     numbers of rows, and the stacked batch pads them to a common count."""
     tiny_bert_without_dropout(monkeypatch)
-    want, want_idx, start = _five_updates(_config(glue_dir, minilm_dir, packing=packed))
+    reference = None if packed else padded_run
+    want, want_idx, start = _five_updates(_config(glue_dir, minilm_dir, packing=packed), reference)
     got, got_idx, _ = _five_updates(
         _config(glue_dir, minilm_dir, packing=packed, grad_accum_steps=4)
     )
@@ -108,13 +121,13 @@ def test_stack_pads_packed_rows_and_moves_global_rows():
     np.testing.assert_array_equal(out["cls_index"][:, :, 0], [[3, 4], [3, 4]])
 
 
-def test_micro_batches_weigh_real_examples(glue_dir, minilm_dir, monkeypatch):
+def test_micro_batches_weigh_real_examples(padded_run):
     """Micro-batches of 8 and of 4 real examples (+4 fillers) make the update of one batch of
-    the 12 (not the mean of the two micro-batch means): fails with weights 1/k."""
-    tiny_bert_without_dropout(monkeypatch)
-    config = _config(glue_dir, minilm_dir, batch_size=8, buckets=(), max_length=32)
-    run = loop.setup(config, mesh=distributed.make_mesh(jax.devices()[:1]))
-    first, second = list(feeds.train_batches(run.train_encoded, run.spec.feed, 0))[:2]
+    the 12 (not the mean of the two micro-batch means): fails with weights 1/k. The two are
+    rows 0-7 and 8-15 of the padded run's first batch of 32 (one padded length)."""
+    run = padded_run
+    batch = next(iter(feeds.train_batches(run.train_encoded, run.spec.feed, 0)))
+    first, second = ({k: v[rows] for k, v in batch.items()} for rows in (slice(8), slice(8, 16)))
     second = second | {"example_mask": np.array([1] * 4 + [0] * 4, np.int32)}
     keys = distributed.BATCH_KEYS
     one = {k: np.concatenate([first[k], second[k][:4]]) for k in keys}

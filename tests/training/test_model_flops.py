@@ -84,8 +84,10 @@ def _xla_flops(cfg, batch, length, train):
     encoder = linen.Encoder(cfg)
     ids = jnp.ones((batch, length), jnp.int32)
     mask = jnp.ones_like(ids)
-    params = linen.init_params(encoder, jax.random.key(0), seq_len=length)
-    head = jnp.zeros((cfg.hidden_size, 2))
+    # Shapes only: the compiled program, and so XLA's count, depends on nothing else (an
+    # eager init compiled each of its ops).
+    params = jax.eval_shape(lambda: linen.init_params(encoder, jax.random.key(0), seq_len=length))
+    head = jax.ShapeDtypeStruct((cfg.hidden_size, 2), jnp.float32)
 
     def loss(params, head):
         pooled = encoder.apply({"params": params}, ids, mask).pooled
