@@ -16,24 +16,22 @@ The pieces, float32, each the gradient of `sum(piece(x) * g)` for a fixed random
   SDPA without dropout;
 - `LayerNorm`: the encoders' two-pass `nn.LayerNorm` against `torch.nn.functional.layer_norm`.
 
-Interleaved rounds in a seeded random order per round, as `torch_speed`: the figure is the
-median of the per-round ratios isojax / PyTorch, with the min-max spread as the noise.
+Interleaved rounds in a seeded random order per round (`torch_speed.interleaved`): the figure
+is the median of the per-round ratios isojax / PyTorch, with the min-max spread as the noise.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
-import time
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench import cpu_offline
+from experiments.bench import cpu_offline, torch_speed
 from isojax import models
 from isojax.models import dropout as dropout_lib
 from isojax.models import transformer
@@ -141,31 +139,21 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     cpu_offline()
     cfg = models.VARIANTS[args.variant]
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(args.length // 2, args.length + 1, args.batch)
-    mask = (np.arange(args.length)[None] < lengths[:, None]).astype(np.int64)
+    _, mask, _ = torch_speed.rows(args, cfg.vocab_size)  # the same padding as its steps
     jax_side = jax_pieces(cfg, args.batch, args.length, mask)
     torch_side = torch_pieces(cfg, jax_side, mask, args.threads)
     where = f"{args.variant} {args.batch}x{args.length} float32, {args.threads} threads"
-    order = random.Random(0)
     for name, (grad, inputs) in jax_side.items():
         arms = {"isojax": lambda grad=grad, inputs=inputs: jax.block_until_ready(grad(*inputs))}
         arms["pytorch"] = torch_side[name]
         for run in arms.values():  # compile and warm
             run()
-        times = {arm: [] for arm in arms}
-        for _ in range(args.rounds):
-            for arm in order.sample(list(arms), len(arms)):
-                start = time.perf_counter()
-                arms[arm]()
-                times[arm].append(time.perf_counter() - start)
-        ratios = [j / p for j, p in zip(times["isojax"], times["pytorch"], strict=True)]
+        times = torch_speed.interleaved(arms, args.rounds)
         print(
             f"{where} {name}, forward and backward: isojax "
             f"{statistics.median(times['isojax']) * 1e3:.2f} ms, pytorch "
-            f"{statistics.median(times['pytorch']) * 1e3:.2f} ms; isojax/pytorch median "
-            f"{statistics.median(ratios):.3f} over {len(ratios)} rounds (noise: min "
-            f"{min(ratios):.3f}, max {max(ratios):.3f})"
+            f"{statistics.median(times['pytorch']) * 1e3:.2f} ms; isojax/pytorch "
+            f"{torch_speed.ratio_summary(times)}"
         )
 
 

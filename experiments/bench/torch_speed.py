@@ -184,18 +184,29 @@ def bench_variant(variant: str, args) -> None:
         text = step.lower(*state[:2], j_ids, j_mask, j_labels, state[2]).compile().as_text()
         print_profile(where, profile_sides(isojax_step, torch_step, text, args.profile))
         return
+    times = interleaved(arms, args.rounds)
+    for name, seconds in times.items():
+        print(f"{where} {name}: {statistics.median(seconds) * 1e3:.1f} ms/step (median)")
+    print(f"{where} isojax/pytorch: {ratio_summary(times)}")
+
+
+def interleaved(arms: dict, rounds: int) -> dict:
+    """`{arm: [seconds]}`: each round calls every arm once, in a seeded random order."""
     order, times = random.Random(0), {name: [] for name in arms}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name in order.sample(list(arms), len(arms)):
             start = time.perf_counter()
             arms[name]()
             times[name].append(time.perf_counter() - start)
-    for name, seconds in times.items():
-        print(f"{where} {name}: {statistics.median(seconds) * 1e3:.1f} ms/step (median)")
+    return times
+
+
+def ratio_summary(times: dict) -> str:
+    """The median of the per-round ratios isojax / pytorch, with their min-max as the noise."""
     ratios = [j / p for j, p in zip(times["isojax"], times["pytorch"], strict=True)]
-    print(
-        f"{where} isojax/pytorch: median {statistics.median(ratios):.3f} over {len(ratios)} "
-        f"rounds (noise: min {min(ratios):.3f}, max {max(ratios):.3f})"
+    return (
+        f"median {statistics.median(ratios):.3f} over {len(ratios)} rounds "
+        f"(noise: min {min(ratios):.3f}, max {max(ratios):.3f})"
     )
 
 
