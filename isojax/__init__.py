@@ -54,7 +54,7 @@ from isojax.core.penalties import (
     istar_penalty,
 )
 
-__version__ = "0.6.3"
+__version__ = "0.6.4"
 
 __all__ = [
     "c0_pass_finalize",
