@@ -7,6 +7,7 @@ import importlib.machinery
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -92,7 +93,7 @@ def free_port() -> int:
 
 
 # `isojax finetune` in a child process, with faults injected from inside (the audit's probes):
-# CHILD_HOOKS (JSON) names them; the rest of argv is the command's.
+# CHILD_HOOKS (JSON) names them (`install_hooks`); the rest of argv is the command's.
 #   signal_after_step [step, "SIGTERM"]   from the log hook, right after that training step
 #   exit_after_step   step                os._exit(137) there (what a SIGKILL leaves)
 #   signal_in_eval    "SIGINT"            during the first dev evaluation of this process
@@ -100,47 +101,63 @@ def free_port() -> int:
 #   signal_in_save    [step, "SIGTERM"]   while the first save of that step in checkpoints/ runs
 #   signal_in_setup   "SIGTERM"           at the start of the build (data, model)
 #   rank              "1"                 only the process of that JAX_PROCESS_ID is hooked
-CHILD = """
-import json, os, signal, sys
-from isojax import cli
-from isojax.training import checkpointing, evaluation, loop, reporting
+def install_hooks(hooks: dict, patch=setattr) -> None:
+    """The fault `hooks` above on the isojax run of this process (each signal is sent to this
+    process): `CHILD`'s, and the in-process stops of tests/e2e/test_preemption.py, which pass
+    `monkeypatch.setattr` as `patch` so that the library's functions are put back after."""
+    from isojax.training import checkpointing, evaluation, loop, reporting
 
-hooks = json.loads(os.environ.get("CHILD_HOOKS", "{}"))
-def send(name):
-    os.kill(os.getpid(), getattr(signal, name))
-def once(hook):
-    def wrapper(*args, **kwargs):
-        if not wrapper.done:
-            wrapper.done = True
-            send(hook)
-        return wrapper.call(*args, **kwargs)
-    wrapper.done = False
-    return wrapper
-if os.environ.get("JAX_PROCESS_ID", "0") == hooks.get("rank", "0"):
+    def send(name):
+        os.kill(os.getpid(), getattr(signal, name))
+
+    def once(name, call):
+        def wrapper(*args, **kwargs):
+            if not wrapper.done:
+                wrapper.done = True
+                send(name)
+            return call(*args, **kwargs)
+
+        wrapper.done = False
+        return wrapper
+
     log_train = reporting.RunLog.train
+
     def train(self, step, epoch, means):
         log_train(self, step, epoch, means)
         if step == hooks.get("signal_after_step", [None])[0]:
             send(hooks["signal_after_step"][1])
         if step == hooks.get("exit_after_step"):
             os._exit(137)
-    reporting.RunLog.train = train
-    for name, module, attr in (("signal_in_eval", evaluation, "evaluate_all"),
-                               ("signal_in_c0", loop, "c0_pass"),
-                               ("signal_in_setup", loop, "build_run")):
+
+    patch(reporting.RunLog, "train", train)
+    for name, module, attr in (
+        ("signal_in_eval", evaluation, "evaluate_all"),
+        ("signal_in_c0", loop, "c0_pass"),
+        ("signal_in_setup", loop, "build_run"),
+    ):
         if name in hooks:
-            wrapped = once(hooks[name])
-            wrapped.call = getattr(module, attr)
-            setattr(module, attr, wrapped)
+            patch(module, attr, once(hooks[name], getattr(module, attr)))
     if "signal_in_save" in hooks:
         save, (at, name) = checkpointing.Checkpointer.save, hooks["signal_in_save"]
+
         def signal_in_save(self, step, *args, **kwargs):
             if step == at and self.directory.name == "checkpoints" and not signal_in_save.done:
                 signal_in_save.done = True
                 send(name)
             save(self, step, *args, **kwargs)
+
         signal_in_save.done = False
-        checkpointing.Checkpointer.save = signal_in_save
+        patch(checkpointing.Checkpointer, "save", signal_in_save)
+
+
+CHILD = """
+import json, os, sys
+from isojax import cli
+from tests.children import install_hooks
+
+hooks = json.loads(os.environ.get("CHILD_HOOKS", "{}"))
+if os.environ.get("JAX_PROCESS_ID", "0") == hooks.get("rank", "0"):
+    install_hooks(hooks)
 sys.exit(cli.main(sys.argv[1:]))
 """
 

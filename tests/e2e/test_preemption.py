@@ -14,7 +14,6 @@ device and in the test process, where the property is the resume, not the shardi
 process (the linen chain's three stops of the loop's position run there too)."""
 
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -23,12 +22,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from children import finetune_argv, finish, start_child
+from children import finetune_argv, finish, install_hooks, start_child
 from helpers import dev_lines
 
 from isojax import cli, logs
 from isojax.cli import finetune
-from isojax.training import checkpointing, distributed, loop, reporting, stops, throughput
+from isojax.training import distributed, loop, stops, throughput
 
 pytestmark = pytest.mark.e2e
 
@@ -57,10 +56,10 @@ def _argv(workdir, glue_dir, minilm_dir, *flags: str, normalizer: str = "isobn")
 
 
 def _reference(argv: list, devices: int) -> None:
-    """The run of `argv` (the uninterrupted one; the NNX test's stops too) in this process,
-    on its first `devices`: the programs
-    of a child on as many devices, the same numbers bit for bit, without a child's start (its
-    imports, the tokenizer, the model's build: a few seconds of CPU)."""
+    """The run of `argv` (the uninterrupted one; the NNX test's stops too) in this process, on
+    its first `devices`: the programs of a child on as many devices, the same numbers bit for
+    bit, without a child's start (its imports, the tokenizer, the model's build: a few seconds
+    of CPU)."""
     args = cli.build_parser().parse_args(argv)
     mesh = distributed.make_mesh(jax.devices()[:devices])
     loop.train_and_evaluate(finetune.finetune_config(args), args.workdir, mesh=mesh)
@@ -164,41 +163,6 @@ def test_sigterm_in_the_c0_passes_mid_epoch_at_an_epochs_end_and_in_a_save_resum
     assert want["stabilizer"]  # the C0 pass's state, compared too
 
 
-def _signals_in_this_process(monkeypatch, hooks: dict) -> None:
-    """`children.CHILD`'s `signal_after_step`, `signal_in_save` and `signal_in_c0` hooks in
-    this process: the signal sent to itself there (the C0 pass's, once); `stops.Watch` owns
-    SIGTERM and SIGINT while the run runs, and puts the test process's handlers back after."""
-    log_train, save, c0_pass = reporting.RunLog.train, checkpointing.Checkpointer.save, loop.c0_pass
-    after, in_save = hooks.get("signal_after_step", [None]), hooks.get("signal_in_save", [None])
-    sent = []
-
-    def send(name):
-        sent.append(name)
-        os.kill(os.getpid(), getattr(signal, name))
-
-    def train(self, step, epoch, means):
-        log_train(self, step, epoch, means)
-        if step == after[0]:
-            send(after[1])
-
-    def signal_in_save(self, step, *args, **kwargs):
-        if step == in_save[0] and self.directory.name == "checkpoints" and "save" not in sent:
-            sent.append("save")
-            send(in_save[1])
-        save(self, step, *args, **kwargs)
-
-    def signal_in_c0(*args, **kwargs):
-        if "c0" not in sent:
-            sent.append("c0")
-            send(hooks["signal_in_c0"])
-        return c0_pass(*args, **kwargs)
-
-    monkeypatch.setattr(reporting.RunLog, "train", train)
-    monkeypatch.setattr(checkpointing.Checkpointer, "save", signal_in_save)
-    if "signal_in_c0" in hooks:
-        monkeypatch.setattr(loop, "c0_pass", signal_in_c0)
-
-
 def _stopped_here(argv, hooks: dict, step: int, devices: int, capsys):
     """`_stopped` in this process (`_reference`'s call, the child's programs on as many
     devices): `stops.Preempted` (exit status 75), `step` saved; the test process's signal
@@ -207,7 +171,7 @@ def _stopped_here(argv, hooks: dict, step: int, devices: int, capsys):
     logs.install_log_handler()  # the library's lines on stderr, as `isojax finetune` shows them
     capsys.readouterr()
     with pytest.MonkeyPatch.context() as patched:
-        _signals_in_this_process(patched, hooks)
+        install_hooks(hooks, patched.setattr)  # `children.CHILD`'s hooks, here
         with pytest.raises(stops.Preempted) as stop:
             _reference(argv, devices)
     assert [signal.getsignal(s) for s in stops.SIGNALS] == handlers
